@@ -1,0 +1,200 @@
+"""Typed configuration: the schema Hydra composes into, and the registration of every group option.
+
+Every group option is a dataclass in Hydra's ConfigStore, so unknown keys and wrong types are
+rejected at compose time with Hydra's own message. Plugin groups (scheduler, allocator,
+preemption, drafter) are generated from the plugin registry: each plugin's ``Config`` dataclass
+plus its ``name``, so a pip-installed plugin is selectable as ``scheduler=<name>`` with
+``scheduler.<field>=...`` type-checked, without any file in this repo.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from .registry import KINDS, Registry, default_registry
+
+
+class DType(enum.Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class AttentionBackend(enum.Enum):
+    auto = "auto"
+    torch = "torch"
+    triton = "triton"
+
+
+class Arrival(enum.Enum):
+    poisson = "poisson"
+    all_at_once = "all_at_once"
+
+
+class LengthDist(enum.Enum):
+    uniform = "uniform"
+    lognormal = "lognormal"
+    fixed = "fixed"
+
+
+@dataclass
+class ModelConfig:
+    """``path`` = an HF-format checkpoint directory; null = the embedded tiny model below, written
+    once with random weights (seeded) to the cache folder and loaded through the same loader."""
+
+    name: str = "tiny"
+    path: Optional[str] = None
+    dtype: DType = DType.float32
+    architecture: str = "LlamaForCausalLM"
+    hidden_size: int = 256
+    intermediate_size: int = 688
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 8
+    num_key_value_heads: int = 4
+    vocab_size: int = 4096
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    initializer_range: float = 0.02
+    weights_seed: int = 0
+
+
+@dataclass
+class LengthConfig:
+    dist: LengthDist = LengthDist.uniform
+    min: int = 16
+    max: int = 256
+    mean: float = 64.0  # lognormal: median of the distribution; fixed: the value
+    sigma: float = 0.8
+
+
+@dataclass
+class SyntheticWorkload:
+    name: str = "synthetic"
+    num_requests: int = 64
+    arrival: Arrival = Arrival.poisson
+    rate: float = 16.0  # requests per second (poisson)
+    prompt_len: LengthConfig = field(default_factory=lambda: LengthConfig(LengthDist.uniform, 16, 256))
+    output_len: LengthConfig = field(default_factory=lambda: LengthConfig(LengthDist.uniform, 8, 128))
+    seed: int = "${seed}"  # type: ignore[assignment]
+    time_scale: float = 1.0
+
+
+@dataclass
+class JsonlWorkload:
+    """One JSON object per line: ``prompt_token_ids`` or ``prompt_len``, ``max_tokens``, optional
+    ``arrival_time`` (s), ``id``, ``priority``, ``ttft_slo_ms``, ``tpot_slo_ms``, ``ignore_eos``,
+    ``temperature``/``top_p``/``top_k``/``seed``."""
+
+    name: str = "jsonl"
+    path: str = MISSING
+    seed: int = "${seed}"  # type: ignore[assignment]
+    time_scale: float = 1.0
+
+
+@dataclass
+class TraceWorkload:
+    """A CSV trace: Azure form ``TIMESTAMP,ContextTokens,GeneratedTokens`` or the
+    ``arrived_at,num_prefill_tokens,num_decode_tokens`` form. Transformations are explicit and logged."""
+
+    name: str = "trace"
+    path: str = MISSING
+    num_requests: Optional[int] = 200  # null = every row
+    sample: str = "head"  # head | random
+    start_row: int = 0
+    length_scale: float = 1.0
+    output_scale: Optional[float] = None  # null = length_scale
+    min_len: int = 1
+    rate: float = 4.0  # Poisson arrivals for traces without timestamps (req/s)
+    seed: int = "${seed}"  # type: ignore[assignment]
+    time_scale: float = 1.0
+
+
+@dataclass
+class BackendConfig:
+    """The executor: ``torch`` runs the model in this process (TP comes with ``tensor_parallel_size``)."""
+
+    name: str = "torch"
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    kv_cache_memory_gb: float = 0.5  # CPU: KV pool budget when num_kv_blocks is null
+    gpu_memory_utilization: float = 0.9  # CUDA: fraction of device memory the run may use
+    num_swap_blocks: int = 0  # host swap pool (blocks); preemption=swap needs > 0
+    num_threads: Optional[int] = None  # torch intra-op threads; null = torch's default
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "wandb"
+    mode: str = "offline"  # offline | online | disabled
+    project: str = "servelab"
+    entity: Optional[str] = None
+    group: Optional[str] = None
+    tags: list[str] = field(default_factory=list)
+    log_requests_table: bool = True
+
+
+@dataclass
+class SLOConfig:
+    ttft_ms: Optional[float] = None
+    tpot_ms: Optional[float] = None
+
+
+@dataclass
+class DebugConfig:
+    log_steps: bool = False  # write steps.jsonl (per-step decisions)
+
+
+@dataclass
+class ServelabConfig:
+    """Top-level keys; groups are filled by the defaults list in ``conf/config.yaml``."""
+
+    scheduler: Any = MISSING
+    allocator: Any = MISSING
+    preemption: Any = MISSING
+    drafter: Any = MISSING
+    model: ModelConfig = MISSING
+    workload: Any = MISSING
+    backend: BackendConfig = MISSING
+    logger: LoggerConfig = MISSING
+    block_size: int = 16
+    seed: int = 0
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    num_kv_blocks: Optional[int] = None
+    max_model_len: int = 2048
+    chunked_prefill: bool = True
+    attention_backend: AttentionBackend = AttentionBackend.auto
+    tensor_parallel_size: int = 1
+    slo: SLOConfig = field(default_factory=SLOConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+    progress: bool = True
+
+
+def plugin_node(cls: type) -> Any:
+    """A dataclass instance: the plugin's ``Config`` fields plus ``name`` (what selects it)."""
+    node_cls = dataclasses.make_dataclass(
+        f"{cls.__name__}Node", [("name", str, field(default=cls.name))], bases=(cls.Config,))
+    return node_cls()
+
+
+def register_configs(registry: Registry | None = None) -> None:
+    """Put the schema and every group option into Hydra's ConfigStore (idempotent)."""
+    registry = registry or default_registry()
+    cs = ConfigStore.instance()
+    cs.store(name="servelab_schema", node=ServelabConfig)
+    for kind in KINDS:
+        for name in registry.names(kind):
+            cs.store(group=kind, name=name, node=plugin_node(registry.get(kind, name)))
+    cs.store(group="model", name="tiny", node=ModelConfig())
+    cs.store(group="model", name="hf", node=ModelConfig(name="hf", path=MISSING))
+    cs.store(group="workload", name="synthetic", node=SyntheticWorkload)
+    cs.store(group="workload", name="jsonl", node=JsonlWorkload)
+    cs.store(group="workload", name="trace", node=TraceWorkload)
+    cs.store(group="backend", name="torch", node=BackendConfig)
+    cs.store(group="logger", name="wandb", node=LoggerConfig)
+    cs.store(group="logger", name="none", node=LoggerConfig(name="none", mode="disabled"))

@@ -1,0 +1,164 @@
+"""The engine: continuous (iteration-level) batching around one unified step.
+
+``step()`` is schedule -> execute -> apply. Requests join at any step boundary once they have
+arrived and leave as soon as they finish.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .batch import build_batch
+from .cost_model import StepCostModel, StepFeatures
+from .executor import Executor
+from .interfaces import BlockAllocator, EngineLimits, PreemptionDecision, Scheduler, SchedulePlan
+from .request import Request, Sequence, Status
+
+
+class PluginFailure(RuntimeError):
+    """A policy plugin raised; the message names the plugin and the step."""
+
+
+@dataclass
+class StepRecord:
+    """What one step did and how long it took (one line of ``steps.jsonl``)."""
+
+    step: int
+    time_s: float
+    duration_s: float
+    model_s: float
+    num_seqs: int
+    num_tokens: int
+    prefill_tokens: int
+    decode_seqs: int
+    kv_utilization: float
+    queues: dict[str, int]
+    preempted: list[PreemptionDecision] = field(default_factory=list)
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Engine:
+    """Owns every sequence; asks the scheduler for a plan, the executor for tokens, and applies them."""
+
+    def __init__(self, limits: EngineLimits, scheduler: Scheduler, allocator: BlockAllocator,
+                 executor: Executor, cost_model: StepCostModel, seed: int = 0,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.limits = limits
+        self.scheduler = scheduler
+        self.allocator = allocator
+        self.executor = executor
+        self.cost_model = cost_model
+        self.seed = seed
+        self.eos_token_ids = frozenset(executor.spec.eos_token_ids)
+        self._clock = clock
+        self._t0 = clock()
+        self.sequences: dict[str, Sequence] = {}
+        self.steps: list[StepRecord] = []
+        self.step_listeners: list[Callable[[StepRecord], None]] = []
+
+    def now(self) -> float:
+        """Seconds since the engine started."""
+        return self._clock() - self._t0
+
+    def reset_clock(self) -> None:
+        self._t0 = self._clock()
+
+    # ---- requests -----------------------------------------------------------------------
+    def add_request(self, request: Request) -> Sequence:
+        """Admit a request to the scheduler, or reject it (with a reason) if it can never run."""
+        if request.id in self.sequences:
+            raise ValueError(f"duplicate request id {request.id!r}")
+        seq = Sequence(request)
+        self.sequences[request.id] = seq
+        reason = self._rejection_reason(request)
+        if reason:
+            seq.status, seq.rejected_reason, seq.finish_time = Status.REJECTED, reason, self.now()
+        else:
+            self.scheduler.add(seq)
+        return seq
+
+    def _rejection_reason(self, request: Request) -> str | None:
+        if request.prompt_len == 0:
+            return "empty prompt"
+        if request.max_tokens < 1:
+            return f"max_tokens={request.max_tokens} < 1"
+        if request.prompt_len >= self.limits.max_model_len:
+            return (f"prompt of {request.prompt_len} tokens leaves no room to generate within "
+                    f"max_model_len={self.limits.max_model_len}")
+        vocab = self.executor.spec.vocab_size
+        if any(t < 0 or t >= vocab for t in request.prompt_token_ids):
+            return f"prompt token id outside the vocabulary [0, {vocab})"
+        needed = min(request.prompt_len + request.max_tokens, self.limits.max_model_len)
+        if not self.allocator.can_ever_fit(needed):
+            blocks = -(-needed // self.limits.block_size)
+            return (f"needs {needed} KV slots ({blocks} blocks of {self.limits.block_size}) but the whole pool "
+                    f"has {self.allocator.num_blocks} blocks")
+        return None
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.num_unfinished() > 0
+
+    # ---- the step -----------------------------------------------------------------------
+    def step(self) -> StepRecord | None:
+        """One iteration: schedule -> execute -> apply. Returns None if nothing could run."""
+        start = self.now()
+        plan = self._call_plugin("scheduler", lambda: self.scheduler.schedule(start))
+        if plan.is_empty:
+            return None
+        batch = build_batch(plan, self.allocator, self.limits.block_size, self.seed)
+        output = self.executor.execute(batch)
+        finished_at = self.now()
+        self._apply(plan, output.sampled, finished_at)
+        record = self._record(plan, start, finished_at, output.model_s)
+        for listener in self.step_listeners:
+            listener(record)
+        return record
+
+    def _apply(self, plan: SchedulePlan, sampled: list[int], now: float) -> None:
+        tokens = iter(sampled)
+        for entry in plan.scheduled:
+            seq = entry.seq
+            seq.num_computed_tokens += entry.num_tokens
+            self.allocator.on_tokens_computed(seq)
+            if seq.num_computed_tokens < seq.num_tokens:
+                continue  # a prompt chunk: nothing sampled yet
+            token = next(tokens)
+            seq.append_token(token, now)
+            reason = self._finish_reason(seq, token)
+            if reason:
+                seq.status, seq.finish_reason, seq.finish_time = Status.FINISHED, reason, now
+                self.scheduler.remove(seq)
+                self.allocator.free(seq)
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        if not seq.request.ignore_eos and token in self.eos_token_ids:
+            return "stop"
+        if seq.num_output_tokens >= seq.request.max_tokens or seq.num_tokens >= self.limits.max_model_len:
+            return "length"
+        return None
+
+    def _record(self, plan: SchedulePlan, start: float, end: float, model_s: float) -> StepRecord:
+        prefill = sum(e.num_tokens for e in plan.scheduled if e.num_tokens > 1 or e.start < e.seq.prompt_len)
+        decode = sum(1 for e in plan.scheduled if e.num_tokens == 1 and e.start >= e.seq.prompt_len)
+        attended = sum(e.num_tokens * (e.start + (e.num_tokens + 1) // 2) for e in plan.scheduled)
+        features = StepFeatures(prefill, decode, attended)
+        self.cost_model.observe(features, end - start)
+        record = StepRecord(
+            step=len(self.steps), time_s=end, duration_s=end - start, model_s=model_s,
+            num_seqs=len(plan.scheduled), num_tokens=plan.num_batched_tokens, prefill_tokens=prefill,
+            decode_seqs=decode, kv_utilization=self.allocator.num_used_blocks() / max(1, self.allocator.num_blocks),
+            queues=self.scheduler.queue_lengths(), preempted=plan.preempted,
+            extra=self.allocator.usage_stats(),
+        )
+        self.steps.append(record)
+        return record
+
+    def _call_plugin(self, role: str, fn):
+        try:
+            return fn()
+        except Exception as exc:  # name the plugin and step in the error
+            plugin = getattr(self, role)
+            raise PluginFailure(f"{role} plugin {type(plugin).name!r} failed at step {len(self.steps)}: "
+                                f"{type(exc).__name__}: {exc}") from exc

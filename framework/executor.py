@@ -1,0 +1,177 @@
+"""The executor boundary: it owns the model weights and the KV tensors and runs a :class:`StepBatch`.
+
+:class:`ModelWorker` is one rank's model + KV cache (used as is in one process, and by every
+rank of tensor parallelism); :class:`LocalExecutor` runs one worker in this process. Policies
+never see which executor runs.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .batch import StepBatch
+from .kernels import select_attention_backend
+from .model.layers import TPGroup
+from .model.llama import AttentionMetadata, local_heads
+from .model.loader import load_model
+from .model.spec import ModelSpec
+from .sampler import sample
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker needs to build itself (picklable, so TP workers get the same)."""
+
+    model_path: str
+    dtype: str
+    device: str
+    attention_backend: str
+    block_size: int
+    max_model_len: int
+    num_kv_blocks: int | None
+    kv_cache_memory_gb: float
+    gpu_memory_utilization: float
+    num_swap_blocks: int
+    seed: int
+
+
+@dataclass
+class StepOutput:
+    sampled: list[int]
+    model_s: float
+    comm_s: float = 0.0
+
+
+class ModelWorker:
+    """One rank: loads its shard of the model, allocates its KV pool, runs batches."""
+
+    def __init__(self, cfg: WorkerConfig, tp: TPGroup | None = None) -> None:
+        self.cfg = cfg
+        self.tp = tp or TPGroup()
+        self.device = resolve_device(cfg.device)
+        self.dtype = DTYPES[cfg.dtype]
+        if self.device.type == "cpu" and self.dtype == torch.float16:
+            raise ValueError("model.dtype=float16 is not supported on CPU; use float32 or bfloat16")
+        torch.manual_seed(cfg.seed)
+        self.ops = select_attention_backend(cfg.attention_backend, self.device)
+        self.model = load_model(cfg.model_path, self.tp, self.dtype, self.device, cfg.max_model_len)
+        self.spec: ModelSpec = self.model.spec
+        if self.ops.name == "triton":
+            from .kernels.triton_ops import check_supported
+
+            check_supported(self.spec.head_dim, cfg.block_size)
+        self.kv_cache: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.host_cache: torch.Tensor | None = None
+
+    # ---- memory -------------------------------------------------------------------------
+    def bytes_per_block(self) -> int:
+        _, kv_heads = local_heads(self.spec, self.tp)
+        elem = torch.tensor([], dtype=self.dtype).element_size()
+        return 2 * self.spec.num_layers * self.cfg.block_size * kv_heads * self.spec.head_dim * elem
+
+    def available_kv_blocks(self) -> int:
+        """Blocks this rank could hold: ``num_kv_blocks`` if set, else from the memory budget."""
+        if self.cfg.num_kv_blocks is not None:
+            return self.cfg.num_kv_blocks
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            budget = free - (1 - self.cfg.gpu_memory_utilization) * total
+        else:
+            budget = self.cfg.kv_cache_memory_gb * 2**30
+        return max(0, int(budget // self.bytes_per_block()))
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        """Allocate ``num_blocks`` device blocks (zeroed: masked slots must never hold NaN)."""
+        _, kv_heads = local_heads(self.spec, self.tp)
+        shape = (self.spec.num_layers, 2, num_blocks, self.cfg.block_size, kv_heads, self.spec.head_dim)
+        cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.kv_cache = [(cache[i, 0], cache[i, 1]) for i in range(self.spec.num_layers)]
+        self._device_pool = cache
+        if self.cfg.num_swap_blocks > 0:
+            host_shape = shape[:2] + (self.cfg.num_swap_blocks,) + shape[3:]
+            pin = self.device.type == "cuda"
+            self.host_cache = torch.zeros(host_shape, dtype=self.dtype, pin_memory=pin)
+
+    # ---- running a step -----------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, batch: StepBatch) -> StepOutput:
+        """Apply the batch's block copies, run the forward pass, sample; rank 0's samples count."""
+        start = time.perf_counter()
+        self._move_blocks(batch)
+        if batch.num_tokens == 0:
+            return StepOutput([], time.perf_counter() - start)
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=batch.slot_mapping.to(dev, non_blocking=True),
+            block_tables=batch.block_tables.to(dev, non_blocking=True),
+            cu_seqlens_q=batch.cu_seqlens_q.to(dev, non_blocking=True),
+            context_lens=batch.context_lens.to(dev, non_blocking=True),
+            max_query_len=batch.max_query_len,
+            max_context_len=batch.max_context_len,
+        )
+        hidden = self.model(batch.input_ids.to(dev), batch.positions.to(dev), self.kv_cache, meta, self.ops)
+        if batch.sample_rows.numel() == 0:
+            return StepOutput([], time.perf_counter() - start)
+        logits = self.model.compute_logits(hidden[batch.sample_rows.to(dev)])
+        tokens = sample(logits, batch.sampling, batch.sample_seeds)
+        return StepOutput(tokens, time.perf_counter() - start)
+
+    def _move_blocks(self, batch: StepBatch) -> None:
+        pool, host = self.__dict__.get("_device_pool"), self.host_cache
+        for src, dst in batch.swap_out:
+            host[:, :, dst].copy_(pool[:, :, src], non_blocking=True)
+        for src, dst in batch.swap_in:
+            pool[:, :, dst].copy_(host[:, :, src], non_blocking=True)
+        for src, dst in batch.copy_blocks:
+            pool[:, :, dst].copy_(pool[:, :, src])
+        if batch.swap_out and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+class Executor(ABC):
+    """What the engine talks to. Implementations: :class:`LocalExecutor`, the TP executor."""
+
+    spec: ModelSpec
+    num_kv_blocks: int
+    bytes_per_block: int
+
+    @abstractmethod
+    def execute(self, batch: StepBatch) -> StepOutput:
+        """Run one step; return the sampled token for each of ``batch.sample_rows``, in order."""
+
+    def shutdown(self) -> None:
+        """Release workers and resources (idempotent)."""
+
+
+class LocalExecutor(Executor):
+    """One worker in this process."""
+
+    def __init__(self, cfg: WorkerConfig) -> None:
+        self.worker = ModelWorker(cfg)
+        self.spec = self.worker.spec
+        self.num_kv_blocks = self.worker.available_kv_blocks()
+        self.bytes_per_block = self.worker.bytes_per_block()
+        self.worker.allocate_kv_cache(self.num_kv_blocks)
+
+    def execute(self, batch: StepBatch) -> StepOutput:
+        return self.worker.execute(batch)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` is CUDA when available, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"backend.device={name!r} but CUDA is not available on this machine")
+    return torch.device(name)
+
+
+def model_path_exists(path: str) -> bool:
+    return Path(path).is_dir()

@@ -1,0 +1,257 @@
+"""The four plugin interfaces and the small data types they exchange.
+
+Division of labour (the executor boundary):
+- a :class:`Scheduler` decides who runs this step and how many tokens each computes; it never
+  touches tensors;
+- a :class:`BlockAllocator` owns the logical -> physical block tables and the ref counts;
+- a :class:`PreemptionPolicy` picks victims and how each is preempted when blocks run out;
+- a :class:`SpeculativeDrafter` proposes draft tokens for a sequence;
+- the executor (not a plugin) owns the KV tensors and moves data when the plan says so.
+
+Every plugin class has a ``name`` (what ``scheduler=<name>`` selects) and a ``Config`` dataclass
+of typed parameters (what ``scheduler.<field>=...`` sets; OmegaConf checks the types).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Sequence as Seq
+
+from .request import Sequence
+
+if TYPE_CHECKING:
+    from .cost_model import StepCostModel
+
+
+@dataclass
+class NoConfig:
+    """Config of a plugin without parameters."""
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """Run-wide knobs every policy sees (the top-level config keys)."""
+
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    chunked_prefill: bool
+    ttft_slo_ms: float | None = None
+    tpot_slo_ms: float | None = None
+
+
+@dataclass
+class ScheduledSeq:
+    """One entry of a plan: ``seq`` computes ``num_tokens`` tokens starting at ``start``.
+
+    ``start`` is ``seq.num_computed_tokens`` when the plan was made; the chunk is
+    ``seq.token_ids[start:start + num_tokens]``.
+    """
+
+    seq: Sequence
+    num_tokens: int
+    start: int
+
+
+@dataclass
+class PreemptionDecision:
+    """How one victim is preempted, and why. ``kind`` is ``"recompute"`` or ``"swap"``.
+
+    ``estimates`` carries whatever the policy weighed (e.g. ``{"swap_s": ..., "recompute_s": ...}``)
+    so results can show each decision.
+    """
+
+    seq_id: str
+    kind: str
+    reason: str = ""
+    estimates: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class SchedulePlan:
+    """What one engine step does. Block operations run before the forward pass, in the order
+    swap_out, swap_in, copy. Pairs are ``(src_block, dst_block)``."""
+
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[PreemptionDecision] = field(default_factory=list)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # device block -> host block
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # host block -> device block
+    copy_blocks: list[tuple[int, int]] = field(default_factory=list)  # device -> device
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled and not self.swap_out and not self.swap_in
+
+
+class Plugin(ABC):
+    """Common shape of every plugin: a registry name and a typed ``Config`` dataclass."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type] = NoConfig
+
+
+class BlockAllocator(Plugin):
+    """Owns the mapping of each sequence's logical blocks to physical KV blocks, and ref counts.
+
+    Block ids are ``0 .. num_blocks - 1`` and index the executor's KV tensors. All methods are
+    called from the scheduler's thread; none touches tensors.
+    """
+
+    def __init__(self, config, num_blocks: int, block_size: int, limits: EngineLimits) -> None:
+        self.config = config
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.limits = limits
+
+    @abstractmethod
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Make room for ``seq.num_computed_tokens + num_new_tokens`` tokens of ``seq``.
+
+        All-or-nothing: return ``False`` and change nothing if the pool cannot provide the blocks.
+        """
+
+    @abstractmethod
+    def free(self, seq: Sequence) -> None:
+        """Release every block ``seq`` holds (ref count - 1 each). Idempotent."""
+
+    @abstractmethod
+    def block_table(self, seq_id: str) -> list[int]:
+        """Physical block ids of ``seq_id`` in logical order (empty if it holds none)."""
+
+    @abstractmethod
+    def num_free_blocks(self) -> int:
+        """Blocks that an allocation could use right now (including evictable cached blocks)."""
+
+    def num_used_blocks(self) -> int:
+        """Blocks referenced by at least one live sequence."""
+        return self.num_blocks - self.num_free_blocks()
+
+    def can_ever_fit(self, num_tokens: int) -> bool:
+        """Whether a sequence of ``num_tokens`` tokens could be held with the pool empty."""
+        return -(-num_tokens // self.block_size) <= self.num_blocks
+
+    def admit(self, seq: Sequence) -> int:
+        """Called once when ``seq`` is (re)admitted, before its first ``allocate_slots``.
+
+        Returns how many leading tokens of ``seq.token_ids`` are already in the cache (prefix
+        caching; the blocks are then referenced by ``seq``), at most ``seq.num_tokens - 1`` so
+        the last token is always computed. Default: none.
+        """
+        return 0
+
+    def on_tokens_computed(self, seq: Sequence) -> None:
+        """Called after a step computed tokens of ``seq`` (e.g. to hash newly full blocks)."""
+
+    def leaked_blocks(self) -> int:
+        """With no live sequences: blocks still referenced (should be 0)."""
+        return self.num_used_blocks()
+
+    # Swap support (optional): allocators that can hold sequences in a host pool override these.
+    def can_swap_out(self, seq: Sequence) -> bool:
+        """Whether ``seq``'s blocks fit in the host swap pool now."""
+        return False
+
+    def swap_out(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Move ``seq`` to the host pool; return ``(device_block, host_block)`` copies to perform."""
+        raise NotImplementedError(f"allocator {self.name!r} does not support swapping")
+
+    def can_swap_in(self, seq: Sequence) -> bool:
+        """Whether ``seq``'s swapped blocks fit on the device now."""
+        return False
+
+    def swap_in(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Bring ``seq`` back; return ``(host_block, device_block)`` copies to perform."""
+        raise NotImplementedError(f"allocator {self.name!r} does not support swapping")
+
+    def usage_stats(self) -> dict[str, float]:
+        """Extra per-step gauges (e.g. ``{"kv_waste_fraction": ...}``); optional."""
+        return {}
+
+
+class PreemptionPolicy(Plugin):
+    """Chooses victims when the pool is exhausted, and whether each is swapped or recomputed."""
+
+    def __init__(self, config, limits: EngineLimits, allocator: BlockAllocator,
+                 cost_model: "StepCostModel") -> None:
+        self.config = config
+        self.limits = limits
+        self.allocator = allocator
+        self.cost_model = cost_model
+
+    def select_victim(self, candidates: Seq[Sequence]) -> Sequence:
+        """Pick one of ``candidates`` (non-empty, in the scheduler's order, most important
+        first). Default: the last one, i.e. the scheduler's own order decides."""
+        return candidates[-1]
+
+    @abstractmethod
+    def decide(self, victim: Sequence) -> PreemptionDecision:
+        """Return how ``victim`` is preempted. Must return ``kind="recompute"`` when swapping is
+        impossible (``allocator.can_swap_out(victim)`` is false)."""
+
+
+class Scheduler(Plugin):
+    """Decides, each step, which sequences run and how many tokens each computes.
+
+    The engine calls :meth:`add` when a request arrives, :meth:`schedule` once per step and
+    :meth:`remove` when a sequence finishes. A scheduler allocates blocks through
+    ``self.allocator`` for everything it schedules (the plan must be runnable as is), asks
+    ``self.preemption`` for victims when blocks run out, and never touches tensors.
+    Most schedulers subclass :class:`servelab.scheduling.QueueScheduler`, which implements the
+    unified token-budget loop and exposes the policy decisions as small overridable methods.
+    """
+
+    def __init__(self, config, limits: EngineLimits, allocator: BlockAllocator,
+                 preemption: PreemptionPolicy, cost_model: "StepCostModel") -> None:
+        self.config = config
+        self.limits = limits
+        self.allocator = allocator
+        self.preemption = preemption
+        self.cost_model = cost_model
+
+    @abstractmethod
+    def add(self, seq: Sequence) -> None:
+        """Accept a newly arrived sequence (status WAITING)."""
+
+    @abstractmethod
+    def schedule(self, now: float) -> SchedulePlan:
+        """Build the next step's plan. ``now`` is seconds since the run started.
+
+        Contract: ``sum(num_tokens) <= limits.max_num_batched_tokens``; at most
+        ``limits.max_num_seqs`` sequences; each scheduled sequence already has blocks for its
+        chunk; with ``chunked_prefill`` off a sequence's uncomputed tokens are scheduled whole.
+        """
+
+    @abstractmethod
+    def remove(self, seq: Sequence) -> None:
+        """Forget a finished sequence (the engine frees its blocks)."""
+
+    @abstractmethod
+    def num_unfinished(self) -> int:
+        """Sequences the scheduler still holds (waiting, running or swapped)."""
+
+    def queue_lengths(self) -> dict[str, int]:
+        """Gauges for logging, e.g. ``{"waiting": 3, "running": 8, "swapped": 0}``."""
+        return {}
+
+
+class SpeculativeDrafter(Plugin):
+    """Proposes draft tokens that the target model then verifies in one step."""
+
+    def __init__(self, config, limits: EngineLimits) -> None:
+        self.config = config
+        self.limits = limits
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """Upper bound on drafts per step (0 = speculative decoding off)."""
+        return 0
+
+    @abstractmethod
+    def propose(self, seq: Sequence) -> list[int]:
+        """Return up to ``num_speculative_tokens`` draft token ids to follow ``seq.token_ids``."""

@@ -1,0 +1,88 @@
+"""Run loggers: Weights & Biases (offline by default) or none."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from .engine import StepRecord
+
+log = logging.getLogger(__name__)
+
+
+class RunLogger:
+    """No-op base: ``start`` once, ``log_step`` per step, ``finish`` exactly once (even on error)."""
+
+    def start(self, cfg: DictConfig, output_dir: Path) -> None:
+        """Open the run with the resolved config."""
+
+    def log_step(self, record: StepRecord) -> None:
+        """Record per-step series (batch size, tokens, KV utilisation, queue lengths)."""
+
+    def finish(self, summary: dict, requests: list[dict], exit_code: int = 0) -> None:
+        """Record the summary and the requests table, and close the run."""
+
+
+class WandbLogger(RunLogger):
+    """One W&B run per job, in ``<output_dir>/wandb``; ``logger.mode`` decides offline/online."""
+
+    def __init__(self, cfg: DictConfig) -> None:
+        self.cfg = cfg
+        self.run = None
+
+    def start(self, cfg: DictConfig, output_dir: Path) -> None:
+        import wandb
+
+        lc = self.cfg
+        self.run = wandb.init(
+            project=lc.project, entity=lc.entity, group=lc.group, tags=list(lc.tags), mode=lc.mode,
+            dir=str(output_dir), config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+            name=output_dir.name, settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
+        )
+
+    def log_step(self, record: StepRecord) -> None:
+        if self.run is None:
+            return
+        data = {"step/num_seqs": record.num_seqs, "step/num_tokens": record.num_tokens,
+                "step/prefill_tokens": record.prefill_tokens, "step/decode_seqs": record.decode_seqs,
+                "step/duration_ms": record.duration_s * 1e3, "step/kv_utilization": record.kv_utilization,
+                "step/num_preempted": len(record.preempted), "time_s": record.time_s}
+        data.update({f"queue/{k}": v for k, v in record.queues.items()})
+        self.run.log(data, step=record.step)
+
+    def finish(self, summary: dict, requests: list[dict], exit_code: int = 0) -> None:
+        if self.run is None:
+            return
+        import wandb
+
+        try:
+            self.run.summary.update(_flatten(summary))
+            if self.cfg.log_requests_table and requests:
+                cols = ["id", "prompt_len", "output_len", "arrival_s", "ttft_ms", "tpot_ms", "e2e_ms", "queue_ms",
+                        "num_preemptions", "finish_reason", "rejected_reason", "met_slo"]
+                table = wandb.Table(columns=cols, data=[[r.get(c) for c in cols] for r in requests])
+                self.run.log({"requests": table})
+        finally:
+            self.run.finish(exit_code=exit_code)
+            self.run = None
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}/"))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def make_logger(cfg: DictConfig) -> RunLogger:
+    """``logger=wandb`` (mode from ``logger.mode``) or ``logger=none``."""
+    if cfg.name == "none" or cfg.mode == "disabled":
+        return RunLogger()
+    if cfg.name == "wandb":
+        return WandbLogger(cfg)
+    raise ValueError(f"logger.name={cfg.name!r} is not one of wandb, none")

@@ -1,0 +1,24 @@
+"""The end-of-run summary table (rich)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def print_summary(summary: dict, output_dir: str, console: Console | None = None) -> None:
+    console = console or Console()
+    table = Table(title=f"servelab run: {summary.get('status', '')}", show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    fmt = lambda v: "-" if v is None else (f"{v:,.2f}" if isinstance(v, float) else str(v))  # noqa: E731
+    for key in ("num_requests", "num_finished", "num_rejected", "duration_s", "output_throughput_tok_s",
+                "request_throughput_req_s", "num_preemptions", "kv_utilization_mean", "kv_utilization_max",
+                "prefix_cache_hit_rate", "slo_attainment", "goodput_req_s", "leaked_blocks"):
+        if key in summary:
+            table.add_row(key, fmt(summary[key]))
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        s = summary.get(key) or {}
+        table.add_row(f"{key} mean / p50 / p99", " / ".join(fmt(s.get(k)) for k in ("mean", "p50", "p99")))
+    console.print(table)
+    console.print(f"results: {output_dir}/requests.jsonl, summary.json")

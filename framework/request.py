@@ -1,0 +1,112 @@
+"""Requests (immutable input) and sequences (their runtime state inside the engine)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen. ``temperature == 0`` is greedy; otherwise seeded sampling."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = no top-k cut
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation request as it arrives; never mutated by the engine.
+
+    ``arrival_time`` is seconds from the start of the run (0 = at start). ``ttft_slo_ms`` and
+    ``tpot_slo_ms`` are per-request targets (``None`` = use the run's defaults).
+    """
+
+    id: str
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    arrival_time: float = 0.0
+    sampling: SamplingParams = SamplingParams()
+    ignore_eos: bool = True
+    priority: int = 0
+    ttft_slo_ms: float | None = None
+    tpot_slo_ms: float | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+    REJECTED = "rejected"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """The engine's runtime state of one request.
+
+    ``num_computed_tokens`` counts tokens whose KV is in the cache; the next tokens to compute are
+    ``token_ids[num_computed_tokens:]``. After a recompute-preemption it drops to 0 and the prompt
+    plus the already generated tokens are recomputed (outputs are kept).
+    """
+
+    request: Request
+    status: Status = Status.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_prompt_tokens: int = 0  # prefix-cache hits at (last) admission
+    num_preemptions: int = 0
+    first_scheduled_time: float | None = None
+    token_times: list[float] = field(default_factory=list)  # wall time of each output token
+    finish_time: float | None = None
+    finish_reason: str | None = None  # "length" | "stop"
+    rejected_reason: str | None = None
+    _token_ids: list[int] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        self._token_ids = list(self.request.prompt_token_ids)
+
+    @property
+    def id(self) -> str:
+        return self.request.id
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Prompt followed by the generated tokens (do not mutate)."""
+        return self._token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._token_ids)
+
+    @property
+    def prompt_len(self) -> int:
+        return self.request.prompt_len
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_prefill(self) -> bool:
+        """True while more than one known token is still uncomputed (a prompt or a recompute)."""
+        return self.num_uncomputed_tokens > 1
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in (Status.FINISHED, Status.REJECTED)
+
+    def append_token(self, token_id: int, now: float) -> None:
+        self.output_token_ids.append(token_id)
+        self._token_ids.append(token_id)
+        self.token_times.append(now)

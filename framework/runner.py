@@ -1,0 +1,47 @@
+"""Drive an engine through a workload on the wall clock (arrival times honoured)."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterable
+
+from .engine import Engine
+from .request import Request
+
+
+def run_workload(engine: Engine, requests: Iterable[Request], time_scale: float = 1.0,
+                 on_progress: Callable[[int], None] | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+    """Feed requests as they arrive (``arrival_time * time_scale`` seconds after start) and step
+    until every request has finished or been rejected. ``on_progress(n)`` is told of each newly
+    ended request. Raises whatever the engine raises (KeyboardInterrupt included); the engine's
+    state then holds the partial results.
+    """
+    pending = sorted(requests, key=lambda r: r.arrival_time)
+    next_index = 0
+    ended = 0
+    engine.reset_clock()
+    while next_index < len(pending) or engine.has_unfinished():
+        now = engine.now()
+        while next_index < len(pending) and pending[next_index].arrival_time * time_scale <= now:
+            seq = engine.add_request(pending[next_index])
+            next_index += 1
+            if seq.is_finished:  # rejected on arrival
+                ended += 1
+                if on_progress:
+                    on_progress(1)
+        record = engine.step() if engine.has_unfinished() else None
+        if record is not None:
+            done = sum(1 for s in engine.sequences.values() if s.is_finished) - ended
+            if done and on_progress:
+                on_progress(done)
+            ended += done
+            continue
+        if next_index < len(pending):
+            wait = pending[next_index].arrival_time * time_scale - engine.now()
+            if wait > 0:
+                sleep(min(wait, 0.5))
+        elif engine.has_unfinished():
+            raise RuntimeError(f"scheduler {type(engine.scheduler).name!r} made no progress with "
+                               f"{engine.scheduler.num_unfinished()} requests unfinished and nothing running "
+                               f"(queues: {engine.scheduler.queue_lengths()})")

@@ -1,0 +1,213 @@
+"""The unified token-budget scheduling loop that most schedulers share.
+
+One step (vLLM v1's idea): every scheduled sequence gets a number of tokens to compute now — a
+prompt chunk, or one decode token. Running sequences go first (in :meth:`running_order`), then
+waiting ones are admitted (in the waiting queue's order) while the token budget, ``max_num_seqs``
+and the allocator allow. When blocks run out, the preemption policy picks a victim among the
+running sequences not yet scheduled this step. A policy is a subclass overriding a few small
+methods: :meth:`waiting_key`, :meth:`running_order`, :meth:`may_admit`, :meth:`may_preempt_for`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from typing import Any, Iterable
+
+from .interfaces import PreemptionDecision, SchedulePlan, ScheduledSeq, Scheduler
+from .request import Sequence, Status
+
+
+class WaitQueue:
+    """Waiting sequences: FIFO when ``key`` is None, else a heap ordered by ``key(seq)``.
+
+    ``push_front`` puts a preempted sequence back at the head (FIFO) or lets its key decide.
+    """
+
+    def __init__(self, key=None) -> None:
+        self._key = key
+        self._fifo: deque[Sequence] = deque()
+        self._heap: list[tuple[Any, int, Sequence]] = []
+        self._counter = itertools.count()
+
+    def push(self, seq: Sequence) -> None:
+        if self._key is None:
+            self._fifo.append(seq)
+        else:
+            heapq.heappush(self._heap, (self._key(seq), next(self._counter), seq))
+
+    def push_front(self, seq: Sequence) -> None:
+        if self._key is None:
+            self._fifo.appendleft(seq)
+        else:
+            self.push(seq)
+
+    def peek(self) -> Sequence:
+        return self._fifo[0] if self._key is None else self._heap[0][2]
+
+    def pop(self) -> Sequence:
+        return self._fifo.popleft() if self._key is None else heapq.heappop(self._heap)[2]
+
+    def remove(self, seq: Sequence) -> None:
+        if self._key is None:
+            self._fifo.remove(seq)
+        else:
+            self._heap = [e for e in self._heap if e[2] is not seq]
+            heapq.heapify(self._heap)
+
+    def rekey(self) -> None:
+        """Re-evaluate every key (for keys that depend on time)."""
+        if self._key is not None:
+            self._heap = [(self._key(s), c, s) for _, c, s in self._heap]
+            heapq.heapify(self._heap)
+
+    def __iter__(self) -> Iterable[Sequence]:
+        return iter(self._fifo) if self._key is None else (e[2] for e in sorted(self._heap))
+
+    def __len__(self) -> int:
+        return len(self._fifo) if self._key is None else len(self._heap)
+
+
+class QueueScheduler(Scheduler):
+    """Base class implementing the unified loop; subclasses override the policy methods."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.waiting = WaitQueue(self.waiting_key())
+        self.running: list[Sequence] = []
+        self.swapped: deque[Sequence] = deque()
+
+    # ---- policy hooks -------------------------------------------------------------------
+    def waiting_key(self):
+        """A function ``seq -> sortable`` ordering the waiting queue, or None for FIFO."""
+        return None
+
+    def running_order(self, running: list[Sequence], now: float) -> list[Sequence]:
+        """Order in which running sequences get the budget; the last one is preempted first."""
+        return running
+
+    def may_admit(self, seq: Sequence, now: float) -> bool:
+        """Whether ``seq`` (the head of the waiting queue) may start now. Default: yes."""
+        return True
+
+    def may_preempt_for(self, seq: Sequence, victim: Sequence) -> bool:
+        """Whether waiting ``seq`` may preempt running ``victim`` to get blocks. Default: no."""
+        return False
+
+    # ---- the interface ------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        self.waiting.push(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running) + len(self.swapped)
+
+    def queue_lengths(self) -> dict[str, int]:
+        return {"waiting": len(self.waiting), "running": len(self.running), "swapped": len(self.swapped)}
+
+    def schedule(self, now: float) -> SchedulePlan:
+        plan = SchedulePlan()
+        budget = self.limits.max_num_batched_tokens
+        self.running = self.running_order(self.running, now)
+        scheduled: list[Sequence] = []
+
+        # 1. Running sequences: decodes and unfinished prompt chunks.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = self._chunk(seq, budget)
+            if n == 0:
+                i += 1
+                continue
+            while not self.allocator.allocate_slots(seq, n):
+                victim = self.preemption.select_victim(self.running[i:])
+                self._preempt(victim, plan)
+                if victim is seq:
+                    break
+            else:
+                plan.scheduled.append(ScheduledSeq(seq, n, seq.num_computed_tokens))
+                scheduled.append(seq)
+                budget -= n
+                i += 1
+
+        # 2. Swapped sequences come back before new ones are admitted.
+        if not plan.preempted:
+            while self.swapped and self.allocator.can_swap_in(self.swapped[0]):
+                if len(self.running) >= self.limits.max_num_seqs:
+                    break
+                seq = self.swapped.popleft()
+                plan.swap_in.extend(self.allocator.swap_in(seq))
+                seq.status = Status.RUNNING
+                self.running.append(seq)
+
+        # 3. Waiting sequences, while budget, seats and blocks allow.
+        if not self.swapped:
+            budget = self._admit(plan, scheduled, budget, now)
+        return plan
+
+    # ---- mechanics ----------------------------------------------------------------------
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        """Tokens ``seq`` computes now: all it has, or a chunk when chunked prefill is on."""
+        n = seq.num_uncomputed_tokens
+        if n <= budget:
+            return n
+        return budget if self.limits.chunked_prefill else 0
+
+    def _admit(self, plan: SchedulePlan, scheduled: list[Sequence], budget: int, now: float) -> int:
+        while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
+            seq = self.waiting.peek()
+            if not self.may_admit(seq, now):
+                break
+            if seq.num_computed_tokens == 0:
+                seq.num_computed_tokens = seq.num_cached_prompt_tokens = self.allocator.admit(seq)
+            n = self._chunk(seq, budget)
+            if n == 0 or not self._allocate_for_waiting(seq, n, plan, scheduled):
+                if seq.num_computed_tokens:  # release the prefix-cache hit; retry next step
+                    self.allocator.free(seq)
+                    seq.num_computed_tokens = seq.num_cached_prompt_tokens = 0
+                break
+            self.waiting.pop()
+            seq.status = Status.RUNNING
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = now
+            self.running.append(seq)
+            plan.scheduled.append(ScheduledSeq(seq, n, seq.num_computed_tokens))
+            scheduled.append(seq)
+            budget -= n
+        return budget
+
+    def _allocate_for_waiting(self, seq: Sequence, n: int, plan: SchedulePlan,
+                              scheduled: list[Sequence]) -> bool:
+        while not self.allocator.allocate_slots(seq, n):
+            candidates = [s for s in self.running if self.may_preempt_for(seq, s)]
+            if not candidates:
+                return False
+            victim = self.preemption.select_victim(candidates)
+            if victim in scheduled:  # give back what it was granted this step
+                entry = next(e for e in plan.scheduled if e.seq is victim)
+                plan.scheduled.remove(entry)
+                scheduled.remove(victim)
+            self._preempt(victim, plan)
+        return True
+
+    def _preempt(self, victim: Sequence, plan: SchedulePlan) -> None:
+        decision: PreemptionDecision = self.preemption.decide(victim)
+        self.running.remove(victim)
+        victim.num_preemptions += 1
+        if decision.kind == "swap" and self.allocator.can_swap_out(victim):
+            plan.swap_out.extend(self.allocator.swap_out(victim))
+            victim.status = Status.SWAPPED
+            self.swapped.append(victim)
+        else:
+            if decision.kind != "recompute":
+                decision = PreemptionDecision(victim.id, "recompute", f"fallback: {decision.kind} impossible",
+                                              decision.estimates)
+            self.allocator.free(victim)
+            victim.num_computed_tokens = 0
+            victim.status = Status.WAITING
+            self.waiting.push_front(victim)
+        plan.preempted.append(decision)

@@ -1,0 +1,210 @@
+"""Workloads: synthetic, a jsonl file of requests, or a CSV request trace, turned into Requests.
+
+Trace transformations (sample N rows, scale lengths, clip to max_model_len, compress time) are
+explicit config values and every one applied is logged; no row is dropped silently.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+from .request import Request, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class WorkloadError(ValueError):
+    """A workload file or setting that cannot be used; the message names the file/line or key."""
+
+
+def build_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
+    """The requests of workload config ``cfg`` (its ``name`` picks the kind)."""
+    kinds = {"synthetic": synthetic_requests, "jsonl": jsonl_requests, "trace": trace_requests}
+    if cfg.name not in kinds:
+        raise WorkloadError(f"workload.name={cfg.name!r} is not one of {sorted(kinds)}")
+    return kinds[cfg.name](cfg, vocab_size, max_model_len)
+
+
+def _lengths(rng: np.random.Generator, spec, n: int, key: str) -> np.ndarray:
+    dist = getattr(spec.dist, "value", spec.dist)
+    if spec.min < 1 or spec.max < spec.min:
+        raise WorkloadError(f"workload.{key}: need 1 <= min <= max, got min={spec.min} max={spec.max}")
+    if dist == "uniform":
+        values = rng.integers(spec.min, spec.max + 1, size=n)
+    elif dist == "lognormal":
+        values = np.rint(rng.lognormal(np.log(spec.mean), spec.sigma, size=n))
+    elif dist == "fixed":
+        values = np.full(n, int(spec.mean))
+    else:
+        raise WorkloadError(f"workload.{key}.dist={dist!r} is not one of uniform, lognormal, fixed")
+    return np.clip(values, spec.min, spec.max).astype(int)
+
+
+def _random_prompt(rng: np.random.Generator, length: int, vocab_size: int) -> tuple[int, ...]:
+    return tuple(int(t) for t in rng.integers(0, vocab_size, size=length))
+
+
+def synthetic_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
+    """N requests with seeded random prompts; Poisson or all-at-once arrivals. They ignore EOS."""
+    if cfg.num_requests < 0:
+        raise WorkloadError(f"workload.num_requests={cfg.num_requests} must be >= 0")
+    rng = np.random.default_rng(cfg.seed)
+    n = cfg.num_requests
+    prompts = _lengths(rng, cfg.prompt_len, n, "prompt_len")
+    outputs = _lengths(rng, cfg.output_len, n, "output_len")
+    if getattr(cfg.arrival, "value", cfg.arrival) == "poisson":
+        if cfg.rate <= 0:
+            raise WorkloadError(f"workload.rate={cfg.rate} must be > 0 for Poisson arrivals")
+        arrivals = np.cumsum(rng.exponential(1.0 / cfg.rate, size=n))
+        arrivals -= arrivals[0] if n else 0
+    else:
+        arrivals = np.zeros(n)
+    return [Request(id=f"req-{i}", prompt_token_ids=_random_prompt(rng, int(prompts[i]), vocab_size),
+                    max_tokens=int(outputs[i]), arrival_time=float(arrivals[i]), ignore_eos=True)
+            for i in range(n)]
+
+
+_JSONL_KEYS = {"id", "prompt_token_ids", "prompt_len", "max_tokens", "arrival_time", "priority", "ttft_slo_ms",
+               "tpot_slo_ms", "ignore_eos", "temperature", "top_p", "top_k", "seed"}
+
+
+def jsonl_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
+    """Requests from a jsonl file; they stop at ``max_tokens`` and ignore EOS unless
+    ``ignore_eos: false``. A ``prompt_len`` without token ids gets seeded random tokens."""
+    path = Path(cfg.path)
+    if not path.is_file():
+        raise WorkloadError(f"workload.path={str(path)!r}: no such file")
+    rng = np.random.default_rng(cfg.seed)
+    requests, ids = [], set()
+    with path.open() as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise WorkloadError(f"{where}: not valid JSON ({exc.msg})") from None
+            requests.append(_jsonl_request(obj, where, len(requests), rng, vocab_size))
+            if requests[-1].id in ids:
+                raise WorkloadError(f"{where}: duplicate id {requests[-1].id!r}")
+            ids.add(requests[-1].id)
+    return requests
+
+
+def _jsonl_request(obj, where: str, index: int, rng, vocab_size: int) -> Request:
+    if not isinstance(obj, dict):
+        raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    unknown = set(obj) - _JSONL_KEYS
+    if unknown:
+        raise WorkloadError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_JSONL_KEYS)}")
+    if "max_tokens" not in obj:
+        raise WorkloadError(f"{where}: missing 'max_tokens'")
+    try:
+        if "prompt_token_ids" in obj:
+            tokens = obj["prompt_token_ids"]
+            if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+                raise WorkloadError(f"{where}: 'prompt_token_ids' must be a list of integers")
+            prompt = tuple(tokens)
+        elif "prompt_len" in obj:
+            prompt = _random_prompt(rng, int(obj["prompt_len"]), vocab_size)
+        else:
+            raise WorkloadError(f"{where}: needs 'prompt_token_ids' or 'prompt_len'")
+        sampling = SamplingParams(float(obj.get("temperature", 0.0)), float(obj.get("top_p", 1.0)),
+                                  int(obj.get("top_k", 0)), obj.get("seed"))
+        return Request(
+            id=str(obj.get("id", f"req-{index}")), prompt_token_ids=prompt, max_tokens=int(obj["max_tokens"]),
+            arrival_time=float(obj.get("arrival_time") or 0.0), sampling=sampling,
+            ignore_eos=bool(obj.get("ignore_eos", True)), priority=int(obj.get("priority", 0)),
+            ttft_slo_ms=_opt_float(obj.get("ttft_slo_ms")), tpot_slo_ms=_opt_float(obj.get("tpot_slo_ms")))
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, WorkloadError):
+            raise
+        raise WorkloadError(f"{where}: bad value ({exc})") from None
+
+
+def _opt_float(v):
+    return None if v is None else float(v)
+
+
+_TRACE_FORMATS = {
+    # columns: (arrival, prompt, output); arrival None = no timestamps in the trace
+    "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
+    "arrived_at": ("arrived_at", "num_prefill_tokens", "num_decode_tokens"),
+    "lengths": (None, "num_prefill_tokens", "num_decode_tokens"),
+}
+
+
+def trace_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
+    """Replay a CSV trace with the configured, logged transformations."""
+    path = Path(cfg.path)
+    if not path.is_file():
+        raise WorkloadError(f"workload.path={str(path)!r}: no such file")
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        header = reader.fieldnames or []
+        fmt = next((f for f, cols in _TRACE_FORMATS.items() if all(c in header for c in cols if c)), None)
+        if fmt is None:
+            raise WorkloadError(f"{path}: unrecognised trace columns {header}; expected one of "
+                                f"{[list(c for c in cols if c) for cols in _TRACE_FORMATS.values()]}")
+        rows = list(reader)
+    a_col, p_col, o_col = _TRACE_FORMATS[fmt]
+    total = len(rows)
+    rng = np.random.default_rng(cfg.seed)
+    rows = rows[cfg.start_row:]
+    if cfg.num_requests is not None and cfg.num_requests < len(rows):
+        if cfg.sample == "random":
+            picked = np.sort(rng.choice(len(rows), size=cfg.num_requests, replace=False))
+            rows = [rows[i] for i in picked]
+        elif cfg.sample == "head":
+            rows = rows[:cfg.num_requests]
+        else:
+            raise WorkloadError(f"workload.sample={cfg.sample!r} is not one of head, random")
+    log.info("trace %s (%s format): using %d of %d rows (start_row=%d, sample=%s)", path.name, fmt, len(rows),
+             total, cfg.start_row, cfg.sample)
+    arrivals = _trace_arrivals(rows, a_col, path, rng, cfg.rate)
+    out_scale = cfg.output_scale if cfg.output_scale is not None else cfg.length_scale
+    requests, clipped = [], 0
+    for i, row in enumerate(rows):
+        try:
+            prompt_len = max(cfg.min_len, int(round(float(row[p_col]) * cfg.length_scale)))
+            output_len = max(1, int(round(float(row[o_col]) * out_scale)))
+        except (TypeError, ValueError):
+            raise WorkloadError(f"{path}: row {cfg.start_row + i + 2}: bad length values {row}") from None
+        if prompt_len + output_len > max_model_len:
+            clipped += 1
+            prompt_len = min(prompt_len, max_model_len - 1)
+            output_len = max(1, min(output_len, max_model_len - prompt_len))
+        requests.append(Request(id=f"trace-{cfg.start_row + i}", prompt_token_ids=_random_prompt(rng, prompt_len, vocab_size),
+                                max_tokens=output_len, arrival_time=float(arrivals[i]), ignore_eos=True))
+    log.info("trace %s: lengths scaled x%g (prompt) x%g (output); %d requests clipped to max_model_len=%d; "
+             "time compressed x%g", path.name, cfg.length_scale, out_scale, clipped, max_model_len, cfg.time_scale)
+    return requests
+
+
+def _trace_arrivals(rows, col, path, rng, rate) -> np.ndarray:
+    if col is None:
+        return np.cumsum(rng.exponential(1.0 / rate, size=len(rows))) if rows else np.zeros(0)
+    if col == "TIMESTAMP":
+        stamps = [_parse_timestamp(r[col], path) for r in rows]
+    else:
+        stamps = [float(r[col]) for r in rows]
+    t = np.asarray(stamps, dtype=float)
+    return t - t.min() if t.size else t
+
+
+def _parse_timestamp(text: str, path) -> float:
+    text = text.strip()
+    if "." in text:  # Azure writes 7 fractional digits; datetime takes at most 6
+        head, frac = text.split(".", 1)
+        text = f"{head}.{frac[:6]}"
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise WorkloadError(f"{path}: unparseable TIMESTAMP {text!r}") from None

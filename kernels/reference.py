@@ -1,0 +1,138 @@
+"""Pure-torch paged KV-cache operations: the CPU path and the reference every kernel is tested against.
+
+Cache layout (one layer): ``k_cache``/``v_cache`` of shape ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+A token at logical position ``p`` of a sequence lives in physical block ``block_table[p // block_size]``
+at offset ``p % block_size``; its *slot* is ``block * block_size + offset``.
+
+Varlen query layout: all query tokens of a step are flattened into ``q[T, num_heads, head_dim]``;
+sequence ``b`` owns rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` and those rows are the *last*
+``q_len_b`` positions of its ``context_lens[b]`` tokens (the cache already holds all of them,
+including this step's, because the KV store runs first). Attention is causal.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write ``key``/``value`` ``[T, num_kv_heads, head_dim]`` into the cache slots ``slot_mapping[T]``.
+
+    Slot ``-1`` means "do not store" (e.g. a padded or already-cached token). Writes in place.
+    """
+    valid = slot_mapping >= 0
+    if not bool(valid.all()):
+        key, value, slot_mapping = key[valid], value[valid], slot_mapping[valid]
+    flat_k = k_cache.view(-1, *k_cache.shape[2:])
+    flat_v = v_cache.view(-1, *v_cache.shape[2:])
+    flat_k.index_copy_(0, slot_mapping, key.to(k_cache.dtype))
+    flat_v.index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+
+
+def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, max_context_len: int) -> torch.Tensor:
+    """Gather each sequence's first ``max_context_len`` cache positions: ``[B, max_context_len, kvh, d]``.
+
+    Gathers whole blocks (one memcpy per block), then trims. Entries past a sequence's length
+    are garbage and must be masked by the caller.
+    """
+    num_blocks_needed = -(-max_context_len // cache.shape[1])
+    tables = block_tables[:, :num_blocks_needed].clamp_min(0)
+    gathered = cache[tables]  # [B, nblk, bs, kvh, d]
+    batch = gathered.shape[0]
+    return gathered.reshape(batch, -1, *cache.shape[2:])[:, :max_context_len]
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor,
+    max_query_len: int,
+    max_context_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """Causal varlen attention of ``q[T, H, d]`` over the paged cache; returns ``[T, H, d]``.
+
+    Covers prefill, chunked prefill after cached tokens, and decode (``q_len == 1``) in one call.
+    ``H`` must be a multiple of the cache's ``num_kv_heads`` (GQA).
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    batch = context_lens.shape[0]
+    num_kv_heads = k_cache.shape[2]
+    device = q.device
+    q_lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
+    if max_query_len == 1:  # pure decode: no query padding needed
+        return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, max_context_len, scale)
+
+    # Scatter the flat queries into [B, max_q] (row index of each token inside its sequence).
+    seq_of_token = torch.repeat_interleave(torch.arange(batch, device=device), q_lens, output_size=num_tokens)
+    row_of_token = torch.arange(num_tokens, device=device) - cu_seqlens_q[:-1][seq_of_token]
+    q_padded = q.new_zeros(batch, max_query_len, num_heads, head_dim)
+    q_padded[seq_of_token, row_of_token] = q
+
+    keys = gather_kv(k_cache, block_tables, max_context_len)
+    values = gather_kv(v_cache, block_tables, max_context_len)
+
+    # Query row i of sequence b sits at absolute position ctx_b - q_len_b + i.
+    q_pos = (context_lens - q_lens).unsqueeze(1) + torch.arange(max_query_len, device=device).unsqueeze(0)
+    k_pos = torch.arange(max_context_len, device=device)
+    mask = (k_pos.view(1, 1, -1) <= q_pos.unsqueeze(2)) & (k_pos.view(1, 1, -1) < context_lens.view(-1, 1, 1))
+    mask[:, :, 0] = True  # padded query rows would otherwise be all -inf (NaN); they are dropped below
+
+    out = F.scaled_dot_product_attention(
+        q_padded.transpose(1, 2),
+        keys.transpose(1, 2).to(q.dtype),
+        values.transpose(1, 2).to(q.dtype),
+        attn_mask=mask.unsqueeze(1),
+        scale=scale,
+        enable_gqa=num_heads != num_kv_heads,
+    )
+    return out.transpose(1, 2)[seq_of_token, row_of_token]
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    max_context_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """One query token per sequence: ``q[B, H, d]`` attends to all ``context_lens[b]`` cached tokens."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    keys = gather_kv(k_cache, block_tables, max_context_len)
+    values = gather_kv(v_cache, block_tables, max_context_len)
+    mask = torch.arange(max_context_len, device=q.device).view(1, -1) < context_lens.view(-1, 1)
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(2),  # [B, H, 1, d]
+        keys.transpose(1, 2).to(q.dtype),
+        values.transpose(1, 2).to(q.dtype),
+        attn_mask=mask.view(batch, 1, 1, -1),
+        scale=scale,
+        enable_gqa=num_heads != num_kv_heads,
+    )
+    return out.view(batch, num_heads, head_dim)
+
+
+def contiguous_attention_reference(q, k, v, scale):
+    """Dense causal attention of one sequence (``[L, H, d]`` each, GQA allowed); the test oracle."""
+    num_heads, num_kv_heads = q.shape[1], k.shape[1]
+    if num_heads != num_kv_heads:
+        k = k.repeat_interleave(num_heads // num_kv_heads, dim=1)
+        v = v.repeat_interleave(num_heads // num_kv_heads, dim=1)
+    lq, lk = q.shape[0], k.shape[0]
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * scale
+    causal = torch.arange(lk).view(1, -1) <= (torch.arange(lq) + lk - lq).view(-1, 1)
+    scores = scores.masked_fill(~causal, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v.float()).to(q.dtype)

@@ -1,0 +1,106 @@
+"""Triton kernel writing a step's new keys/values into the paged KV cache (see ``reference.store_kv``).
+
+Also home of :func:`mode_aware_jit`, shared by the other Triton kernel modules: ``@triton.jit``
+decides between compiled and interpreted execution from ``TRITON_INTERPRET`` when the decorator
+runs, so a kernel module imported before the variable was set would stay compiled forever (and
+fail on CPU tensors). ``mode_aware_jit`` decorates at import, as ``triton.jit`` does, and
+re-decorates at launch if the variable has changed since.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+class _ModeAwareKernel:
+    """A ``@triton.jit`` kernel that follows the current ``TRITON_INTERPRET`` setting at launch."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self._by_mode: dict[bool, object] = {}
+        self.current()
+
+    def current(self):
+        """The compiled (``JITFunction``) or interpreted (``InterpretedFunction``) kernel for now."""
+        interpret = bool(triton.knobs.runtime.interpret)
+        kernel = self._by_mode.get(interpret)
+        if kernel is None:
+            kernel = self._by_mode[interpret] = triton.jit(self.fn)
+        return kernel
+
+    def __getitem__(self, grid):
+        return self.current()[grid]
+
+
+def mode_aware_jit(fn) -> _ModeAwareKernel:
+    """Decorator: like ``triton.jit`` but re-reads ``TRITON_INTERPRET`` at every launch.
+
+    The kernel must not call other ``@triton.jit`` functions (they would keep their own mode).
+    """
+    return _ModeAwareKernel(fn)
+
+
+@mode_aware_jit
+def _store_kv_kernel(
+    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+    num_kv_heads, head_dim, block_size,
+    stride_kt, stride_kh, stride_kd,
+    stride_vt, stride_vh, stride_vd,
+    stride_kcb, stride_kcs, stride_kch, stride_kcd,
+    stride_vcb, stride_vcs, stride_vch, stride_vcd,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # One program per (token, group of BLOCK_H kv heads).
+    token = tl.program_id(0)
+    slot = tl.load(slot_ptr + token).to(tl.int64)
+    block = slot // block_size
+    offset = slot % block_size
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    dims = tl.arange(0, BLOCK_D)
+    # Skipped slots get an empty head range (combining a block mask with a scalar condition via
+    # `&` yields an int32 mask in the 3.x interpreter, which tl.load rejects).
+    heads_limit = tl.where(slot >= 0, num_kv_heads, 0)
+    mask = (heads[:, None] < heads_limit) & (dims[None, :] < head_dim)
+
+    src_k = key_ptr + token * stride_kt + heads[:, None] * stride_kh + dims[None, :] * stride_kd
+    src_v = value_ptr + token * stride_vt + heads[:, None] * stride_vh + dims[None, :] * stride_vd
+    dst_k = k_cache_ptr + block * stride_kcb + offset * stride_kcs + heads[:, None] * stride_kch + dims[None, :] * stride_kcd
+    dst_v = v_cache_ptr + block * stride_vcb + offset * stride_vcs + heads[:, None] * stride_vch + dims[None, :] * stride_vcd
+    k = tl.load(src_k, mask=mask)
+    v = tl.load(src_v, mask=mask)
+    tl.store(dst_k, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst_v, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+# Elements one program moves per tensor; bounds registers when num_kv_heads * head_dim is large.
+_MAX_TILE_ELEMENTS = 2048
+
+
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write ``key``/``value`` ``[T, num_kv_heads, head_dim]`` into cache slots ``slot_mapping[T]``, in place.
+
+    Same contract as ``reference.store_kv``: the caches are ``[num_blocks, block_size, num_kv_heads,
+    head_dim]`` (any strides), slot ``s`` is block ``s // block_size`` offset ``s % block_size``, and
+    slot ``-1`` skips the token. ``slot_mapping`` is an int32 or int64 tensor on the caches' device;
+    values are cast to the cache dtype. Duplicate slots: one of the writers wins, unspecified which.
+    """
+    num_tokens, num_kv_heads, head_dim = key.shape
+    if num_tokens == 0:
+        return
+    block_d = triton.next_power_of_2(head_dim)
+    block_h = min(triton.next_power_of_2(num_kv_heads), max(1, _MAX_TILE_ELEMENTS // block_d))
+    grid = (num_tokens, triton.cdiv(num_kv_heads, block_h))
+    _store_kv_kernel[grid](
+        key, value, k_cache, v_cache, slot_mapping.contiguous(),
+        num_kv_heads, head_dim, k_cache.shape[1],
+        *key.stride(), *value.stride(), *k_cache.stride(), *v_cache.stride(),
+        BLOCK_H=block_h, BLOCK_D=block_d,
+    )

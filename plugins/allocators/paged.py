@@ -1,0 +1,130 @@
+"""Paged KV-cache allocation (vLLM's PagedAttention) with optional prefix caching.
+
+Blocks are ref-counted. With ``prefix_caching`` on, each *full* block is identified by a chained
+hash ``hash((parent_hash, block_token_ids))``; an admitted sequence reuses every cached full block
+of its prefix (ref + 1) and computes only the rest. A freed block that has a hash stays cached in
+an LRU list and is evicted (oldest first) only when the pool needs room; blocks without a hash
+are reused first. Only full blocks are ever shared, so copy-on-write is never needed: a partial
+last block always belongs to one sequence, and it is hashed (and becomes shareable) only once it
+is full and computed.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+from servelab.interfaces import BlockAllocator
+from servelab.request import Sequence
+
+
+@dataclass
+class PagedConfig:
+    prefix_caching: bool = False
+
+
+class PagedAllocator(BlockAllocator):
+    """Fixed-size blocks handed out one at a time as sequences grow."""
+
+    name = "paged"
+    Config = PagedConfig
+
+    def __init__(self, config, num_blocks, block_size, limits) -> None:
+        super().__init__(config, num_blocks, block_size, limits)
+        self.ref_counts = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.free_plain: deque[int] = deque(range(num_blocks))
+        self.free_cached: OrderedDict[int, None] = OrderedDict()  # LRU: oldest first
+        self.cached: dict[int, int] = {}  # block hash -> block id
+        self.tables: dict[str, list[int]] = {}
+        self.hashes: dict[str, list[int]] = {}  # hashes of each sequence's full computed blocks
+        self.slots_used: dict[str, int] = {}
+        self._total_slots_used = 0
+
+    # ---- the interface ------------------------------------------------------------------
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        table = self.tables.setdefault(seq.id, [])
+        total = seq.num_computed_tokens + num_new_tokens
+        need = -(-total // self.block_size) - len(table)
+        if need > self.num_free_blocks():
+            return False
+        for _ in range(need):
+            table.append(self._take_block())
+        self._total_slots_used += total - self.slots_used.get(seq.id, 0)
+        self.slots_used[seq.id] = total
+        return True
+
+    def free(self, seq: Sequence) -> None:
+        table = self.tables.pop(seq.id, None)
+        self.hashes.pop(seq.id, None)
+        self._total_slots_used -= self.slots_used.pop(seq.id, 0)
+        for block in reversed(table or ()):  # tail blocks end up evicted first
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                if self.block_hash[block] is None:
+                    self.free_plain.append(block)
+                else:
+                    self.free_cached[block] = None
+
+    def block_table(self, seq_id: str) -> list[int]:
+        return self.tables.get(seq_id, [])
+
+    def num_free_blocks(self) -> int:
+        return len(self.free_plain) + len(self.free_cached)
+
+    def admit(self, seq: Sequence) -> int:
+        if not self.config.prefix_caching:
+            return 0
+        table = self.tables.setdefault(seq.id, [])
+        hashes = self.hashes.setdefault(seq.id, [])
+        tokens = seq.token_ids
+        parent = None
+        for j in range((seq.num_tokens - 1) // self.block_size):  # the last token is always computed
+            h = hash((parent, tuple(tokens[j * self.block_size:(j + 1) * self.block_size])))
+            block = self.cached.get(h)
+            if block is None:
+                break
+            if self.ref_counts[block] == 0:
+                del self.free_cached[block]
+            self.ref_counts[block] += 1
+            table.append(block)
+            hashes.append(h)
+            parent = h
+        cached_tokens = len(table) * self.block_size
+        self._total_slots_used += cached_tokens
+        self.slots_used[seq.id] = cached_tokens
+        return cached_tokens
+
+    def on_tokens_computed(self, seq: Sequence) -> None:
+        if not self.config.prefix_caching:
+            return
+        table, hashes = self.tables[seq.id], self.hashes.setdefault(seq.id, [])
+        tokens, bs = seq.token_ids, self.block_size
+        parent = hashes[-1] if hashes else None
+        for j in range(len(hashes), seq.num_computed_tokens // bs):
+            h = hash((parent, tuple(tokens[j * bs:(j + 1) * bs])))
+            hashes.append(h)
+            block = table[j]
+            if self.block_hash[block] is None and h not in self.cached:
+                self.block_hash[block] = h
+                self.cached[h] = block
+            parent = h
+
+    def leaked_blocks(self) -> int:
+        return sum(1 for r in self.ref_counts if r != 0)
+
+    def usage_stats(self) -> dict[str, float]:
+        allocated = sum(len(t) for t in self.tables.values()) * self.block_size
+        waste = 1.0 - self._total_slots_used / allocated if allocated else 0.0
+        return {"kv_waste_fraction": waste}
+
+    # ---- helpers ------------------------------------------------------------------------
+    def _take_block(self) -> int:
+        if self.free_plain:
+            block = self.free_plain.popleft()
+        else:
+            block, _ = self.free_cached.popitem(last=False)  # evict the least recently used
+            del self.cached[self.block_hash[block]]
+            self.block_hash[block] = None
+        self.ref_counts[block] = 1
+        return block

@@ -1,0 +1,12 @@
+"""No speculative decoding."""
+
+from servelab.interfaces import SpeculativeDrafter
+
+
+class NoDrafter(SpeculativeDrafter):
+    """Proposes nothing: every decode step computes exactly one token."""
+
+    name = "none"
+
+    def propose(self, seq):
+        return []
