@@ -96,7 +96,8 @@ def build_executor(cfg: DictConfig) -> Executor:
     return LocalExecutor(wcfg)
 
 
-def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Executor | None = None) -> Stack:
+def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Executor | None = None,
+                clock=None) -> Stack:
     """Validate ``cfg``, build the executor (unless given) and the policies, and wire the engine."""
     validate(cfg)
     registry = registry or default_registry()
@@ -119,7 +120,8 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
     drafter = classes["drafter"](_plugin_config(cfg.drafter), limits)
     if drafter.num_speculative_tokens:
         raise ConfigError(f"drafter={cfg.drafter.name!r}: speculative decoding is not supported by the engine yet")
-    engine = Engine(limits, scheduler, allocator, executor, cost_model, seed=cfg.seed)
+    engine = Engine(limits, scheduler, allocator, executor, cost_model, seed=cfg.seed,
+                    **({"clock": clock} if clock is not None else {}))
     return Stack(engine, executor, limits)
 
 

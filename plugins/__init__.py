@@ -1,0 +1,1 @@
+"""Built-in policy plugins: one folder per kind, one file per policy."""

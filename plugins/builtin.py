@@ -1,31 +1,34 @@
-"""servelab's built-in plugins, registered through the ``servelab`` entry point like any other."""
+"""servelab's built-in plugins, registered through the ``servelab`` entry point like any other.
+
+Each kind's folder lists its classes in ``BUILTIN`` (in its ``__init__``).
+"""
 
 from servelab.hookspecs import hookimpl
 
 
 @hookimpl
 def servelab_register_schedulers():
-    from .schedulers.fcfs import FCFSScheduler
+    from .schedulers import BUILTIN
 
-    return [FCFSScheduler]
+    return BUILTIN
 
 
 @hookimpl
 def servelab_register_allocators():
-    from .allocators.paged import PagedAllocator
+    from .allocators import BUILTIN
 
-    return [PagedAllocator]
+    return BUILTIN
 
 
 @hookimpl
 def servelab_register_preemption_policies():
-    from .preemption.recompute import RecomputePreemption
+    from .preemption import BUILTIN
 
-    return [RecomputePreemption]
+    return BUILTIN
 
 
 @hookimpl
 def servelab_register_drafters():
-    from .drafters.none import NoDrafter
+    from .drafters import BUILTIN
 
-    return [NoDrafter]
+    return BUILTIN

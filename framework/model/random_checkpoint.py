@@ -36,6 +36,12 @@ def write_random_checkpoint(path: str | Path, architecture: str = "LlamaForCausa
     config = config_cls(architectures=[architecture], **config_kwargs)
     torch.manual_seed(seed)
     model = model_cls(config).eval()
+    with torch.no_grad():  # HF inits norms to 1 and biases to 0, which would hide bugs in their use
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.normal_(1.0, 0.2)
+            elif name.endswith("bias"):
+                param.normal_(0.0, 0.2)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)

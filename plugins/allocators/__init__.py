@@ -1,0 +1,5 @@
+"""Built-in block allocators."""
+
+from .paged import PagedAllocator
+
+BUILTIN = [PagedAllocator]

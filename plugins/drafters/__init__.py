@@ -1,0 +1,5 @@
+"""Built-in speculative drafters."""
+
+from .none import NoDrafter
+
+BUILTIN = [NoDrafter]

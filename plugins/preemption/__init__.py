@@ -1,0 +1,5 @@
+"""Built-in preemption policies."""
+
+from .recompute import RecomputePreemption
+
+BUILTIN = [RecomputePreemption]

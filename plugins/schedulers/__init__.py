@@ -1,0 +1,5 @@
+"""Built-in schedulers."""
+
+from .fcfs import FCFSScheduler
+
+BUILTIN = [FCFSScheduler]

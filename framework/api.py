@@ -1,0 +1,100 @@
+"""Python API for notebooks and assignments.
+
+    import servelab
+    lab = servelab.LLM(["scheduler=fcfs", "block_size=16"], logger="none")
+    lab.add_request([1, 2, 3], max_tokens=8)
+    while lab.has_unfinished():
+        lab.step()
+    result = lab.results()          # the same RunResult the CLI writes (requests + summary)
+    result = lab.run()              # or: run the configured workload on the wall clock
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence as Seq
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from omegaconf import DictConfig
+
+from .config import register_configs
+from .request import Request, SamplingParams
+from .runner import run_workload
+from .session import RunResult, collect_results, run_job
+from .stack import Stack, build_stack
+
+
+def compose(overrides: Seq[str] = (), **values: Any) -> DictConfig:
+    """Compose the config exactly as ``python run.py <overrides>`` would (Hydra compose API).
+
+    Keyword arguments are extra ``key=value`` overrides (``logger="none"``); nested keys use
+    ``__``, e.g. ``workload__num_requests=8``.
+    """
+    from hydra import compose as hydra_compose, initialize_config_module
+
+    register_configs()
+    extra = [f"{k.replace('__', '.')}={_render(v)}" for k, v in values.items()]
+    with initialize_config_module("servelab.conf", version_base="1.3"):
+        return hydra_compose("config", overrides=list(overrides) + extra)
+
+
+def _render(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+class LLM:
+    """A built stack you can feed requests and step by hand, or run on a workload."""
+
+    def __init__(self, overrides: Seq[str] | DictConfig = (), **values: Any) -> None:
+        self.cfg = overrides if isinstance(overrides, DictConfig) else compose(overrides, **values)
+        self.stack: Stack = build_stack(self.cfg)
+        self.engine = self.stack.engine
+        self._counter = 0
+
+    def add_request(self, prompt_token_ids: Seq[int], max_tokens: int, *, id: str | None = None,
+                    arrival_time: float = 0.0, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                    seed: int | None = None, ignore_eos: bool = True, priority: int = 0,
+                    ttft_slo_ms: float | None = None, tpot_slo_ms: float | None = None) -> str:
+        """Add one request now (it is rejected, with a reason in its result, if it can never run)."""
+        rid = id or f"req-{self._counter}"
+        self._counter += 1
+        self.engine.add_request(Request(rid, tuple(prompt_token_ids), max_tokens, arrival_time,
+                                        SamplingParams(temperature, top_p, top_k, seed), ignore_eos, priority,
+                                        ttft_slo_ms, tpot_slo_ms))
+        return rid
+
+    def step(self):
+        """Run one engine step; returns its StepRecord (None if nothing could run)."""
+        return self.engine.step()
+
+    def has_unfinished(self) -> bool:
+        return self.engine.has_unfinished()
+
+    def results(self) -> RunResult:
+        """Results of every request added so far (the objects the CLI writes)."""
+        return collect_results(self.engine, 1.0, "completed" if not self.has_unfinished() else "partial")
+
+    def generate(self, requests: Seq[Request]) -> RunResult:
+        """Run ``requests`` to completion, honouring their arrival times."""
+        run_workload(self.engine, requests, self.cfg.workload.time_scale)
+        return self.results()
+
+    def run(self, output_dir: str | Path | None = None, requests: Seq[Request] | None = None) -> RunResult:
+        """Run the configured workload (or ``requests``) like the CLI, writing the result files."""
+        output_dir = output_dir or Path("outputs") / "api"
+        return run_job(self.cfg, output_dir, list(requests) if requests is not None else None, stack=self.stack)
+
+    def close(self) -> None:
+        self.stack.executor.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
