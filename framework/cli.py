@@ -13,6 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from .config import register_configs
+from .errors import ServelabError
 from .registry import PluginError
 
 log = logging.getLogger("servelab")
@@ -24,7 +25,12 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     from .session import run_job
 
     output_dir = HydraConfig.get().runtime.output_dir
-    result = run_job(cfg, output_dir)
+    try:
+        result = run_job(cfg, output_dir)
+    except ServelabError as exc:
+        log.error("%s", exc)
+        print(f"servelab: error: {exc}", file=sys.stderr)
+        sys.exit(2)
     print_summary(result.summary, output_dir)
     return result.summary.get("output_throughput_tok_s")
 

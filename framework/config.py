@@ -69,7 +69,7 @@ class LengthConfig:
     dist: LengthDist = LengthDist.uniform
     min: int = 16
     max: int = 256
-    mean: float = 64.0  # lognormal: median of the distribution; fixed: the value
+    mean: float = 64.0  # lognormal: the median; fixed: the value (min/max then do not apply)
     sigma: float = 0.8
 
 

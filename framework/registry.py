@@ -13,6 +13,7 @@ from functools import lru_cache
 import pluggy
 
 from . import hookspecs
+from .errors import ServelabError
 from .interfaces import BlockAllocator, PreemptionPolicy, Scheduler, SpeculativeDrafter
 
 KINDS: dict[str, tuple[type, str]] = {
@@ -24,7 +25,7 @@ KINDS: dict[str, tuple[type, str]] = {
 }
 
 
-class PluginError(Exception):
+class PluginError(ServelabError):
     """A plugin could not be registered or found."""
 
 

@@ -9,6 +9,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from .cost_model import StepCostModel
+from .errors import ServelabError
 from .engine import Engine
 from .executor import Executor, LocalExecutor, WorkerConfig
 from .interfaces import EngineLimits
@@ -18,7 +19,7 @@ from .registry import Registry, default_registry
 log = logging.getLogger(__name__)
 
 
-class ConfigError(ValueError):
+class ConfigError(ServelabError, ValueError):
     """A config value that is well-typed but not allowed; the message names the key."""
 
 

@@ -14,12 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import ServelabError
 from .request import Request, SamplingParams
 
 log = logging.getLogger(__name__)
 
 
-class WorkloadError(ValueError):
+class WorkloadError(ServelabError, ValueError):
     """A workload file or setting that cannot be used; the message names the file/line or key."""
 
 
@@ -33,14 +34,16 @@ def build_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
 
 def _lengths(rng: np.random.Generator, spec, n: int, key: str) -> np.ndarray:
     dist = getattr(spec.dist, "value", spec.dist)
+    if dist == "fixed":  # the value is `mean`; min/max do not apply
+        if spec.mean < 1:
+            raise WorkloadError(f"workload.{key}.mean={spec.mean} must be >= 1 for a fixed length")
+        return np.full(n, int(spec.mean))
     if spec.min < 1 or spec.max < spec.min:
         raise WorkloadError(f"workload.{key}: need 1 <= min <= max, got min={spec.min} max={spec.max}")
     if dist == "uniform":
         values = rng.integers(spec.min, spec.max + 1, size=n)
     elif dist == "lognormal":
         values = np.rint(rng.lognormal(np.log(spec.mean), spec.sigma, size=n))
-    elif dist == "fixed":
-        values = np.full(n, int(spec.mean))
     else:
         raise WorkloadError(f"workload.{key}.dist={dist!r} is not one of uniform, lognormal, fixed")
     return np.clip(values, spec.min, spec.max).astype(int)

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import ServelabError
+
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
@@ -15,7 +17,7 @@ SUPPORTED_ARCHITECTURES = {
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
-class CheckpointError(Exception):
+class CheckpointError(ServelabError):
     """A checkpoint directory that cannot be loaded; the message names what is wrong."""
 
 

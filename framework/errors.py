@@ -1,0 +1,8 @@
+"""The base of every error caused by user input (config, workload, checkpoint, plugin).
+
+The CLI prints these as one clear line instead of a traceback.
+"""
+
+
+class ServelabError(Exception):
+    """Bad input; the message names the key, file, line or plugin at fault."""

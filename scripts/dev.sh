@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Set up ./.venv once (again when pyproject.toml changes), then run servelab or its tests.
+#
+#   bash scripts/dev.sh run [hydra overrides...]   # python run.py ...
+#   bash scripts/dev.sh test [pytest args...]      # python -m pytest ...
+#
+# Torch: if the Python running this script already has a CUDA-enabled torch, the venv sees it
+# (--system-site-packages) and nothing is reinstalled. Otherwise torch 2.13.0 is installed; on
+# the project's machines that is the CPU build. Elsewhere set
+# SERVELAB_TORCH_INDEX=https://download.pytorch.org/whl/cpu to get the CPU build from PyTorch's index.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=.venv
+STAMP=$VENV/.servelab-installed
+
+if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
+  if "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    echo "servelab: using this Python's CUDA torch" >&2
+    "$PYTHON" -m venv --system-site-packages "$VENV"
+  else
+    "$PYTHON" -m venv "$VENV"
+    "$VENV/bin/python" -m pip install --quiet torch==2.13.0 ${SERVELAB_TORCH_INDEX:+--index-url "$SERVELAB_TORCH_INDEX"}
+  fi
+  "$VENV/bin/python" -m pip install --quiet -e '.[dev]'
+  touch "$STAMP"
+fi
+
+cmd=${1:-run}
+shift || true
+case "$cmd" in
+  run) exec "$VENV/bin/python" run.py "$@" ;;
+  test) exec "$VENV/bin/python" -m pytest "$@" ;;
+  *) echo "usage: bash scripts/dev.sh run|test [args...]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,69 @@
+"""Shared fixtures: small HF-format checkpoints, composed configs, model-free stacks."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_SILENT", "true")
+sys.path.insert(0, str(Path(__file__).parent))
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_TRACES = REPO.parent / "shared" / "traces"
+
+# Small shapes, one per property the model code must get right.
+CHECKPOINTS = {
+    "llama_gqa_untied": ("LlamaForCausalLM", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                                  num_attention_heads=4, num_key_value_heads=2, vocab_size=384,
+                                                  max_position_embeddings=512, tie_word_embeddings=False)),
+    "llama_mha_tied": ("LlamaForCausalLM", dict(hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                                                num_attention_heads=3, num_key_value_heads=3, vocab_size=300,
+                                                max_position_embeddings=512, tie_word_embeddings=True)),
+    "qwen2_bias_tied": ("Qwen2ForCausalLM", dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                                                 num_attention_heads=8, num_key_value_heads=2, vocab_size=320,
+                                                 max_position_embeddings=512, tie_word_embeddings=True)),
+    "qwen2_mqa_untied": ("Qwen2ForCausalLM", dict(hidden_size=96, intermediate_size=128, num_hidden_layers=3,
+                                                  num_attention_heads=6, num_key_value_heads=1, vocab_size=256,
+                                                  max_position_embeddings=512, tie_word_embeddings=False)),
+}
+
+
+@pytest.fixture(scope="session")
+def checkpoint_dir(tmp_path_factory):
+    """``checkpoint_dir(name)`` -> a written HF checkpoint from CHECKPOINTS (once per session)."""
+    from servelab.model.random_checkpoint import cached_random_checkpoint
+
+    root = tmp_path_factory.mktemp("checkpoints")
+
+    def get(name: str, **overrides) -> Path:
+        arch, shape = CHECKPOINTS[name]
+        return cached_random_checkpoint(arch, 1, {**shape, **overrides}, root)
+
+    return get
+
+
+def compose(*overrides: str, **values):
+    from servelab.api import compose as api_compose
+
+    values.setdefault("logger", "none")
+    values.setdefault("progress", False)
+    return api_compose(list(overrides), **values)
+
+
+@pytest.fixture
+def fake_stack():
+    """``fake_stack(*overrides, num_kv_blocks=N)`` -> (stack, clock) with a FakeExecutor (no model)."""
+    from servelab.stack import build_stack
+    from servelab.testing import FakeExecutor, VirtualClock
+
+    def make(*overrides: str, num_kv_blocks: int = 256, **values):
+        clock = VirtualClock()
+        cfg = compose(*overrides, **values)
+        executor = FakeExecutor(clock, num_kv_blocks=num_kv_blocks)
+        return build_stack(cfg, executor=executor, clock=clock), clock
+
+    return make

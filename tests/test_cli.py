@@ -1,0 +1,120 @@
+"""The command line as a user runs it: run.py in a subprocess, result files, errors, plugins."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+SMALL = ["workload.num_requests=6", "workload.prompt_len.max=48", "workload.output_len.max=12",
+         "model.hidden_size=64", "model.num_hidden_layers=2", "model.intermediate_size=128", "progress=false"]
+
+
+def run_cli(*args, env_extra=None, timeout=300):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env_extra or {})}
+    return subprocess.run([sys.executable, str(REPO / "run.py"), *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_run_writes_results_and_an_offline_wandb_run(tmp_path):
+    proc = run_cli(*SMALL, f"hydra.run.dir={tmp_path}", "scheduler=fcfs", "allocator=paged", "block_size=16",
+                   "debug.log_steps=true")
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(x) for x in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    assert len(lines) == 6
+    for key in ("id", "prompt_len", "output_token_ids", "arrival_s", "ttft_ms", "tpot_ms", "e2e_ms", "queue_ms",
+                "num_preemptions", "finish_reason"):
+        assert key in lines[0]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["num_finished"] == 6 and summary["leaked_blocks"] == 0
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        assert set(summary[key]) == {"mean", "p50", "p90", "p99"}
+    assert (tmp_path / "steps.jsonl").is_file() and (tmp_path / "config.yaml").is_file()
+    assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb")), "no offline W&B run"
+    assert "output_throughput_tok_s" in proc.stdout  # the rich summary table
+
+
+def test_cfg_job_prints_the_composed_config():
+    proc = run_cli("--cfg", "job", "block_size=32")
+    assert proc.returncode == 0, proc.stderr
+    assert "block_size: 32" in proc.stdout and "scheduler:" in proc.stdout and "name: fcfs" in proc.stdout
+
+
+def test_unknown_plugin_and_bad_type_fail_with_hydras_message():
+    proc = run_cli("scheduler=nope")
+    assert proc.returncode != 0 and "Could not find 'scheduler/nope'" in proc.stderr and "fcfs" in proc.stderr
+    proc = run_cli("block_size=abc")
+    assert proc.returncode != 0 and "block_size" in proc.stderr
+
+
+def test_bad_value_names_the_key():
+    proc = run_cli("block_size=12", "logger=none")
+    assert proc.returncode != 0 and "block_size=12 must be a power of two" in proc.stderr
+
+
+def test_multirun_runs_each_job(tmp_path):
+    proc = run_cli("-m", *SMALL, "logger=none", "workload.num_requests=2", "block_size=8,32",
+                   f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    summaries = sorted(tmp_path.glob("*/summary.json"))
+    assert len(summaries) == 2
+    assert {json.loads(p.read_text())["block_size"] for p in summaries} == {8, 32}
+
+
+def test_malformed_workload_line_names_file_and_line(tmp_path):
+    path = tmp_path / "w.jsonl"
+    path.write_text('{"prompt_len": 4, "max_tokens": 2}\n{"prompt_len": 4\n')
+    proc = run_cli(*SMALL[3:], "logger=none", "workload=jsonl", f"workload.path={path}", f"hydra.run.dir={tmp_path}/o")
+    assert proc.returncode != 0 and f"{path}:2: not valid JSON" in proc.stderr
+
+
+def test_missing_checkpoint_weights_are_named(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                      "hidden_size": 32, "intermediate_size": 64,
+                                                      "num_hidden_layers": 1, "num_attention_heads": 2,
+                                                      "vocab_size": 64}))
+    proc = run_cli("logger=none", "model=hf", f"model.path={tmp_path}", f"hydra.run.dir={tmp_path}/o")
+    assert proc.returncode != 0 and "no *.safetensors weight files" in proc.stderr
+
+
+def test_ctrl_c_writes_partial_results_and_finishes_wandb(tmp_path):
+    args = [sys.executable, str(REPO / "run.py"), *SMALL, "workload.num_requests=400", "workload.rate=20",
+            f"hydra.run.dir={tmp_path}"]
+    proc = subprocess.Popen(args, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while not (tmp_path / "wandb").exists() and time.time() < deadline:
+        time.sleep(0.5)
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    assert 0 < summary["num_requests"] < 400 or summary["num_unfinished"] > 0
+    run_dirs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert run_dirs and list(run_dirs[0].glob("run-*.wandb"))
+
+
+def test_external_plugin_package_is_selectable_by_name(tmp_path):
+    target = tmp_path / "site"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                          "--target", str(target), str(REPO / "examples" / "servelab-spf")],
+                         capture_output=True, text=True, timeout=300)
+    assert pip.returncode == 0, pip.stderr
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))}
+    proc = run_cli(*SMALL, "logger=none", "scheduler=spf", "scheduler.longest_first=true",
+                   f"hydra.run.dir={tmp_path}/out", env_extra=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["num_finished"] == 6
+    assert "longest_first: true" in (tmp_path / "out" / "config.yaml").read_text()
+    bad = run_cli("scheduler=spf", "scheduler.longest_first=sometimes", env_extra=env)
+    assert bad.returncode != 0 and "longest_first" in bad.stderr

@@ -1,0 +1,98 @@
+"""Workloads: synthetic, jsonl and trace (both CSV forms), with their errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import REPO, SHARED_TRACES, compose
+from servelab.workloads import WorkloadError, build_requests
+
+DATA = REPO / "tests" / "data"
+
+
+def _reqs(*overrides, vocab=100, max_model_len=2048):
+    return build_requests(compose(*overrides).workload, vocab, max_model_len)
+
+
+def test_synthetic_is_seeded_and_follows_the_distributions():
+    a = _reqs("workload.num_requests=50", "workload.prompt_len.min=5", "workload.prompt_len.max=9")
+    b = _reqs("workload.num_requests=50", "workload.prompt_len.min=5", "workload.prompt_len.max=9")
+    assert [r.prompt_token_ids for r in a] == [r.prompt_token_ids for r in b]
+    assert all(5 <= r.prompt_len <= 9 and r.ignore_eos for r in a)
+    arrivals = [r.arrival_time for r in a]
+    assert arrivals == sorted(arrivals) and arrivals[0] == 0 and arrivals[-1] > 0
+    c = _reqs("workload.num_requests=5", "workload.arrival=all_at_once", "workload.output_len.dist=fixed",
+              "workload.output_len.mean=7", "seed=3")
+    assert all(r.arrival_time == 0 and r.max_tokens == 7 for r in c)
+    assert [r.prompt_token_ids for r in c] != [r.prompt_token_ids for r in a[:5]]
+    d = _reqs("workload.num_requests=200", "workload.prompt_len.dist=lognormal", "workload.prompt_len.mean=40",
+              "workload.prompt_len.max=1000")
+    assert 25 < sorted(r.prompt_len for r in d)[100] < 60
+
+
+def test_jsonl_requests(tmp_path):
+    path = tmp_path / "w.jsonl"
+    lines = [{"id": "a", "prompt_token_ids": [1, 2, 3], "max_tokens": 4, "arrival_time": 0.5, "priority": 2,
+              "ttft_slo_ms": 100, "tpot_slo_ms": 20},
+             {"prompt_len": 7, "max_tokens": 2, "ignore_eos": False}]
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
+    a, b = _reqs("workload=jsonl", f"workload.path={path}")
+    assert (a.id, a.prompt_token_ids, a.max_tokens, a.arrival_time, a.priority, a.ttft_slo_ms, a.tpot_slo_ms) == \
+        ("a", (1, 2, 3), 4, 0.5, 2, 100.0, 20.0)
+    assert a.ignore_eos and not b.ignore_eos and b.prompt_len == 7 and b.id == "req-1"
+
+
+@pytest.mark.parametrize("line,message", [
+    ("{not json", r":1: not valid JSON"),
+    ('{"prompt_len": 3}', r":1: missing 'max_tokens'"),
+    ('{"max_tokens": 3}', r":1: needs 'prompt_token_ids' or 'prompt_len'"),
+    ('{"prompt_token_ids": "abc", "max_tokens": 3}', r":1: 'prompt_token_ids' must be a list of integers"),
+    ('{"prompt_len": 3, "max_tokens": 3, "colour": 1}', r":1: unknown keys \['colour'\]"),
+    ('[1, 2]', r":1: expected a JSON object"),
+])
+def test_jsonl_errors_name_file_and_line(tmp_path, line, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(WorkloadError, match=str(path).replace(".", r"\.") + message):
+        _reqs("workload=jsonl", f"workload.path={path}")
+
+
+def test_missing_workload_file_names_the_key(tmp_path):
+    with pytest.raises(WorkloadError, match=r"workload.path=.*no such file"):
+        _reqs("workload=jsonl", f"workload.path={tmp_path}/nope.jsonl")
+
+
+def test_azure_trace_with_logged_transformations(caplog):
+    caplog.set_level("INFO")
+    reqs = _reqs("workload=trace", f"workload.path={DATA / 'azure_sample.csv'}", "workload.length_scale=0.5",
+                 max_model_len=1024)
+    assert [r.prompt_len for r in reqs] == [187, 198, 440, 6]
+    assert [r.max_tokens for r in reqs[:2]] == [22, 54]
+    assert reqs[2].prompt_len + reqs[2].max_tokens <= 1024  # clipped, not dropped
+    assert [round(r.arrival_time, 3) for r in reqs] == [0.0, 4.315, 4.551, 6.419]
+    assert "1 requests clipped to max_model_len=1024" in caplog.text and "using 4 of 4 rows" in caplog.text
+
+
+def test_arrived_at_trace_and_sampling():
+    reqs = _reqs("workload=trace", f"workload.path={DATA / 'arrived_at_sample.csv'}", "workload.num_requests=2")
+    assert [(r.prompt_len, r.max_tokens, r.arrival_time) for r in reqs] == [(100, 20, 0.0), (40, 10, 0.5)]
+    picked = _reqs("workload=trace", f"workload.path={DATA / 'arrived_at_sample.csv'}", "workload.num_requests=2",
+                   "workload.sample=random")
+    assert len(picked) == 2
+
+
+def test_unrecognised_trace_columns(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("a,b\n1,2\n")
+    with pytest.raises(WorkloadError, match="unrecognised trace columns"):
+        _reqs("workload=trace", f"workload.path={path}")
+
+
+@pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="../shared/traces is not beside this checkout")
+def test_real_azure_conversation_trace_loads():
+    reqs = _reqs("workload=trace", f"workload.path={SHARED_TRACES / 'AzureLLMInferenceTrace_conv.csv'}",
+                 "workload.num_requests=100", "workload.length_scale=0.1", max_model_len=512)
+    assert len(reqs) == 100 and all(r.prompt_len + r.max_tokens <= 512 for r in reqs)
+    assert reqs[-1].arrival_time > 0
