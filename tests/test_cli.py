@@ -60,13 +60,15 @@ def test_bad_value_names_the_key():
     assert proc.returncode != 0 and "block_size=12 must be a power of two" in proc.stderr
 
 
-def test_multirun_runs_each_job(tmp_path):
-    proc = run_cli("-m", *SMALL, "logger=none", "workload.num_requests=2", "block_size=8,32",
-                   f"hydra.sweep.dir={tmp_path}")
+def test_multirun_runs_each_job_with_its_own_wandb_run(tmp_path):
+    proc = run_cli("-m", *SMALL, "workload.num_requests=2", "block_size=8,32", f"hydra.sweep.dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr
     summaries = sorted(tmp_path.glob("*/summary.json"))
     assert len(summaries) == 2
     assert {json.loads(p.read_text())["block_size"] for p in summaries} == {8, 32}
+    for job in tmp_path.glob("*_block_size=*"):
+        runs = list(job.glob("wandb/offline-run-*"))
+        assert len(runs) == 1, job  # one W&B run per job, not the first one reused
 
 
 def test_malformed_workload_line_names_file_and_line(tmp_path):
