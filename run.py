@@ -6,7 +6,16 @@
     python run.py --cfg job                         # print the composed config
 """
 
-from servelab.cli import main
+import os
+import sys
+
+# The repo's folders (kernels/, plugins/, conf/) are installed as parts of the `servelab` package.
+# Keep the repo root off sys.path so they never shadow real top-level packages: transformers
+# probes for an HF package named `kernels`.
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
+
+from servelab.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     main()

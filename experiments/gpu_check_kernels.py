@@ -14,6 +14,10 @@
 
 Prints two tables; exits 1 on any mismatch. The arithmetic and checks are importable functions so a
 CPU test covers them with the torch backend standing in for Triton.
+
+``--compile-only`` needs no GPU: it records the kernel launches the Triton wrappers make for the
+configured shapes and compiles each for ``--arch`` (default sm_90) with Triton's bundled ``ptxas``,
+catching compile-mode errors the CPU interpreter cannot see. Run it without ``TRITON_INTERPRET``.
 """
 
 from __future__ import annotations
@@ -102,9 +106,11 @@ def make_paged_case(
         tables[1, :n] = tables[0, :n]
 
     cache_shape = (num_blocks, bs, shapes.num_kv_heads, shapes.head_dim)
-    k_cache = torch.randn(cache_shape, generator=gen).to(device=device, dtype=shapes.dtype)
-    v_cache = torch.randn(cache_shape, generator=gen).to(device=device, dtype=shapes.dtype)
-    q = torch.randn(sum(query_lens), shapes.num_heads, shapes.head_dim, generator=gen).to(device, shapes.dtype)
+    dev_gen = torch.Generator(device=device).manual_seed(seed)  # GiB-sized caches: fill on the device
+    k_cache = torch.randn(cache_shape, generator=dev_gen, device=device, dtype=shapes.dtype)
+    v_cache = torch.randn(cache_shape, generator=dev_gen, device=device, dtype=shapes.dtype)
+    q = torch.randn(sum(query_lens), shapes.num_heads, shapes.head_dim, generator=dev_gen, device=device,
+                    dtype=shapes.dtype)
     cu = torch.tensor([0, *query_lens]).cumsum(0).to(device=device, dtype=torch.int32)
     return PagedCase(
         name, q, k_cache, v_cache, tables.to(device), cu,
@@ -229,6 +235,7 @@ def bench_decode(impls: dict[str, AttentionOps], shapes: Shapes, batch: int, con
     """Decode bandwidth of each paged implementation and of SDPA over a contiguous cache (uniform lengths)."""
     case = make_paged_case("bench", shapes, [1] * batch, [context_len] * batch, device)
     fns = {name: (lambda ops=ops: ops.paged_attention(*case.args())) for name, ops in impls.items()}
+    # The contiguous baseline's own cache; its values do not matter for timing.
     k = torch.randn(batch, shapes.num_kv_heads, context_len, shapes.head_dim, device=device, dtype=shapes.dtype)
     v = torch.randn_like(k)
     q = case.q.view(batch, shapes.num_heads, 1, shapes.head_dim)
@@ -241,6 +248,65 @@ def bench_decode(impls: dict[str, AttentionOps], shapes: Shapes, batch: int, con
         bw = bandwidth(nbytes, seconds)
         rows.append(BandwidthRow(name, batch, context_len, seconds, bw, bw / copy_bw))
     return rows
+
+
+# --- ahead-of-time compilation (no GPU needed) ------------------------------------------------------
+
+def record_launches(run: Callable[[], object]) -> list[tuple[object, tuple, dict]]:
+    """The ``(kernel, args, kwargs)`` launches the Triton wrappers make inside ``run``, not executed."""
+    from servelab.kernels.triton_store_kv import _ModeAwareKernel
+
+    launches = []
+    original = _ModeAwareKernel.__getitem__
+    _ModeAwareKernel.__getitem__ = lambda self, grid: lambda *a, **kw: launches.append((self, a, kw))
+    try:
+        run()
+    finally:
+        _ModeAwareKernel.__getitem__ = original
+    return launches
+
+
+def compile_launch(kernel, args: tuple, kwargs: dict, arch: int):
+    """Compile one recorded launch for CUDA ``sm_<arch>``; returns Triton's compiled kernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import mangle_type
+
+    fn = triton.jit(kernel.fn)
+    options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
+    constexprs = {k: v for k, v in kwargs.items() if k not in options}
+    signature = {name: mangle_type(arg) for name, arg in zip(fn.arg_names, args)}
+    signature.update({name: "constexpr" for name in constexprs})
+    return triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def compile_only(shapes: Shapes, arch: int) -> list[tuple[str, int]]:
+    """Compile every kernel variant a serving step with these shapes launches; ``(name, shared bytes)`` each.
+
+    Covers store_kv, single-pass and split-K decode (with the merge) and prefill. The tiny CPU tensors
+    only supply dtypes and strides: the compiled variants do not depend on batch or context length.
+    """
+    from servelab.kernels import triton_decode, triton_ops
+
+    def step():
+        cases = [
+            make_paged_case("decode", shapes, [1, 1], [40, 7], "cpu"),
+            make_paged_case("prefill", shapes, [16, 1], [40, 33], "cpu"),
+        ]
+        for case in cases:
+            triton_ops.paged_attention(*case.args())
+        q = cases[0].q[:1]
+        triton_decode.paged_decode_attention(q, *cases[0].args()[1:3], cases[0].block_tables[:1],
+                                             cases[0].context_lens[:1], 40, 1.0, num_splits=4)
+        key = torch.zeros(4, shapes.num_kv_heads, shapes.head_dim, dtype=shapes.dtype)
+        triton_ops.store_kv(key, key, cases[0].k_cache, cases[0].v_cache, torch.tensor([0, -1, 5, 9]))
+
+    compiled = []
+    for kernel, args, kwargs in record_launches(step):
+        name = kernel.fn.__name__ + ("[split-K]" if kwargs.get("SPLIT_K") else "")
+        compiled.append((name, compile_launch(kernel, args, kwargs, arch).metadata.shared))
+    return compiled
 
 
 def format_checks(results: Sequence[CheckResult]) -> str:
@@ -271,10 +337,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-context", type=int, default=8192)
     parser.add_argument("--bench-contexts", type=int, nargs="*", default=[1024, 4096, 8192])
     parser.add_argument("--copy-numel", type=int, default=1 << 28, help="fp32 elements of the copy benchmark")
+    parser.add_argument("--compile-only", action="store_true", help="compile the kernels for --arch; no GPU")
+    parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability for --compile-only")
     args = parser.parse_args(argv)
 
-    device = torch.device(args.device)
     shapes = Shapes(args.heads, args.kv_heads, args.head_dim, args.block_size, DTYPES[args.dtype])
+    if args.compile_only:
+        for name, shared in compile_only(shapes, args.arch):
+            print(f"compiled for sm_{args.arch}: {name:<32} shared memory {shared / 1024:.0f} KiB")
+        return 0
+
+    device = torch.device(args.device)
     ops = select_attention_backend(args.backend, device)
     results = run_checks(ops, shapes, args.batch, args.max_context, device)
     print(format_checks(results))

@@ -6,3 +6,7 @@ The CLI prints these as one clear line instead of a traceback.
 
 class ServelabError(Exception):
     """Bad input; the message names the key, file, line or plugin at fault."""
+
+
+class ConfigError(ServelabError, ValueError):
+    """A config value that is well-typed but not allowed here; the message names the key."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -20,6 +19,7 @@ from .model.layers import TPGroup
 from .model.llama import AttentionMetadata, local_heads
 from .model.loader import load_model
 from .model.spec import ModelSpec
+from .errors import ConfigError
 from .sampler import sample
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -58,7 +58,7 @@ class ModelWorker:
         self.device = resolve_device(cfg.device)
         self.dtype = DTYPES[cfg.dtype]
         if self.device.type == "cpu" and self.dtype == torch.float16:
-            raise ValueError("model.dtype=float16 is not supported on CPU; use float32 or bfloat16")
+            raise ConfigError("model.dtype=float16 is not supported on CPU; use float32 or bfloat16")
         torch.manual_seed(cfg.seed)
         self.ops = select_attention_backend(cfg.attention_backend, self.device)
         self.model = load_model(cfg.model_path, self.tp, self.dtype, self.device, cfg.max_model_len)
@@ -66,7 +66,10 @@ class ModelWorker:
         if self.ops.name == "triton":
             from .kernels.triton_ops import check_supported
 
-            check_supported(self.spec.head_dim, cfg.block_size)
+            try:
+                check_supported(self.spec.head_dim, cfg.block_size)
+            except ValueError as exc:
+                raise ConfigError(f"attention_backend=triton: {exc}") from None
         self.kv_cache: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.host_cache: torch.Tensor | None = None
 
@@ -171,7 +174,3 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"backend.device={name!r} but CUDA is not available on this machine")
     return torch.device(name)
-
-
-def model_path_exists(path: str) -> bool:
-    return Path(path).is_dir()

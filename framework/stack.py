@@ -9,7 +9,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from .cost_model import StepCostModel
-from .errors import ServelabError
+from .errors import ConfigError
 from .engine import Engine
 from .executor import Executor, LocalExecutor, WorkerConfig
 from .interfaces import EngineLimits
@@ -17,10 +17,6 @@ from .model.random_checkpoint import cached_random_checkpoint
 from .registry import Registry, default_registry
 
 log = logging.getLogger(__name__)
-
-
-class ConfigError(ServelabError, ValueError):
-    """A config value that is well-typed but not allowed; the message names the key."""
 
 
 @dataclass

@@ -12,7 +12,13 @@ from typing import Callable
 
 import torch
 
+from ..errors import ServelabError
+
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
+
+
+class AttentionBackendError(ServelabError, RuntimeError):
+    """The requested attention backend cannot run here; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -34,7 +40,7 @@ def select_attention_backend(name: str, device: torch.device) -> AttentionOps:
     Raises ``ValueError`` for an unknown name and ``RuntimeError`` when Triton cannot run here.
     """
     if name not in ATTENTION_BACKENDS:
-        raise ValueError(f"attention_backend={name!r} is not one of {list(ATTENTION_BACKENDS)}")
+        raise AttentionBackendError(f"attention_backend={name!r} is not one of {list(ATTENTION_BACKENDS)}")
     if name == "auto":
         name = "triton" if device.type == "cuda" and _triton_importable() else "torch"
     if name == "torch":
@@ -42,14 +48,19 @@ def select_attention_backend(name: str, device: torch.device) -> AttentionOps:
 
         return AttentionOps("torch", reference.store_kv, reference.paged_attention)
     if device.type != "cuda" and not triton_interpreted():
-        raise RuntimeError(
+        raise AttentionBackendError(
             "attention_backend=triton needs a CUDA device, or TRITON_INTERPRET=1 in the environment "
             f"to run the kernels in Triton's CPU interpreter (slow; for tests). Device here: {device}."
         )
     if not _triton_importable():
-        raise RuntimeError("attention_backend=triton but the `triton` package is not installed "
-                           "(pip install 'servelab[triton]')")
+        raise AttentionBackendError("attention_backend=triton but the `triton` package is not installed "
+                                    "(pip install 'servelab[triton]')")
     from . import triton_ops
+    from .triton_store_kv import interpreter_available
+
+    if device.type != "cuda" and not interpreter_available():
+        raise AttentionBackendError("attention_backend=triton on CPU: TRITON_INTERPRET=1 must be set before "
+                                    "triton is first imported in this process")
 
     return AttentionOps("triton", triton_ops.store_kv, triton_ops.paged_attention)
 

@@ -9,7 +9,8 @@ including blocks shared between sequences) the same code path.
 
 Long contexts with too few (sequence, KV head) pairs to fill the GPU are split over the context
 (flash-decoding): each split writes a normalised partial output and its log-sum-exp, and a second
-kernel merges the splits. :func:`choose_num_splits` is the heuristic.
+kernel merges the splits. :func:`choose_num_splits` is the heuristic. The split count is a runtime
+argument, not a ``constexpr``, so changing batch sizes and lengths do not trigger recompilation.
 """
 
 from __future__ import annotations
@@ -32,14 +33,14 @@ _CPU_PROGRAM_TARGET = 64  # stands in for 2 x SM count when there is no CUDA dev
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
-    scale_log2, num_groups, head_dim, block_size, keys_per_split,
+    scale_log2, num_groups, head_dim, keys_per_split, num_splits,
     stride_qb, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
     stride_btb, stride_btn,
     stride_ob, stride_oh, stride_od,
-    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    SPLIT_K: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -67,8 +68,8 @@ def _decode_kernel(
     for start in range(split_start, split_end, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         n_mask = pos < split_end
-        block = tl.load(table_row + (pos // block_size) * stride_btn, mask=n_mask, other=0).to(tl.int64)
-        offset = (pos % block_size).to(tl.int64)
+        block = tl.load(table_row + (pos // BLOCK_SIZE) * stride_btn, mask=n_mask, other=0).to(tl.int64)
+        offset = (pos % BLOCK_SIZE).to(tl.int64)
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(
             k_cache_ptr + block[:, None] * stride_kb + offset[:, None] * stride_ks
@@ -91,28 +92,28 @@ def _decode_kernel(
         m_i = m_new
 
     out_mask = g_mask[:, None] & d_mask[None, :]
-    if NUM_SPLITS == 1:
+    if not SPLIT_K:
         out = acc / l_i[:, None]
         tl.store(
             out_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims[None, :] * stride_od,
             out.to(out_ptr.dtype.element_ty), mask=out_mask,
         )
     else:
-        # Partials are [B, H, NUM_SPLITS, BLOCK_D] fp32 and lse [B, H, NUM_SPLITS] (log2 units), contiguous.
+        # Partials are [B, H, num_splits, BLOCK_D] fp32 and lse [B, H, num_splits] (log2 units), contiguous.
         # An empty split stores out 0 and lse -inf, i.e. weight 0 in the merge.
         empty = l_i == 0.0
         out = acc / tl.where(empty, 1.0, l_i)[:, None]
         lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
-        row = (seq * tl.num_programs(1) * num_groups + heads) * NUM_SPLITS + split
+        row = (seq * tl.num_programs(1) * num_groups + heads) * num_splits + split
         tl.store(part_out_ptr + row[:, None] * BLOCK_D + dims[None, :], out, mask=out_mask)
         tl.store(part_lse_ptr + row, lse, mask=g_mask)
 
 
 @mode_aware_jit
 def _merge_splits_kernel(
-    part_out_ptr, part_lse_ptr, out_ptr, head_dim,
+    part_out_ptr, part_lse_ptr, out_ptr, head_dim, num_splits,
     stride_ob, stride_oh, stride_od,
-    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # One program per (sequence, query head): weight each split by exp2(lse_s - max lse).
     seq = tl.program_id(0)
@@ -120,12 +121,12 @@ def _merge_splits_kernel(
     row = seq * tl.num_programs(1) + head
     splits = tl.arange(0, BLOCK_S)
     dims = tl.arange(0, BLOCK_D)
-    s_mask = splits < NUM_SPLITS
+    s_mask = splits < num_splits
     d_mask = dims < head_dim
-    lse = tl.load(part_lse_ptr + row * NUM_SPLITS + splits, mask=s_mask, other=float("-inf"))
+    lse = tl.load(part_lse_ptr + row * num_splits + splits, mask=s_mask, other=float("-inf"))
     weights = tl.exp2(lse - tl.max(lse, 0))
     parts = tl.load(
-        part_out_ptr + (row * NUM_SPLITS + splits[:, None]) * BLOCK_D + dims[None, :],
+        part_out_ptr + (row * num_splits + splits[:, None]) * BLOCK_D + dims[None, :],
         mask=s_mask[:, None] & d_mask[None, :], other=0.0,
     )
     out = tl.sum(parts * weights[:, None], 0) / tl.sum(weights, 0)
@@ -208,15 +209,15 @@ def paged_decode_attention(
     _decode_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens.contiguous(),
         out, part_out, part_lse,
-        scale * _LOG2E, num_groups, head_dim, k_cache.shape[1], keys_per_split,
+        scale * _LOG2E, num_groups, head_dim, keys_per_split, num_splits,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *out.stride(),
-        BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
-        NUM_SPLITS=num_splits, **dot_config(q.dtype),
+        BLOCK_SIZE=k_cache.shape[1], BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
+        SPLIT_K=num_splits > 1, **dot_config(q.dtype),
         num_warps=4, num_stages=2,
     )
     if num_splits > 1:
         _merge_splits_kernel[(batch, num_heads)](
-            part_out, part_lse, out, head_dim, *out.stride(),
-            NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+            part_out, part_lse, out, head_dim, num_splits, *out.stride(),
+            BLOCK_S=triton.next_power_of_2(max(num_splits, MAX_SPLITS)), BLOCK_D=block_d,
         )
     return out

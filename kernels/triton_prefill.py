@@ -23,13 +23,14 @@ _LOG2E = 1.4426950408889634
 @mode_aware_jit
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_ptr, context_lens_ptr, out_ptr,
-    scale_log2, num_groups, head_dim, block_size,
+    scale_log2, num_groups, head_dim,
     stride_qt, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
     stride_btb, stride_btn,
     stride_ot, stride_oh, stride_od,
-    BLOCK_Q: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * BLOCK_G
@@ -65,8 +66,8 @@ def _prefill_kernel(
     for start in range(0, kv_end, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         n_mask = pos < kv_end
-        block = tl.load(table_row + (pos // block_size) * stride_btn, mask=n_mask, other=0).to(tl.int64)
-        offset = (pos % block_size).to(tl.int64)
+        block = tl.load(table_row + (pos // BLOCK_SIZE) * stride_btn, mask=n_mask, other=0).to(tl.int64)
+        offset = (pos % BLOCK_SIZE).to(tl.int64)
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(
             k_cache_ptr + block[:, None] * stride_kb + offset[:, None] * stride_ks
@@ -132,9 +133,9 @@ def paged_prefill_attention(
     grid = (triton.cdiv(max_query_len, block_q), batch, num_kv_heads)
     _prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, cu_seqlens_q.contiguous(), context_lens.contiguous(), out,
-        scale * _LOG2E, num_groups, head_dim, k_cache.shape[1],
+        scale * _LOG2E, num_groups, head_dim,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *out.stride(),
-        BLOCK_Q=block_q, BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
+        BLOCK_SIZE=k_cache.shape[1], BLOCK_Q=block_q, BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
         **dot_config(q.dtype), num_warps=4, num_stages=2,
     )
     return out

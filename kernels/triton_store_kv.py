@@ -2,9 +2,11 @@
 
 Also home of :func:`mode_aware_jit`, shared by the other Triton kernel modules: ``@triton.jit``
 decides between compiled and interpreted execution from ``TRITON_INTERPRET`` when the decorator
-runs, so a kernel module imported before the variable was set would stay compiled forever (and
-fail on CPU tensors). ``mode_aware_jit`` decorates at import, as ``triton.jit`` does, and
-re-decorates at launch if the variable has changed since.
+runs, so a kernel module imported before the variable was set would stay compiled (and fail on CPU
+tensors). ``mode_aware_jit`` decorates at import, as ``triton.jit`` does, and re-decorates at launch
+if the variable has changed since. Triton's own ``tl.*`` helpers written in Triton (``tl.sum``,
+``tl.max``, ...) are decorated once, when ``triton`` is first imported, so interpreting additionally
+needs ``TRITON_INTERPRET=1`` set before that first import (see :func:`interpreter_available`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,13 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+import triton.language.standard as _tl_standard
+from triton.runtime.interpreter import InterpretedFunction
+
+
+def interpreter_available() -> bool:
+    """Whether this process can interpret kernels: ``TRITON_INTERPRET=1`` was set when triton was imported."""
+    return isinstance(_tl_standard.sum, InterpretedFunction)
 
 
 class _ModeAwareKernel:
@@ -31,13 +40,21 @@ class _ModeAwareKernel:
         return kernel
 
     def __getitem__(self, grid):
+        interpret = bool(triton.knobs.runtime.interpret)
+        if interpret != interpreter_available():
+            raise RuntimeError(
+                f"TRITON_INTERPRET is {'1' if interpret else 'unset'} now but was "
+                f"{'1' if not interpret else 'unset'} when `triton` was first imported; Triton builds its "
+                "tl.* helpers for one mode at import, so set TRITON_INTERPRET before importing triton"
+            )
         return self.current()[grid]
 
 
 def mode_aware_jit(fn) -> _ModeAwareKernel:
     """Decorator: like ``triton.jit`` but re-reads ``TRITON_INTERPRET`` at every launch.
 
-    The kernel must not call other ``@triton.jit`` functions (they would keep their own mode).
+    The kernel may call ``tl.*`` functions but no ``@triton.jit`` helpers of its own (those would keep
+    the mode of their import).
     """
     return _ModeAwareKernel(fn)
 
@@ -53,7 +70,7 @@ def _store_kv_kernel(
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # One program per (token, group of BLOCK_H kv heads).
-    token = tl.program_id(0)
+    token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + token).to(tl.int64)
     block = slot // block_size
     offset = slot % block_size
@@ -66,8 +83,10 @@ def _store_kv_kernel(
 
     src_k = key_ptr + token * stride_kt + heads[:, None] * stride_kh + dims[None, :] * stride_kd
     src_v = value_ptr + token * stride_vt + heads[:, None] * stride_vh + dims[None, :] * stride_vd
-    dst_k = k_cache_ptr + block * stride_kcb + offset * stride_kcs + heads[:, None] * stride_kch + dims[None, :] * stride_kcd
-    dst_v = v_cache_ptr + block * stride_vcb + offset * stride_vcs + heads[:, None] * stride_vch + dims[None, :] * stride_vcd
+    dst_k = (k_cache_ptr + block * stride_kcb + offset * stride_kcs
+             + heads[:, None] * stride_kch + dims[None, :] * stride_kcd)
+    dst_v = (v_cache_ptr + block * stride_vcb + offset * stride_vcs
+             + heads[:, None] * stride_vch + dims[None, :] * stride_vcd)
     k = tl.load(src_k, mask=mask)
     v = tl.load(src_v, mask=mask)
     tl.store(dst_k, k.to(k_cache_ptr.dtype.element_ty), mask=mask)

@@ -31,6 +31,6 @@ cmd=${1:-run}
 shift || true
 case "$cmd" in
   run) exec "$VENV/bin/python" run.py "$@" ;;
-  test) exec "$VENV/bin/python" -m pytest "$@" ;;
+  test) exec "$VENV/bin/pytest" "$@" ;;
   *) echo "usage: bash scripts/dev.sh run|test [args...]" >&2; exit 2 ;;
 esac
