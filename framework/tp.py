@@ -196,18 +196,19 @@ class TPExecutor(Executor):
     def _diagnose(self, seq: int, exc: BaseException | None) -> BaseException:
         """Name the rank behind a failed collective: a dead one, else a hung one; else ``exc`` itself."""
         when = "during start-up" if seq < 0 else f"at step {seq}"
-        dead = self._wait_for_dead(grace_s=2.0 if exc is not None else 0.0)
+        dead = self._wait_for_dead(grace_s=2.0 if exc is not None and not _is_timeout(exc) else 0.0)
         if dead:
             parts = [f"rank {rank} (pid {p.pid}) {_exit_text(p.exitcode)}{self._reported_error(rank)}"
                      for rank, p in dead]
-            return TPWorkerError(f"tensor-parallel worker {'; '.join(parts)} {when}; the run is stopped")
+            return TPWorkerError(f"tensor-parallel worker {'; '.join(parts)} {when}; the run is stopped"
+                                 + (f" [{type(exc).__name__}: {_first_line(exc)}]" if exc is not None else ""))
         if exc is None:
             return TPWorkerError(f"tensor-parallel workers failed {when}")
         if seq >= 0 and _is_timeout(exc):
             hung = self._hung_ranks(seq)
             return TPWorkerError(f"tensor-parallel worker rank {', '.join(map(str, hung)) or '?'} did not finish "
                                  f"step {seq} within {self.step_timeout_s:g} s (hung?); the run is stopped "
-                                 f"[{type(exc).__name__}: {str(exc).strip()[:200]}]")
+                                 f"[{type(exc).__name__}: {_first_line(exc)}]")
         return exc
 
     def _wait_for_dead(self, grace_s: float) -> list[tuple[int, mp.Process]]:
@@ -253,4 +254,9 @@ def _exit_text(code: int | None) -> str:
 
 def _is_timeout(exc: BaseException) -> bool:
     text = str(exc).lower()
-    return "timed out" in text or "timeout" in text or isinstance(exc, getattr(dist, "DistBackendError", ()))
+    return "timed out" in text or "timeout" in text
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:200] if lines else ""

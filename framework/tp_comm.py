@@ -3,14 +3,14 @@
 Every rank (rank 0 = the engine process, ranks 1.. = spawned workers) builds one :class:`TPComm`.
 All traffic goes through torch.distributed:
 
-* ``control`` (gloo, long timeout): only the fixed-size step header. Workers idle here between
-  steps, for as long as the engine waits for arrivals, so its timeout must not bound a step.
+* ``control`` (gloo, long timeout): the fixed-size step header and the start-up all-reduce of the
+  KV pool size. Workers idle here between steps, for as long as the engine waits for arrivals, so
+  the group's timeout must not bound a step: rank 0 waits on the header with ``step_timeout_s``.
 * ``plan`` (gloo, ``step_timeout_s``): the rest of the plan (one packed int64 tensor, float tensors
-  if any, the pickled small metadata) and the start-up all-reduce of the KV pool size.
+  if any, the pickled small metadata).
 * ``model`` (nccl on CUDA, else the ``plan`` group): the all-reduce / all-gather inside the forward.
 
-A 32-byte header never blocks the sender even when a receiver hangs, so every wait that can
-block rank 0 during a step is bounded by ``step_timeout_s``.
+So every wait that can block rank 0 during a step is bounded by ``step_timeout_s``.
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ class TPComm:
         self.rank, self.size, self.device = rank, size, device
         dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=IDLE_TIMEOUT)
         self.control = dist.group.WORLD
-        step_timeout = timedelta(seconds=step_timeout_s)
-        self.plan = dist.new_group(backend="gloo", timeout=step_timeout)
-        self.model = dist.new_group(backend="nccl", timeout=step_timeout) if device.type == "cuda" else self.plan
+        self.step_timeout = timedelta(seconds=step_timeout_s)
+        self.plan = dist.new_group(backend="gloo", timeout=self.step_timeout)
+        self.model = dist.new_group(backend="nccl", timeout=self.step_timeout) if device.type == "cuda" else self.plan
         self.comm_s = 0.0
 
     def tp_group(self) -> TPGroup:
@@ -90,7 +90,7 @@ class TPComm:
         start = time.perf_counter()
         ints, floats, meta = pack_batch(batch)
         blob = torch.frombuffer(bytearray(pickle.dumps(meta)), dtype=torch.uint8)
-        dist.broadcast(torch.tensor([seq, OP_STEP, ints.numel(), blob.numel()]), src=0, group=self.control)
+        self._send_header([seq, OP_STEP, ints.numel(), blob.numel()])
         dist.broadcast(ints, src=0, group=self.plan)
         dist.broadcast(blob, src=0, group=self.plan)
         for t in floats:
@@ -98,7 +98,13 @@ class TPComm:
         self.comm_s += time.perf_counter() - start
 
     def send_stop(self, seq: int) -> None:
-        dist.broadcast(torch.tensor([seq, OP_STOP, 0, 0]), src=0, group=self.control)
+        self._send_header([seq, OP_STOP, 0, 0])
+
+    def _send_header(self, values: list[int]) -> None:
+        # gloo's broadcast waits for every receiver to post its receive: bound the wait here, since
+        # the control group's own timeout is the (long) idle one.
+        work = dist.broadcast(torch.tensor(values, dtype=torch.int64), src=0, group=self.control, async_op=True)
+        work.wait(timeout=self.step_timeout)
 
     def receive_plan(self) -> tuple[int, StepBatch | None]:
         """Workers: block until rank 0 sends the next plan; ``(seq, None)`` means stop."""
