@@ -196,7 +196,8 @@ class TPExecutor(Executor):
     def _diagnose(self, seq: int, exc: BaseException | None) -> BaseException:
         """Name the rank behind a failed collective: a dead one, else a hung one; else ``exc`` itself."""
         when = "during start-up" if seq < 0 else f"at step {seq}"
-        dead = self._wait_for_dead(grace_s=2.0 if exc is not None and not _is_timeout(exc) else 0.0)
+        grace_s = 0.0 if exc is None else 0.5 if _is_timeout(exc) else 2.0
+        dead = self._wait_for_dead(grace_s)
         if dead:
             parts = [f"rank {rank} (pid {p.pid}) {_exit_text(p.exitcode)}{self._reported_error(rank)}"
                      for rank, p in dead]

@@ -163,10 +163,18 @@ def _logits_by_rank(path, size: int) -> dict[int, list[torch.Tensor]]:
     return logits
 
 
+@pytest.fixture
+def one_thread():
+    """Ranks run as threads: keep torch from oversubscribing the cores meanwhile."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("size", [2, 4])
-def test_sharded_forward_matches_tp1_logits(checkpoints, name, size):
-    torch.set_num_threads(1)
+def test_sharded_forward_matches_tp1_logits(checkpoints, name, size, one_thread):
     reference = _logits_by_rank(checkpoints[name], 1)[0]
     sharded = _logits_by_rank(checkpoints[name], size)
     for rank in range(size):
