@@ -10,6 +10,11 @@ Faults: before each step rank 0 checks that every worker is alive; during a step
 is bounded by ``step_timeout_s`` and a dead peer breaks gloo's connection at once. Either way the
 step raises :class:`TPWorkerError` naming the rank, and :meth:`TPExecutor.shutdown` (also run at
 interpreter exit) stops every worker, killing those that do not stop by themselves.
+
+On CUDA the forward's collectives are NCCL: a peer that dies or hangs inside the forward is caught
+by NCCL's own watchdog after ``step_timeout_s`` (torch's default handling then ends this process,
+so no partial results are written); the plan broadcast and liveness checks are as on CPU. This
+path has not been run on GPUs yet.
 """
 
 from __future__ import annotations
