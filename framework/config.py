@@ -124,7 +124,8 @@ class BackendConfig:
     kv_cache_memory_gb: float = 0.5  # CPU: KV pool budget when num_kv_blocks is null
     gpu_memory_utilization: float = 0.9  # CUDA: fraction of device memory the run may use
     num_swap_blocks: int = 0  # host swap pool (blocks); preemption=swap needs > 0
-    num_threads: Optional[int] = None  # torch intra-op threads; null = torch's default
+    num_threads: Optional[int] = None  # torch intra-op threads (per rank); null = torch's default (TP: cores / ranks)
+    tp_step_timeout_s: float = 120.0  # tensor parallel: longest wait on another rank in a step before the run fails
 
 
 @dataclass

@@ -35,6 +35,7 @@ class StepRecord:
     decode_seqs: int
     kv_utilization: float
     queues: dict[str, int]
+    comm_s: float = 0.0  # time in cross-rank communication (tensor parallel); not counted in model_s
     preempted: list[PreemptionDecision] = field(default_factory=list)
     extra: dict[str, float] = field(default_factory=dict)
 
@@ -111,7 +112,7 @@ class Engine:
         output = self.executor.execute(batch)
         finished_at = self.now()
         self._apply(plan, output.sampled, finished_at)
-        record = self._record(plan, start, finished_at, output.model_s)
+        record = self._record(plan, start, finished_at, output.model_s, output.comm_s)
         for listener in self.step_listeners:
             listener(record)
         return record
@@ -139,7 +140,7 @@ class Engine:
             return "length"
         return None
 
-    def _record(self, plan: SchedulePlan, start: float, end: float, model_s: float) -> StepRecord:
+    def _record(self, plan: SchedulePlan, start: float, end: float, model_s: float, comm_s: float = 0.0) -> StepRecord:
         prefill = sum(e.num_tokens for e in plan.scheduled if e.num_tokens > 1 or e.start < e.seq.prompt_len)
         decode = sum(1 for e in plan.scheduled if e.num_tokens == 1 and e.start >= e.seq.prompt_len)
         attended = sum(e.num_tokens * (e.start + (e.num_tokens + 1) // 2) for e in plan.scheduled)
@@ -149,7 +150,7 @@ class Engine:
             step=len(self.steps), time_s=end, duration_s=end - start, model_s=model_s,
             num_seqs=len(plan.scheduled), num_tokens=plan.num_batched_tokens, prefill_tokens=prefill,
             decode_seqs=decode, kv_utilization=self.allocator.num_used_blocks() / max(1, self.allocator.num_blocks),
-            queues=self.scheduler.queue_lengths(), preempted=plan.preempted,
+            queues=self.scheduler.queue_lengths(), comm_s=comm_s, preempted=plan.preempted,
             extra=self.allocator.usage_stats(),
         )
         self.steps.append(record)

@@ -47,7 +47,8 @@ class WandbLogger(RunLogger):
             return
         data = {"step/num_seqs": record.num_seqs, "step/num_tokens": record.num_tokens,
                 "step/prefill_tokens": record.prefill_tokens, "step/decode_seqs": record.decode_seqs,
-                "step/duration_ms": record.duration_s * 1e3, "step/kv_utilization": record.kv_utilization,
+                "step/duration_ms": record.duration_s * 1e3, "step/model_ms": record.model_s * 1e3,
+                "step/comm_ms": record.comm_s * 1e3, "step/kv_utilization": record.kv_utilization,
                 "step/num_preempted": len(record.preempted), "time_s": record.time_s}
         data.update({f"queue/{k}": v for k, v in record.queues.items()})
         self.run.log(data, step=record.step)

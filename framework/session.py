@@ -66,6 +66,8 @@ def collect_results(engine: Engine, time_scale: float, status: str = "completed"
         "num_kv_blocks": engine.allocator.num_blocks,
         "block_size": limits.block_size,
         "cost_model": engine.cost_model.coefficients,
+        "model_time_s": sum(s.model_s for s in engine.steps),
+        "comm_time_s": sum(s.comm_s for s in engine.steps),
         **(extra or {}),
     })
     return RunResult(records, summary, engine.steps)
@@ -78,10 +80,23 @@ def _mean(values):
 
 def run_job(cfg: DictConfig, output_dir: str | Path, requests: list[Request] | None = None,
             stack: Stack | None = None) -> RunResult:
-    """Run the workload of ``cfg`` (or ``requests``) and write the result files to ``output_dir``."""
+    """Run the workload of ``cfg`` (or ``requests``) and write the result files to ``output_dir``.
+
+    Without ``stack`` the stack is built here and its executor shut down at the end (error or not);
+    a given ``stack`` stays open (its owner shuts it down).
+    """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    stack = stack or build_stack(cfg)
+    if stack is not None:
+        return _run_on_stack(cfg, output_dir, requests, stack)
+    stack = build_stack(cfg)
+    try:
+        return _run_on_stack(cfg, output_dir, requests, stack)
+    finally:
+        stack.executor.shutdown()  # we built it, so we release its workers (TP processes), error or not
+
+
+def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | None, stack: Stack) -> RunResult:
     engine = stack.engine
     if requests is None:
         requests = build_requests(cfg.workload, stack.executor.spec.vocab_size, stack.limits.max_model_len)

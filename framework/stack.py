@@ -45,6 +45,8 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"num_kv_blocks={cfg.num_kv_blocks} must be >= 1 (or null to size from memory)")
     if cfg.tensor_parallel_size < 1:
         raise ConfigError(f"tensor_parallel_size={cfg.tensor_parallel_size} must be >= 1")
+    if cfg.backend.tp_step_timeout_s <= 0:
+        raise ConfigError(f"backend.tp_step_timeout_s={cfg.backend.tp_step_timeout_s} must be > 0")
     if cfg.backend.num_swap_blocks < 0:
         raise ConfigError(f"backend.num_swap_blocks={cfg.backend.num_swap_blocks} must be >= 0")
     for key in ("ttft_ms", "tpot_ms"):
@@ -89,7 +91,8 @@ def build_executor(cfg: DictConfig) -> Executor:
     if cfg.tensor_parallel_size > 1:
         from .tp import TPExecutor  # noqa: PLC0415 - optional, heavier
 
-        return TPExecutor(wcfg, cfg.tensor_parallel_size)
+        return TPExecutor(wcfg, cfg.tensor_parallel_size, step_timeout_s=cfg.backend.tp_step_timeout_s,
+                          num_threads=cfg.backend.num_threads)
     return LocalExecutor(wcfg)
 
 
