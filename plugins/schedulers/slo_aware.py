@@ -1,0 +1,201 @@
+"""SLO-aware scheduling: maximise the number of requests that meet both their TTFT and TPOT
+targets (goodput), using the shared step-time cost model (``self.cost_model``).
+
+Targets: a request's ``ttft_slo_ms`` / ``tpot_slo_ms``, else the run's ``slo.ttft_ms`` /
+``slo.tpot_ms``; a missing target never constrains anything. ``t_dec`` below is the cost model's
+predicted time of a decode-only step of the running sequences.
+
+Rules, applied every step:
+
+1. **Deadline order.** Waiting requests are admitted earliest TTFT deadline first
+   (``arrival + ttft_slo``; no target = never due). Running sequences get the step budget in the
+   same order, so under memory pressure the latest-deadline one is preempted first.
+2. **Late requests are deprioritised, never dropped.** A waiting request is *late* when even if it
+   started now it would miss its TTFT deadline (``now + predicted prefill step > deadline``), or,
+   after a preemption, its TPOT. A running request is late when decoding its remaining
+   ``max_tokens`` at ``t_dec`` per token cannot keep its TPOT. Late requests stay late; they queue
+   behind every on-time request (oldest first), are preempted first, and are not protected by
+   rule 3. They still run whenever there is room, and count as misses.
+3. **Prefill that fits the TPOT budget.** Each on-time decoding request ``i`` with target ``T_i``
+   has a pace: its ``k``-th token is due ``k * T_i`` after its first. The step may last
+   ``limit = min_i max(T_i, next_due_i - now)`` (slack earned by fast steps can be spent on
+   prefill; never less than one ``T_i``). Prefill tokens this step are capped so that the
+   predicted step time stays within ``margin * limit``. With chunked prefill off a prompt that does
+   not fit waits (head of line) until it fits or the decodes drain.
+4. **Admission control.** A new request is admitted only if the predicted decode step with it
+   added stays within ``margin * min(T)`` over on-time running requests and itself, so admitting
+   does not break everybody's TPOT. A request is always admitted when nothing runs, so one whose
+   SLO cannot be met even alone still runs (and counts as a miss).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+
+from servelab.cost_model import StepFeatures
+from servelab.scheduling import QueueScheduler
+
+INF = float("inf")
+
+
+@dataclass
+class SLOAwareConfig:
+    margin: float = 0.9  # fraction of a TPOT budget a predicted step may use (prediction error headroom)
+    admission_control: bool = True  # rule 4
+
+
+class DeadlineQueue:
+    """Waiting requests: on-time ones by TTFT deadline (a heap), then late ones by arrival."""
+
+    def __init__(self, scheduler: "SLOAwareScheduler") -> None:
+        self._sched = scheduler
+        self._on_time: list = []
+        self._late: list = []
+        self._counter = itertools.count()
+
+    def push(self, seq) -> None:
+        if seq.id in self._sched.late:
+            heapq.heappush(self._late, (seq.arrival_s, next(self._counter), seq))
+        else:
+            heapq.heappush(self._on_time, (self._sched.ttft_deadline(seq), next(self._counter), seq))
+
+    push_front = push  # a preempted request goes back by its deadline (or to the late queue)
+
+    def demote_late(self, is_late) -> int:
+        """Move on-time heads for which ``is_late(seq)`` holds to the late queue; return how many."""
+        moved = 0
+        while self._on_time and is_late(self._on_time[0][2]):
+            seq = heapq.heappop(self._on_time)[2]
+            self._sched.late.add(seq.id)
+            self.push(seq)
+            moved += 1
+        return moved
+
+    def peek(self):
+        return (self._on_time or self._late)[0][2]
+
+    def pop(self):
+        return heapq.heappop(self._on_time or self._late)[2]
+
+    def __iter__(self):
+        return itertools.chain((e[2] for e in sorted(self._on_time)), (e[2] for e in sorted(self._late)))
+
+    def __len__(self) -> int:
+        return len(self._on_time) + len(self._late)
+
+
+class SLOAwareScheduler(QueueScheduler):
+    """Deadline-ordered admission with TPOT-safe prefill caps (rules in the module docstring)."""
+
+    name = "slo_aware"
+    Config = SLOAwareConfig
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.late: set[str] = set()
+        super().__init__(*args, **kwargs)
+        self._t_dec = 0.0  # predicted decode-only step (s)
+        self._limit = INF  # how long this step may take (s), rule 3
+        self._min_tpot = INF  # tightest TPOT target (s) among on-time running requests
+        self._num_decodes = 0
+        self._decode_context = 0
+
+    # ---- targets ------------------------------------------------------------------------
+    def ttft_deadline(self, seq) -> float:
+        target = seq.request.ttft_slo_ms if seq.request.ttft_slo_ms is not None else self.limits.ttft_slo_ms
+        return INF if target is None else seq.arrival_s + target / 1e3
+
+    def tpot_target(self, seq) -> float:
+        target = seq.request.tpot_slo_ms if seq.request.tpot_slo_ms is not None else self.limits.tpot_slo_ms
+        return INF if target is None else target / 1e3
+
+    # ---- hooks --------------------------------------------------------------------------
+    def make_waiting_queue(self):
+        return DeadlineQueue(self)
+
+    def remove(self, seq) -> None:
+        super().remove(seq)
+        self.late.discard(seq.id)
+
+    def schedule(self, now: float):
+        self._observe_running(now)
+        self.waiting.demote_late(lambda seq: self._is_late_waiting(seq, now))
+        return super().schedule(now)
+
+    def running_order(self, running, now):
+        late, deadline = self.late, self.ttft_deadline
+        running.sort(key=lambda s: (s.id in late, deadline(s)))
+        return running
+
+    def prefill_token_cap(self, now: float) -> int:
+        budget = self.limits.max_num_batched_tokens
+        if self._limit == INF:
+            return budget
+        c0, c1, _, c3 = self._coef
+        spare = self.config.margin * self._limit - self._t_dec  # a finite limit means decodes run
+        if spare <= 0:
+            return 0
+        # predicted prefill cost of p fresh tokens: c1 * p + c3 * p^2 / 2 / 1e3 (attention)
+        c1, a = max(c1, 1e-9), max(c3, 0.0) / 2e3
+        p = spare / c1 if a == 0 else (-c1 + (c1 * c1 + 4 * a * spare) ** 0.5) / (2 * a)
+        return int(min(budget, p))
+
+    def may_admit(self, seq, now: float) -> bool:
+        if not self.running or not self.config.admission_control:
+            return True
+        own = INF if seq.id in self.late else self.tpot_target(seq)
+        tightest = min(self._min_tpot, own)
+        if tightest == INF:
+            return True
+        c0, _, c2, c3 = self._coef
+        t = c0 + c2 * (self._num_decodes + 1) + c3 * (self._decode_context + seq.num_tokens) / 1e3
+        if t > self.config.margin * tightest:
+            return False
+        self._num_decodes += 1  # the next candidate is judged with this one decoding too
+        self._decode_context += seq.num_tokens
+        return True
+
+    def step_stats(self) -> dict[str, float]:
+        return {**super().step_stats(), "step_limit_ms": self._limit * 1e3 if self._limit != INF else -1.0,
+                "predicted_decode_ms": self._t_dec * 1e3, "late": len(self.late)}
+
+    # ---- rules 2 and 3 ------------------------------------------------------------------
+    def _observe_running(self, now: float) -> None:
+        """Predict the decode step, mark running requests that can no longer keep their TPOT,
+        and find how long this step may last."""
+        self._coef = c0, _, c2, c3 = self.cost_model.coefficient_vector()
+        decodes, context = 0, 0
+        for seq in self.running:
+            if seq.token_times:
+                decodes += 1
+                context += seq.num_tokens
+        self._num_decodes, self._decode_context = decodes, context
+        self._t_dec = t_dec = max(0.0, c0 + c2 * decodes + c3 * context / 1e3)
+        limit = min_tpot = INF
+        late, limits = self.late, self.limits
+        for seq in self.running:
+            times = seq.token_times
+            if not times or seq.id in late:
+                continue
+            req = seq.request
+            target = req.tpot_slo_ms if req.tpot_slo_ms is not None else limits.tpot_slo_ms
+            if target is None:
+                continue
+            target /= 1e3
+            n = len(times)
+            if now + (req.max_tokens - n) * t_dec > times[0] + (req.max_tokens - 1) * target:
+                late.add(seq.id)
+                continue
+            min_tpot = min(min_tpot, target)
+            limit = min(limit, max(target, times[0] + n * target - now))
+        self._limit, self._min_tpot = limit, min_tpot
+
+    def _is_late_waiting(self, seq, now: float) -> bool:
+        n = seq.num_tokens
+        prefill_s = self.cost_model.predict(StepFeatures(n, self._num_decodes, n * (n + 1) // 2 + self._decode_context))
+        if not seq.token_times:
+            return now + prefill_s > self.ttft_deadline(seq)
+        target = self.tpot_target(seq)  # preempted after its first token: can it still keep its TPOT?
+        remaining = seq.request.max_tokens - len(seq.token_times)
+        return now + prefill_s + remaining * self._t_dec > seq.token_times[0] + (seq.request.max_tokens - 1) * target
