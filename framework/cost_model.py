@@ -28,6 +28,9 @@ class StepFeatures:
 class StepCostModel:
     """Online least-squares fit of step time (seconds) on :class:`StepFeatures`.
 
+    The fit is ridge-regularised towards the prior, so a term the steps so far cannot determine
+    (e.g. prefill cost before any prefill was measured) keeps its prior value instead of 0.
+
     Robust to what CPU measurements look like: the first ``warmup_steps`` steps (lazy
     initialisation) are ignored, a step slower than ``outlier_factor`` x its prediction (another
     process took the cores) is down-weighted, old steps fade by ``decay`` per step (the machine's
@@ -40,7 +43,8 @@ class StepCostModel:
         self._ridge = ridge
         self._xtx = np.zeros((4, 4))
         self._xty = np.zeros(4)
-        self._coef = np.array([0.0, prior_s_per_token, prior_s_per_token, 0.0])
+        self._prior = np.array([0.0, prior_s_per_token, prior_s_per_token, 0.0])
+        self._coef = self._prior.copy()
         self.warmup_steps = warmup_steps
         self.outlier_factor = outlier_factor
         self.decay = decay
@@ -74,7 +78,8 @@ class StepCostModel:
         for _ in range(4):
             idx = np.flatnonzero(active)
             coef = np.zeros(4)
-            coef[idx] = np.linalg.solve(a[np.ix_(idx, idx)], self._xty[idx])
+            rhs = self._xty + self._ridge * self._prior
+            coef[idx] = np.linalg.solve(a[np.ix_(idx, idx)], rhs[idx])
             if (coef >= 0).all():
                 break
             active &= coef > 0

@@ -18,8 +18,9 @@ Rules, applied every step:
    rule 3. They still run whenever there is room, and count as misses.
 3. **Prefill that fits the TPOT budget.** Each on-time decoding request ``i`` with target ``T_i``
    has a pace: its ``k``-th token is due ``k * T_i`` after its first. The step may last
-   ``limit = min_i max(T_i, next_due_i - now)`` (slack earned by fast steps can be spent on
-   prefill; never less than one ``T_i``). Prefill tokens this step are capped so that the
+   ``limit = min_i clip(next_due_i - now, T_i, max_step_tpots * T_i)``: slack earned by fast
+   steps can be spent on prefill, but a step never gets less than one ``T_i`` nor more than
+   ``max_step_tpots`` of them (a misprediction of one huge step would break every TPOT). Prefill tokens this step are capped so that the
    predicted step time stays within ``margin * limit``. With chunked prefill off a prompt that does
    not fit waits (head of line) until it fits or the decodes drain.
 4. **Admission control.** A new request is admitted only if the predicted decode step with it
@@ -44,6 +45,7 @@ INF = float("inf")
 class SLOAwareConfig:
     margin: float = 0.9  # fraction of a TPOT budget a predicted step may use (prediction error headroom)
     admission_control: bool = True  # rule 4
+    max_step_tpots: float = 4.0  # rule 3: longest step, in TPOT targets of the running requests
 
 
 class DeadlineQueue:
@@ -142,16 +144,13 @@ class SLOAwareScheduler(QueueScheduler):
         return int(min(budget, p))
 
     def may_admit(self, seq, now: float) -> bool:
-        if not self.running or not self.config.admission_control:
-            return True
-        own = INF if seq.id in self.late else self.tpot_target(seq)
-        tightest = min(self._min_tpot, own)
-        if tightest == INF:
-            return True
-        c0, _, c2, c3 = self._coef
-        t = c0 + c2 * (self._num_decodes + 1) + c3 * (self._decode_context + seq.num_tokens) / 1e3
-        if t > self.config.margin * tightest:
-            return False
+        if self.running and self.config.admission_control:
+            own = INF if seq.id in self.late else self.tpot_target(seq)
+            tightest = min(self._min_tpot, own)
+            c0, _, c2, c3 = self._coef
+            t = c0 + c2 * (self._num_decodes + 1) + c3 * (self._decode_context + seq.num_tokens) / 1e3
+            if t > self.config.margin * tightest:
+                return False
         self._num_decodes += 1  # the next candidate is judged with this one decoding too
         self._decode_context += seq.num_tokens
         return True
@@ -173,7 +172,7 @@ class SLOAwareScheduler(QueueScheduler):
         self._num_decodes, self._decode_context = decodes, context
         self._t_dec = t_dec = max(0.0, c0 + c2 * decodes + c3 * context / 1e3)
         limit = min_tpot = INF
-        late, limits = self.late, self.limits
+        late, limits, max_tpots = self.late, self.limits, self.config.max_step_tpots
         for seq in self.running:
             times = seq.token_times
             if not times or seq.id in late:
@@ -188,7 +187,7 @@ class SLOAwareScheduler(QueueScheduler):
                 late.add(seq.id)
                 continue
             min_tpot = min(min_tpot, target)
-            limit = min(limit, max(target, times[0] + n * target - now))
+            limit = min(limit, max(target, min(max_tpots * target, times[0] + n * target - now)))
         self._limit, self._min_tpot = limit, min_tpot
 
     def _is_late_waiting(self, seq, now: float) -> bool:
