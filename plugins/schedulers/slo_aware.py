@@ -58,10 +58,10 @@ class DeadlineQueue:
         self._counter = itertools.count()
 
     def push(self, seq) -> None:
-        if seq.id in self._sched.late:
+        if seq in self._sched.late:
             heapq.heappush(self._late, (seq.arrival_s, next(self._counter), seq))
         else:
-            heapq.heappush(self._on_time, (self._sched.ttft_deadline(seq), next(self._counter), seq))
+            heapq.heappush(self._on_time, (self._sched.targets(seq)[0], next(self._counter), seq))
 
     push_front = push  # a preempted request goes back by its deadline (or to the late queue)
 
@@ -70,7 +70,7 @@ class DeadlineQueue:
         moved = 0
         while self._on_time and is_late(self._on_time[0][2]):
             seq = heapq.heappop(self._on_time)[2]
-            self._sched.late.add(seq.id)
+            self._sched.mark_late(seq)
             self.push(seq)
             moved += 1
         return moved
@@ -95,8 +95,11 @@ class SLOAwareScheduler(QueueScheduler):
     Config = SLOAwareConfig
 
     def __init__(self, *args, **kwargs) -> None:
-        self.late: set[str] = set()
+        self.late: set = set()  # sequences that can no longer meet their SLOs (rule 2)
+        self._targets: dict = {}  # seq -> (ttft deadline s, tpot target s, max_tokens)
+        self._rank: dict = {}  # seq -> (is late, ttft deadline): the running order
         super().__init__(*args, **kwargs)
+        self._coef = self.cost_model.coefficient_vector()
         self._t_dec = 0.0  # predicted decode-only step (s)
         self._limit = INF  # how long this step may take (s), rule 3
         self._min_tpot = INF  # tightest TPOT target (s) among on-time running requests
@@ -104,13 +107,22 @@ class SLOAwareScheduler(QueueScheduler):
         self._decode_context = 0
 
     # ---- targets ------------------------------------------------------------------------
-    def ttft_deadline(self, seq) -> float:
-        target = seq.request.ttft_slo_ms if seq.request.ttft_slo_ms is not None else self.limits.ttft_slo_ms
-        return INF if target is None else seq.arrival_s + target / 1e3
+    def targets(self, seq) -> tuple[float, float, int]:
+        """``(TTFT deadline in engine seconds, TPOT target in seconds, max_tokens)``; inf = none."""
+        cached = self._targets.get(seq)
+        if cached is None:
+            req, limits = seq.request, self.limits
+            ttft = req.ttft_slo_ms if req.ttft_slo_ms is not None else limits.ttft_slo_ms
+            tpot = req.tpot_slo_ms if req.tpot_slo_ms is not None else limits.tpot_slo_ms
+            cached = self._targets[seq] = (INF if ttft is None else seq.arrival_s + ttft / 1e3,
+                                           INF if tpot is None else tpot / 1e3, req.max_tokens)
+            self._rank[seq] = (seq in self.late, cached[0])
+        return cached
 
-    def tpot_target(self, seq) -> float:
-        target = seq.request.tpot_slo_ms if seq.request.tpot_slo_ms is not None else self.limits.tpot_slo_ms
-        return INF if target is None else target / 1e3
+    def mark_late(self, seq) -> None:
+        """Rule 2: ``seq`` can no longer meet its SLOs; it is deprioritised for good."""
+        self.late.add(seq)
+        self._rank[seq] = (True, self.targets(seq)[0])
 
     # ---- hooks --------------------------------------------------------------------------
     def make_waiting_queue(self):
@@ -118,7 +130,9 @@ class SLOAwareScheduler(QueueScheduler):
 
     def remove(self, seq) -> None:
         super().remove(seq)
-        self.late.discard(seq.id)
+        self.late.discard(seq)
+        self._targets.pop(seq, None)
+        self._rank.pop(seq, None)
 
     def schedule(self, now: float):
         self._observe_running(now)
@@ -126,8 +140,7 @@ class SLOAwareScheduler(QueueScheduler):
         return super().schedule(now)
 
     def running_order(self, running, now):
-        late, deadline = self.late, self.ttft_deadline
-        running.sort(key=lambda s: (s.id in late, deadline(s)))
+        running.sort(key=self._rank.__getitem__)  # every running seq went through targets()
         return running
 
     def prefill_token_cap(self, now: float) -> int:
@@ -145,7 +158,7 @@ class SLOAwareScheduler(QueueScheduler):
 
     def may_admit(self, seq, now: float) -> bool:
         if self.running and self.config.admission_control:
-            own = INF if seq.id in self.late else self.tpot_target(seq)
+            own = INF if seq in self.late else self.targets(seq)[1]
             tightest = min(self._min_tpot, own)
             c0, _, c2, c3 = self._coef
             t = c0 + c2 * (self._num_decodes + 1) + c3 * (self._decode_context + seq.num_tokens) / 1e3
@@ -161,40 +174,46 @@ class SLOAwareScheduler(QueueScheduler):
 
     # ---- rules 2 and 3 ------------------------------------------------------------------
     def _observe_running(self, now: float) -> None:
-        """Predict the decode step, mark running requests that can no longer keep their TPOT,
-        and find how long this step may last."""
-        self._coef = c0, _, c2, c3 = self.cost_model.coefficient_vector()
-        decodes, context = 0, 0
-        for seq in self.running:
-            if seq.token_times:
-                decodes += 1
-                context += seq.num_tokens
-        self._num_decodes, self._decode_context = decodes, context
-        self._t_dec = t_dec = max(0.0, c0 + c2 * decodes + c3 * context / 1e3)
+        """One pass over the running sequences: mark those that can no longer keep their TPOT
+        (judged with the previous step's decode prediction), find how long this step may last,
+        and predict this step's decode cost."""
+        t_dec = self._t_dec
         limit = min_tpot = INF
-        late, limits, max_tpots = self.late, self.limits, self.config.max_step_tpots
+        decodes = context = 0
+        late, targets, max_tpots = self.late, self.targets, self.config.max_step_tpots
         for seq in self.running:
             times = seq.token_times
-            if not times or seq.id in late:
+            if not times:
                 continue
-            req = seq.request
-            target = req.tpot_slo_ms if req.tpot_slo_ms is not None else limits.tpot_slo_ms
-            if target is None:
+            decodes += 1
+            context += seq.num_tokens
+            if seq in late:
                 continue
-            target /= 1e3
+            _, target, max_tokens = targets(seq)
+            if target == INF:
+                continue
             n = len(times)
-            if now + (req.max_tokens - n) * t_dec > times[0] + (req.max_tokens - 1) * target:
-                late.add(seq.id)
+            first = times[0]
+            if now + (max_tokens - n) * t_dec > first + (max_tokens - 1) * target:
+                self.mark_late(seq)
                 continue
-            min_tpot = min(min_tpot, target)
-            limit = min(limit, max(target, min(max_tpots * target, times[0] + n * target - now)))
+            if target < min_tpot:
+                min_tpot = target
+            allowed = first + n * target - now
+            allowed = target if allowed < target else (max_tpots * target if allowed > max_tpots * target else allowed)
+            if allowed < limit:
+                limit = allowed
+        self._coef = c0, _, c2, c3 = self.cost_model.coefficient_vector()
+        self._num_decodes, self._decode_context = decodes, context
+        self._t_dec = max(0.0, c0 + c2 * decodes + c3 * context / 1e3)
         self._limit, self._min_tpot = limit, min_tpot
 
     def _is_late_waiting(self, seq, now: float) -> bool:
         n = seq.num_tokens
         prefill_s = self.cost_model.predict(StepFeatures(n, self._num_decodes, n * (n + 1) // 2 + self._decode_context))
+        deadline, target, max_tokens = self.targets(seq)
         if not seq.token_times:
-            return now + prefill_s > self.ttft_deadline(seq)
-        target = self.tpot_target(seq)  # preempted after its first token: can it still keep its TPOT?
-        remaining = seq.request.max_tokens - len(seq.token_times)
-        return now + prefill_s + remaining * self._t_dec > seq.token_times[0] + (seq.request.max_tokens - 1) * target
+            return now + prefill_s > deadline
+        # preempted after its first token: can it still keep its TPOT?
+        remaining = max_tokens - len(seq.token_times)
+        return now + prefill_s + remaining * self._t_dec > seq.token_times[0] + (max_tokens - 1) * target
