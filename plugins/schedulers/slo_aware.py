@@ -11,8 +11,9 @@ Rules, applied every step:
    (``arrival + ttft_slo``; no target = never due). Running sequences get the step budget in the
    same order, so under memory pressure the latest-deadline one is preempted first.
 2. **Late requests are deprioritised, never dropped.** A waiting request is *late* when even if it
-   started now it would miss its TTFT deadline (``now + predicted prefill step > deadline``), or,
-   after a preemption, its TPOT. A running request is late when decoding its remaining
+   started now it would miss its TTFT deadline, or, after a preemption, its TPOT. Its prefill is
+   predicted at this step's prefill rate: ``ceil(prompt / prefill cap)`` steps of
+   ``t_dec + cap`` tokens each (at least one step with the whole prompt). A running request is late when decoding its remaining
    ``max_tokens`` at ``t_dec`` per token cannot keep its TPOT. Late requests stay late; they queue
    behind every on-time request (oldest first), are preempted first, and are not protected by
    rule 3. They still run whenever there is room, and count as misses.
@@ -20,12 +21,15 @@ Rules, applied every step:
    has a pace: its ``k``-th token is due ``k * T_i`` after its first. The step may last
    ``limit = min_i clip(next_due_i - now, T_i, max_step_tpots * T_i)``: slack earned by fast
    steps can be spent on prefill, but a step never gets less than one ``T_i`` nor more than
-   ``max_step_tpots`` of them (a misprediction of one huge step would break every TPOT). Prefill tokens this step are capped so that the
-   predicted step time stays within ``margin * limit``. With chunked prefill off a prompt that does
+   ``max_step_tpots`` of them (a misprediction of one huge step would break every TPOT).
+   Prefill tokens this step are capped so that the predicted step time stays within
+   ``margin * limit``. With chunked prefill off a prompt that does
    not fit waits (head of line) until it fits or the decodes drain.
 4. **Admission control.** A new request is admitted only if the predicted decode step with it
-   added stays within ``margin * min(T)`` over on-time running requests and itself, so admitting
-   does not break everybody's TPOT. A request is always admitted when nothing runs, so one whose
+   added stays within ``(1 - prefill_share) * margin * min(T)`` over on-time running requests and
+   itself: admitting must not break everybody's TPOT, and ``prefill_share`` of each step stays
+   free for prefill, so admitted requests get their first token soon (under overload it is better
+   to serve fewer requests within both targets than all of them late). A request is always admitted when nothing runs, so one whose
    SLO cannot be met even alone still runs (and counts as a miss).
 """
 
@@ -46,6 +50,7 @@ class SLOAwareConfig:
     margin: float = 0.9  # fraction of a TPOT budget a predicted step may use (prediction error headroom)
     admission_control: bool = True  # rule 4
     max_step_tpots: float = 4.0  # rule 3: longest step, in TPOT targets of the running requests
+    prefill_share: float = 0.3  # rule 4: fraction of a TPOT budget admission leaves for prefill
 
 
 class DeadlineQueue:
@@ -105,6 +110,7 @@ class SLOAwareScheduler(QueueScheduler):
         self._min_tpot = INF  # tightest TPOT target (s) among on-time running requests
         self._num_decodes = 0
         self._decode_context = 0
+        self._cap = self.limits.max_num_batched_tokens  # this step's prefill cap (rule 3)
 
     # ---- targets ------------------------------------------------------------------------
     def targets(self, seq) -> tuple[float, float, int]:
@@ -136,6 +142,7 @@ class SLOAwareScheduler(QueueScheduler):
 
     def schedule(self, now: float):
         self._observe_running(now)
+        self._cap = self._prefill_cap_now()
         self.waiting.demote_late(lambda seq: self._is_late_waiting(seq, now))
         return super().schedule(now)
 
@@ -144,6 +151,9 @@ class SLOAwareScheduler(QueueScheduler):
         return running
 
     def prefill_token_cap(self, now: float) -> int:
+        return self._cap
+
+    def _prefill_cap_now(self) -> int:
         budget = self.limits.max_num_batched_tokens
         if self._limit == INF:
             return budget
@@ -162,7 +172,7 @@ class SLOAwareScheduler(QueueScheduler):
             tightest = min(self._min_tpot, own)
             c0, _, c2, c3 = self._coef
             t = c0 + c2 * (self._num_decodes + 1) + c3 * (self._decode_context + seq.num_tokens) / 1e3
-            if t > self.config.margin * tightest:
+            if t > (1.0 - self.config.prefill_share) * self.config.margin * tightest:
                 return False
         self._num_decodes += 1  # the next candidate is judged with this one decoding too
         self._decode_context += seq.num_tokens
@@ -211,6 +221,10 @@ class SLOAwareScheduler(QueueScheduler):
     def _is_late_waiting(self, seq, now: float) -> bool:
         n = seq.num_tokens
         prefill_s = self.cost_model.predict(StepFeatures(n, self._num_decodes, n * (n + 1) // 2 + self._decode_context))
+        if 0 < self._cap < n:  # chunks at this step's rate
+            c0, c1, c2, c3 = self._coef
+            steps = -(-n // self._cap)
+            prefill_s = max(prefill_s, steps * (self._t_dec + c1 * self._cap + c3 * self._cap * n / 2e3))
         deadline, target, max_tokens = self.targets(seq)
         if not seq.token_times:
             return now + prefill_s > deadline
