@@ -233,6 +233,13 @@ def test_bad_limits_are_rejected_naming_the_key(override, key):
         build_stack(cfg, executor=FakeExecutor(VirtualClock(), num_kv_blocks=8))
 
 
+@pytest.mark.parametrize("override", ["scheduler.margin=0", "scheduler.prefill_share=1", "scheduler.max_step_tpots=0.5"])
+def test_slo_aware_parameters_out_of_range_are_rejected(override):
+    cfg = compose(["scheduler=slo_aware", override], logger="none")
+    with pytest.raises(ConfigError, match=override.split("=")[0].replace(".", r"\.")):
+        build_stack(cfg, executor=FakeExecutor(VirtualClock(), num_kv_blocks=8))
+
+
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
 def test_slo_aware_config_is_type_checked_and_every_scheduler_is_selectable(scheduler):
     assert compose([f"scheduler={scheduler}"], logger="none").scheduler.name == scheduler

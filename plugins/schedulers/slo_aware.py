@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 from servelab.cost_model import StepFeatures
 from servelab.scheduling import QueueScheduler
+from servelab.stack import ConfigError
 
 INF = float("inf")
 
@@ -104,6 +105,12 @@ class SLOAwareScheduler(QueueScheduler):
         self._targets: dict = {}  # seq -> (ttft deadline s, tpot target s, max_tokens)
         self._rank: dict = {}  # seq -> (is late, ttft deadline): the running order
         super().__init__(*args, **kwargs)
+        cfg = self.config
+        for key, ok in (("margin", 0 < cfg.margin <= 1), ("prefill_share", 0 <= cfg.prefill_share < 1),
+                        ("max_step_tpots", cfg.max_step_tpots >= 1)):
+            if not ok:
+                raise ConfigError(f"scheduler.{key}={getattr(cfg, key)} is out of range (margin in (0, 1], "
+                                  f"prefill_share in [0, 1), max_step_tpots >= 1)")
         self._coef = self.cost_model.coefficient_vector()
         self._t_dec = 0.0  # predicted decode-only step (s)
         self._limit = INF  # how long this step may take (s), rule 3
