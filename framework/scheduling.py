@@ -27,7 +27,8 @@ from .request import Sequence, Status
 class WaitQueue:
     """Waiting sequences: FIFO when ``key`` is None, else a heap ordered by ``key(seq)``.
 
-    ``push_front`` puts a preempted sequence back at the head (FIFO) or lets its key decide.
+    ``push_front`` puts a sequence back at the head (FIFO), or lets its key decide and puts it
+    first among equal keys.
     """
 
     def __init__(self, key=None) -> None:
@@ -35,6 +36,7 @@ class WaitQueue:
         self._fifo: deque[Sequence] = deque()
         self._heap: list[tuple[Any, int, Sequence]] = []
         self._counter = itertools.count()
+        self._front_counter = itertools.count(1)
 
     def push(self, seq: Sequence) -> None:
         if self._key is None:
@@ -46,7 +48,7 @@ class WaitQueue:
         if self._key is None:
             self._fifo.appendleft(seq)
         else:
-            self.push(seq)
+            heapq.heappush(self._heap, (self._key(seq), -next(self._front_counter), seq))
 
     def peek(self) -> Sequence:
         return self._fifo[0] if self._key is None else self._heap[0][2]
@@ -194,7 +196,9 @@ class QueueScheduler(Scheduler):
             seq = self.waiting.peek()
             if not self.may_admit(seq, now):
                 break
+            self.waiting.pop()  # before any preemption, which puts its victim back in the queue
             if len(self.running) >= self.limits.max_num_seqs and not self._free_seat_for(seq, plan, scheduled):
+                self.waiting.push_front(seq)
                 break
             if seq.num_computed_tokens == 0:
                 seq.num_computed_tokens = seq.num_cached_prompt_tokens = self.allocator.admit(seq)
@@ -203,8 +207,8 @@ class QueueScheduler(Scheduler):
                 if seq.num_computed_tokens:  # release the prefix-cache hit; retry next step
                     self.allocator.free(seq)
                     seq.num_computed_tokens = seq.num_cached_prompt_tokens = 0
+                self.waiting.push_front(seq)
                 break
-            self.waiting.pop()
             seq.status = Status.RUNNING
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = now

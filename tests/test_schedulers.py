@@ -98,6 +98,12 @@ def test_priority_orders_waiting_by_priority_then_arrival():
     assert order == ["p0", "p1a", "p1b", "p2"]
 
 
+def test_priority_keeps_arrival_order_among_equals_while_the_head_waits_for_a_seat():
+    engine, clock = fake_engine("priority", "max_num_seqs=1")
+    run(engine, clock, [req(f"r{i}", 8, 3, priority=1) for i in range(5)])  # identical keys
+    assert sorted((f"r{i}" for i in range(5)), key=lambda r: first_step_of(engine, r)) == [f"r{i}" for i in range(5)]
+
+
 def test_priority_urgent_arrival_preempts_a_less_urgent_running_request_for_its_seat():
     engine, clock = fake_engine("priority", "max_num_seqs=1")
     out = run(engine, clock, [req("low", 8, 20, priority=5), req("urgent", 8, 3, arrival=0.03, priority=0)])

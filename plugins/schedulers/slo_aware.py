@@ -62,14 +62,18 @@ class DeadlineQueue:
         self._on_time: list = []
         self._late: list = []
         self._counter = itertools.count()
+        self._front_counter = itertools.count(1)
 
-    def push(self, seq) -> None:
+    def push(self, seq, order: int | None = None) -> None:
+        order = next(self._counter) if order is None else order
         if seq in self._sched.late:
-            heapq.heappush(self._late, (seq.arrival_s, next(self._counter), seq))
+            heapq.heappush(self._late, (seq.arrival_s, order, seq))
         else:
-            heapq.heappush(self._on_time, (self._sched.targets(seq)[0], next(self._counter), seq))
+            heapq.heappush(self._on_time, (self._sched.targets(seq)[0], order, seq))
 
-    push_front = push  # a preempted request goes back by its deadline (or to the late queue)
+    def push_front(self, seq) -> None:
+        """Back by its deadline (or to the late queue), first among equal keys."""
+        self.push(seq, -next(self._front_counter))
 
     def demote_late(self, is_late) -> int:
         """Move on-time heads for which ``is_late(seq)`` holds to the late queue; return how many."""
