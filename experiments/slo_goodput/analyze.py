@@ -153,16 +153,17 @@ recompute preemption, chunked prefill with a 2,048-token step budget, `max_num_s
 rises by compressing the arrival times (`workload.time_scale`). A request meets its SLO when its
 TTFT <= {ttft:g} ms and its TPOT <= {tpot:g} ms; goodput = such requests per second of the run.
 
-How the SLOs were picked: from step times measured on this machine before the sweep (the
-cost model of a calibration run of the default stack, 1 torch thread: a decode-only step ~3.4 ms
+How the SLOs were picked: from step times measured on this machine before the sweep, in the
+`steps.jsonl` of a calibration run of the default stack (`python run.py logger=none
+workload.num_requests=48 workload.rate=8 backend.num_threads=1 debug.log_steps=true`): a decode-only step ~3.4 ms
 at batch 1, ~6.4 ms at 8, ~11.7 ms at 16; prefill ~0.2 ms per prompt token), the TPOT target
 {tpot:g} ms is ~2x a decode step at batch 16 and below the step at batch ~40, so admitting every
 arrival of a burst breaks it while a limited batch keeps it; the TTFT target {ttft:g} ms is ~15x the
 prefill of a median (144-token) prompt, room to queue a few requests but not a whole burst.
 Measured during these runs (decode-only steps, median by batch size): {dec_note}; prefill
-~{prefill:.2f} ms per prompt token. Other jobs shared the 2 cores, so steps ran slower than in the
-calibration, which makes the targets tighter than intended: read the curves as "a load where
-fcfs misses most SLOs", not as absolute capacities.
+~{prefill:.2f} ms per prompt token. Other jobs shared the 2 cores and slowed some runs more than
+others, which tightens the targets for those runs: read the curves as "the load where fcfs starts
+missing most SLOs", not as absolute capacities.
 
 Workloads: `bursty.jsonl` has 160 requests, Gamma inter-arrival times with a coefficient of
 variation of 3 at a mean 8 req/s (24.6 s at time_scale 1), prompts 32-256, outputs 16-128 tokens,
@@ -182,7 +183,11 @@ the running requests' TPOT, orders admission by TTFT deadline, caps each step's 
 the TPOT budget allows, and moves requests that can no longer make their TTFT behind the others
 (they still run). It gives up some requests to keep the rest within both targets. priority
 serves the urgent class first (its attainment is in the priority-0 column) but has no notion of
-the SLOs. The cost model is fitted online from this machine's measured step times, which other
+the SLOs. At light load slo_aware can be a few points below fcfs: its admission limit keeps
+some requests waiting a little longer than fcfs would, and a few of them miss the TTFT target.
+On the trace every request has priority 0, so `priority` runs the same policy as `fcfs`: the gap
+between those two curves is a direct reading of the run-to-run noise on this shared machine.
+The cost model is fitted online from this machine's measured step times, which other
 jobs on the 2 shared cores disturb; compare rows of one multirun.
 """
     (HERE / "README.md").write_text(text)
