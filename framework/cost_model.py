@@ -26,23 +26,64 @@ class StepFeatures:
 
 
 class StepCostModel:
-    """Online least-squares fit of step time (seconds) on :class:`StepFeatures`."""
+    """Online least-squares fit of step time (seconds) on :class:`StepFeatures`.
 
-    def __init__(self, prior_s_per_token: float = 1e-3, ridge: float = 1e-6) -> None:
+    The fit is ridge-regularised towards the prior, so a term the steps so far cannot determine
+    (e.g. prefill cost before any prefill was measured) keeps its prior value instead of 0.
+
+    Robust to what CPU measurements look like: the first ``warmup_steps`` steps (lazy
+    initialisation) are ignored, a step slower than ``outlier_factor`` x its prediction (another
+    process took the cores) is down-weighted, old steps fade by ``decay`` per step (the machine's
+    load drifts), and the coefficients are kept non-negative (time never falls with more work).
+    """
+
+    def __init__(self, prior_s_per_token: float = 1e-3, ridge: float = 1e-6, warmup_steps: int = 1,
+                 outlier_factor: float = 3.0, decay: float = 0.995) -> None:
         # The prior (before any measurement): 1 ms per computed token.
-        self._xtx = np.eye(4) * ridge
+        self._ridge = ridge
+        self._xtx = np.zeros((4, 4))
         self._xty = np.zeros(4)
-        self._coef = np.array([0.0, prior_s_per_token, prior_s_per_token, 0.0])
+        self._prior = np.array([0.0, prior_s_per_token, prior_s_per_token, 0.0])
+        self._coef = self._prior.copy()
+        self.warmup_steps = warmup_steps
+        self.outlier_factor = outlier_factor
+        self.decay = decay
         self.num_observations = 0
+        self._seen = 0
 
     def observe(self, features: StepFeatures, seconds: float) -> None:
         """Add one measured step."""
+        self._seen += 1
+        if self._seen <= self.warmup_steps:
+            return
         x = features.vector()
-        self._xtx += np.outer(x, x)
-        self._xty += x * seconds
+        weight = 1.0
+        if self.num_observations >= 8:
+            expected = max(float(x @ self._coef), 1e-6)
+            if seconds > self.outlier_factor * expected:
+                weight = self.outlier_factor * expected / seconds
+        self._xtx *= self.decay
+        self._xty *= self.decay
+        self._xtx += weight * np.outer(x, x)
+        self._xty += weight * x * seconds
         self.num_observations += 1
         if self.num_observations >= 8:
-            self._coef = np.linalg.solve(self._xtx, self._xty)
+            self._coef = self._non_negative_solve()
+
+    def _non_negative_solve(self) -> np.ndarray:
+        """Least squares with coefficients clamped at 0 (active set: drop negatives, refit)."""
+        a = self._xtx + np.eye(4) * self._ridge
+        active = np.ones(4, dtype=bool)
+        coef = np.zeros(4)
+        for _ in range(4):
+            idx = np.flatnonzero(active)
+            coef = np.zeros(4)
+            rhs = self._xty + self._ridge * self._prior
+            coef[idx] = np.linalg.solve(a[np.ix_(idx, idx)], rhs[idx])
+            if (coef >= 0).all():
+                break
+            active &= coef > 0
+        return np.maximum(coef, 0.0)
 
     def predict(self, features: StepFeatures) -> float:
         """Predicted seconds for a step with ``features`` (never negative)."""
@@ -52,6 +93,11 @@ class StepCostModel:
         """Predicted extra time to recompute ``num_tokens`` tokens of one sequence as prefill."""
         f = StepFeatures(prefill_tokens=num_tokens, attended_context=num_tokens * (num_tokens + 1) // 2)
         return max(0.0, self.predict(f) - self.predict(StepFeatures()))
+
+    def coefficient_vector(self) -> tuple[float, float, float, float]:
+        """``(base_s, per_prefill_token_s, per_decode_seq_s, per_1k_attended_s)`` as floats, for
+        plugins that evaluate the model in a tight loop."""
+        return tuple(float(c) for c in self._coef)  # type: ignore[return-value]
 
     @property
     def coefficients(self) -> dict[str, float]:

@@ -38,6 +38,8 @@ class StepRecord:
     comm_s: float = 0.0  # time in cross-rank communication (tensor parallel); not counted in model_s
     preempted: list[PreemptionDecision] = field(default_factory=list)
     extra: dict[str, float] = field(default_factory=dict)
+    scheduled: list[tuple[str, int]] = field(default_factory=list)  # (request id, tokens) in plan order
+    scheduler: dict[str, float] = field(default_factory=dict)  # the scheduler's step_stats()
 
 
 class Engine:
@@ -67,11 +69,15 @@ class Engine:
         self._t0 = self._clock()
 
     # ---- requests -----------------------------------------------------------------------
-    def add_request(self, request: Request) -> Sequence:
-        """Admit a request to the scheduler, or reject it (with a reason) if it can never run."""
+    def add_request(self, request: Request, arrival_s: float | None = None) -> Sequence:
+        """Admit a request to the scheduler, or reject it (with a reason) if it can never run.
+
+        ``arrival_s`` is its arrival in engine seconds (SLO deadlines count from it); default
+        ``request.arrival_time`` (a time scale of 1).
+        """
         if request.id in self.sequences:
             raise ValueError(f"duplicate request id {request.id!r}")
-        seq = Sequence(request)
+        seq = Sequence(request, arrival_s=request.arrival_time if arrival_s is None else arrival_s)
         self.sequences[request.id] = seq
         reason = self._rejection_reason(request)
         if reason:
@@ -152,6 +158,8 @@ class Engine:
             decode_seqs=decode, kv_utilization=self.allocator.num_used_blocks() / max(1, self.allocator.num_blocks),
             queues=self.scheduler.queue_lengths(), comm_s=comm_s, preempted=plan.preempted,
             extra=self.allocator.usage_stats(),
+            scheduled=[(e.seq.id, e.num_tokens) for e in plan.scheduled],
+            scheduler=self.scheduler.step_stats(),
         )
         self.steps.append(record)
         return record

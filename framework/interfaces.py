@@ -239,6 +239,11 @@ class Scheduler(Plugin):
         """Gauges for logging, e.g. ``{"waiting": 3, "running": 8, "swapped": 0}``."""
         return {}
 
+    def step_stats(self) -> dict[str, float]:
+        """Numbers behind the last :meth:`schedule` decision (e.g. a prefill cap), logged per
+        step in ``steps.jsonl``. Default: none."""
+        return {}
+
 
 class SpeculativeDrafter(Plugin):
     """Proposes draft tokens that the target model then verifies in one step."""

@@ -57,6 +57,7 @@ class Sequence:
     """
 
     request: Request
+    arrival_s: float = 0.0  # engine seconds: the request's arrival_time x the run's time_scale
     status: Status = Status.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0

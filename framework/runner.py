@@ -24,7 +24,8 @@ def run_workload(engine: Engine, requests: Iterable[Request], time_scale: float 
     while next_index < len(pending) or engine.has_unfinished():
         now = engine.now()
         while next_index < len(pending) and pending[next_index].arrival_time * time_scale <= now:
-            seq = engine.add_request(pending[next_index])
+            request = pending[next_index]
+            seq = engine.add_request(request, request.arrival_time * time_scale)
             next_index += 1
             if seq.is_finished:  # rejected on arrival
                 ended += 1

@@ -5,7 +5,12 @@ prompt chunk, or one decode token. Running sequences go first (in :meth:`running
 waiting ones are admitted (in the waiting queue's order) while the token budget, ``max_num_seqs``
 and the allocator allow. When blocks run out, the preemption policy picks a victim among the
 running sequences not yet scheduled this step. A policy is a subclass overriding a few small
-methods: :meth:`waiting_key`, :meth:`running_order`, :meth:`may_admit`, :meth:`may_preempt_for`.
+methods: :meth:`waiting_key` (or :meth:`make_waiting_queue`), :meth:`running_order`,
+:meth:`may_admit`, :meth:`may_preempt_for`, :meth:`prefill_token_cap`.
+
+A chunk is a *decode* when it is the one last token of a sequence whose prompt is computed;
+everything else (prompt chunks, recomputation after preemption) is *prefill* and counts against
+:meth:`prefill_token_cap` as well as the step's token budget.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from .request import Sequence, Status
 class WaitQueue:
     """Waiting sequences: FIFO when ``key`` is None, else a heap ordered by ``key(seq)``.
 
-    ``push_front`` puts a preempted sequence back at the head (FIFO) or lets its key decide.
+    ``push_front`` puts a sequence back at the head (FIFO), or lets its key decide and puts it
+    first among equal keys.
     """
 
     def __init__(self, key=None) -> None:
@@ -30,6 +36,7 @@ class WaitQueue:
         self._fifo: deque[Sequence] = deque()
         self._heap: list[tuple[Any, int, Sequence]] = []
         self._counter = itertools.count()
+        self._front_counter = itertools.count(1)
 
     def push(self, seq: Sequence) -> None:
         if self._key is None:
@@ -41,7 +48,7 @@ class WaitQueue:
         if self._key is None:
             self._fifo.appendleft(seq)
         else:
-            self.push(seq)
+            heapq.heappush(self._heap, (self._key(seq), -next(self._front_counter), seq))
 
     def peek(self) -> Sequence:
         return self._fifo[0] if self._key is None else self._heap[0][2]
@@ -74,14 +81,20 @@ class QueueScheduler(Scheduler):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.waiting = WaitQueue(self.waiting_key())
+        self.waiting = self.make_waiting_queue()
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
+        self._prefill_left = self._prefill_cap = 0  # prefill tokens this step may (still) take
 
     # ---- policy hooks -------------------------------------------------------------------
     def waiting_key(self):
         """A function ``seq -> sortable`` ordering the waiting queue, or None for FIFO."""
         return None
+
+    def make_waiting_queue(self):
+        """The waiting queue: anything with WaitQueue's methods (push, push_front, peek, pop,
+        __len__, __iter__). Default: a :class:`WaitQueue` ordered by :meth:`waiting_key`."""
+        return WaitQueue(self.waiting_key())
 
     def running_order(self, running: list[Sequence], now: float) -> list[Sequence]:
         """Order in which running sequences get the budget; the last one is preempted first."""
@@ -92,8 +105,19 @@ class QueueScheduler(Scheduler):
         return True
 
     def may_preempt_for(self, seq: Sequence, victim: Sequence) -> bool:
-        """Whether waiting ``seq`` may preempt running ``victim`` to get blocks. Default: no."""
+        """Whether waiting ``seq`` may preempt running ``victim`` to get blocks, or its seat when
+        ``max_num_seqs`` sequences run. Default: no."""
         return False
+
+    def prefill_token_cap(self, now: float) -> int:
+        """How many prefill tokens (prompt chunks, recomputation) this step may take in all;
+        decodes are not counted. Default: the whole step budget (no extra cap). With chunked
+        prefill off a prompt larger than what is left waits for a later step."""
+        return self.limits.max_num_batched_tokens
+
+    def step_stats(self) -> dict[str, float]:
+        """Numbers about the last :meth:`schedule` call for the step log (``steps.jsonl``)."""
+        return {"prefill_cap": self._prefill_cap}
 
     # ---- the interface ------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -112,6 +136,7 @@ class QueueScheduler(Scheduler):
     def schedule(self, now: float) -> SchedulePlan:
         plan = SchedulePlan()
         budget = self.limits.max_num_batched_tokens
+        self._prefill_left = self._prefill_cap = max(0, self.prefill_token_cap(now))
         self.running = self.running_order(self.running, now)
         scheduled: list[Sequence] = []
 
@@ -129,8 +154,7 @@ class QueueScheduler(Scheduler):
                 if victim is seq:
                     break
             else:
-                plan.scheduled.append(ScheduledSeq(seq, n, seq.num_computed_tokens))
-                scheduled.append(seq)
+                self._take(seq, n, plan, scheduled)
                 budget -= n
                 i += 1
 
@@ -153,14 +177,28 @@ class QueueScheduler(Scheduler):
     def _chunk(self, seq: Sequence, budget: int) -> int:
         """Tokens ``seq`` computes now: all it has, or a chunk when chunked prefill is on."""
         n = seq.num_uncomputed_tokens
+        if n == 1 and seq.num_computed_tokens >= seq.request.prompt_len:
+            return 1  # a decode (budget > 0 here)
+        budget = min(budget, self._prefill_left)
         if n <= budget:
             return n
         return budget if self.limits.chunked_prefill else 0
 
+    def _take(self, seq: Sequence, n: int, plan: SchedulePlan, scheduled: list[Sequence]) -> None:
+        """Put ``n`` tokens of ``seq`` (blocks already allocated) into the plan."""
+        if n > 1 or seq.num_computed_tokens < seq.request.prompt_len:
+            self._prefill_left -= n
+        plan.scheduled.append(ScheduledSeq(seq, n, seq.num_computed_tokens))
+        scheduled.append(seq)
+
     def _admit(self, plan: SchedulePlan, scheduled: list[Sequence], budget: int, now: float) -> int:
-        while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
+        while self.waiting and budget > 0:
             seq = self.waiting.peek()
             if not self.may_admit(seq, now):
+                break
+            self.waiting.pop()  # before any preemption, which puts its victim back in the queue
+            if len(self.running) >= self.limits.max_num_seqs and not self._free_seat_for(seq, plan, scheduled):
+                self.waiting.push_front(seq)
                 break
             if seq.num_computed_tokens == 0:
                 seq.num_computed_tokens = seq.num_cached_prompt_tokens = self.allocator.admit(seq)
@@ -169,16 +207,23 @@ class QueueScheduler(Scheduler):
                 if seq.num_computed_tokens:  # release the prefix-cache hit; retry next step
                     self.allocator.free(seq)
                     seq.num_computed_tokens = seq.num_cached_prompt_tokens = 0
+                self.waiting.push_front(seq)
                 break
-            self.waiting.pop()
             seq.status = Status.RUNNING
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = now
             self.running.append(seq)
-            plan.scheduled.append(ScheduledSeq(seq, n, seq.num_computed_tokens))
-            scheduled.append(seq)
+            self._take(seq, n, plan, scheduled)
             budget -= n
         return budget
+
+    def _free_seat_for(self, seq: Sequence, plan: SchedulePlan, scheduled: list[Sequence]) -> bool:
+        """Preempt one running sequence that :meth:`may_preempt_for` allows, to seat ``seq``."""
+        candidates = [s for s in self.running if self.may_preempt_for(seq, s)]
+        if not candidates:
+            return False
+        self._evict(self.preemption.select_victim(candidates), plan, scheduled)
+        return True
 
     def _allocate_for_waiting(self, seq: Sequence, n: int, plan: SchedulePlan,
                               scheduled: list[Sequence]) -> bool:
@@ -186,13 +231,16 @@ class QueueScheduler(Scheduler):
             candidates = [s for s in self.running if self.may_preempt_for(seq, s)]
             if not candidates:
                 return False
-            victim = self.preemption.select_victim(candidates)
-            if victim in scheduled:  # give back what it was granted this step
-                entry = next(e for e in plan.scheduled if e.seq is victim)
-                plan.scheduled.remove(entry)
-                scheduled.remove(victim)
-            self._preempt(victim, plan)
+            self._evict(self.preemption.select_victim(candidates), plan, scheduled)
         return True
+
+    def _evict(self, victim: Sequence, plan: SchedulePlan, scheduled: list[Sequence]) -> None:
+        """Preempt ``victim``, first taking back what it was granted this step."""
+        if victim in scheduled:
+            entry = next(e for e in plan.scheduled if e.seq is victim)
+            plan.scheduled.remove(entry)
+            scheduled.remove(victim)
+        self._preempt(victim, plan)
 
     def _preempt(self, victim: Sequence, plan: SchedulePlan) -> None:
         decision: PreemptionDecision = self.preemption.decide(victim)

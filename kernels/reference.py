@@ -72,6 +72,10 @@ def paged_attention(
     q_lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
     if max_query_len == 1:  # pure decode: no query padding needed
         return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, max_context_len, scale)
+    is_decode = q_lens == 1
+    if bool(is_decode.any()):
+        return _split_decode_and_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, q_lens,
+                                         is_decode, scale)
 
     # Scatter the flat queries into [B, max_q] (row index of each token inside its sequence).
     seq_of_token = torch.repeat_interleave(torch.arange(batch, device=device), q_lens, output_size=num_tokens)
@@ -97,6 +101,29 @@ def paged_attention(
         enable_gqa=num_heads != num_kv_heads,
     )
     return out.transpose(1, 2)[seq_of_token, row_of_token]
+
+
+def _split_decode_and_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, q_lens, is_decode,
+                              scale) -> torch.Tensor:
+    """A step mixing decodes with prompt chunks: attend the decode rows without padding them to
+    the longest chunk (which would multiply their cost by it), and the chunks as usual."""
+    out = torch.empty_like(q)
+    dec = is_decode.nonzero().squeeze(1)
+    pre = (~is_decode).nonzero().squeeze(1)
+    dec_rows = cu_seqlens_q[:-1][dec].long()
+    dec_ctx = context_lens[dec]
+    out[dec_rows] = paged_decode_attention(q[dec_rows], k_cache, v_cache, block_tables[dec], dec_ctx,
+                                           int(dec_ctx.max()), scale)
+    pre_lens = q_lens[pre]
+    pre_cu = torch.zeros(len(pre) + 1, dtype=cu_seqlens_q.dtype, device=q.device)
+    torch.cumsum(pre_lens, 0, out=pre_cu[1:])
+    total = int(pre_cu[-1])
+    shift = torch.repeat_interleave((cu_seqlens_q[:-1][pre] - pre_cu[:-1]).long(), pre_lens, output_size=total)
+    pre_rows = torch.arange(total, device=q.device) + shift
+    pre_ctx = context_lens[pre]
+    out[pre_rows] = paged_attention(q[pre_rows], k_cache, v_cache, block_tables[pre], pre_cu, pre_ctx,
+                                    int(pre_lens.max()), int(pre_ctx.max()), scale)
+    return out
 
 
 def paged_decode_attention(

@@ -1,5 +1,8 @@
 """Built-in schedulers."""
 
 from .fcfs import FCFSScheduler
+from .priority import PriorityScheduler
+from .slo_aware import SLOAwareScheduler
+from .static import StaticBatchScheduler
 
-BUILTIN = [FCFSScheduler]
+BUILTIN = [FCFSScheduler, StaticBatchScheduler, PriorityScheduler, SLOAwareScheduler]

@@ -1,0 +1,87 @@
+"""Helpers shared by the experiments' ``analyze.py`` scripts: read a Hydra multirun folder, note
+the machine, write markdown tables. Each run folder holds ``summary.json``, ``requests.jsonl``,
+``config.yaml`` (resolved) and ``.hydra/overrides.yaml`` (what the sweep set)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Run:
+    path: Path
+    overrides: dict[str, str]
+    config: dict
+    summary: dict
+    requests: list[dict]
+
+
+def latest_sweep(name: str) -> Path:
+    """The newest ``multirun/<name>/<timestamp>`` folder."""
+    root = REPO / "multirun" / name
+    sweeps = sorted(p for p in root.glob("*") if p.is_dir()) if root.is_dir() else []
+    if not sweeps:
+        raise SystemExit(f"no runs under {root}: run `python run.py -m experiment={name}` first")
+    return sweeps[-1]
+
+
+def load_runs(sweep_dir: Path) -> list[Run]:
+    """Every finished job of a multirun folder, in job order."""
+    runs = []
+    for job in sorted(sweep_dir.iterdir(), key=lambda p: (len(p.name), p.name)):
+        if not (job / "summary.json").is_file():
+            continue
+        overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()) or []
+        runs.append(Run(
+            path=job,
+            overrides=dict(o.lstrip("+").split("=", 1) for o in overrides),
+            config=yaml.safe_load((job / "config.yaml").read_text()),
+            summary=json.loads((job / "summary.json").read_text()),
+            requests=[json.loads(line) for line in (job / "requests.jsonl").read_text().splitlines() if line],
+        ))
+    if not runs:
+        raise SystemExit(f"{sweep_dir}: no finished runs (no summary.json)")
+    bad = [r.path.name for r in runs if r.summary.get("status") != "completed" or r.summary.get("leaked_blocks")]
+    if bad:
+        raise SystemExit(f"{sweep_dir}: runs not completed cleanly (or leaking blocks): {bad}")
+    return runs
+
+
+def machine_note(sweep_dir: Path) -> str:
+    """Date of the runs and the machine they ran on."""
+    when = dt.datetime.fromtimestamp(sweep_dir.stat().st_mtime).strftime("%Y-%m-%d %H:%M")
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import torch
+
+    return (f"Runs of {when} on {platform.node() or 'an unnamed host'}: {cpu}, {os.cpu_count()} CPU cores "
+            f"(shared with other jobs), no GPU; Python {platform.python_version()}, torch {torch.__version__}.")
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    """A markdown table; floats get 3 significant digits."""
+    def fmt(v):
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
