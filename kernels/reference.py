@@ -63,20 +63,48 @@ def paged_attention(
     """Causal varlen attention of ``q[T, H, d]`` over the paged cache; returns ``[T, H, d]``.
 
     Covers prefill, chunked prefill after cached tokens, and decode (``q_len == 1``) in one call.
-    ``H`` must be a multiple of the cache's ``num_kv_heads`` (GQA).
+    ``H`` must be a multiple of the cache's ``num_kv_heads`` (GQA). Decode rows and prompt
+    chunks are attended separately, and sequences of similar length together, so no row is
+    padded to a much longer one (padding is what this path pays for on CPU).
     """
+    if max_query_len == 1:  # pure decode
+        return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, max_context_len, scale)
+    q_lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
+    is_decode = q_lens == 1
+    if not bool(is_decode.any()):
+        groups = [(rows, None) for rows, _ in _length_buckets(q_lens, min_rows=2)]
+    else:
+        groups = [(is_decode.nonzero().squeeze(1), "decode")]
+        prefill = (~is_decode).nonzero().squeeze(1)
+        groups += [(prefill if rows is None else prefill[rows], None)
+                   for rows, _ in _length_buckets(q_lens[prefill], min_rows=2)]
+    if len(groups) == 1:
+        return _padded_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, q_lens,
+                                         max_query_len, max_context_len, scale)
+    out = torch.empty_like(q)
+    for seqs, kind in groups:
+        sub_lens = q_lens[seqs]
+        sub_cu = torch.zeros(len(seqs) + 1, dtype=cu_seqlens_q.dtype, device=q.device)
+        torch.cumsum(sub_lens, 0, out=sub_cu[1:])
+        total = int(sub_cu[-1])
+        shift = torch.repeat_interleave((cu_seqlens_q[:-1][seqs] - sub_cu[:-1]).long(), sub_lens, output_size=total)
+        rows = torch.arange(total, device=q.device) + shift
+        sub_ctx = context_lens[seqs]
+        if kind == "decode":
+            out[rows] = _padded_decode_attention(q[rows], k_cache, v_cache, block_tables[seqs], sub_ctx,
+                                                 int(sub_ctx.max()), scale)
+        else:
+            out[rows] = _padded_prefill_attention(q[rows], k_cache, v_cache, block_tables[seqs], sub_cu, sub_ctx,
+                                                  sub_lens, int(sub_lens.max()), int(sub_ctx.max()), scale)
+    return out
+
+
+def _padded_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, q_lens, max_query_len,
+                              max_context_len, scale):
+    """Every sequence padded to the longest query and context; one SDPA call with a causal mask."""
     num_tokens, num_heads, head_dim = q.shape
     batch = context_lens.shape[0]
-    num_kv_heads = k_cache.shape[2]
     device = q.device
-    q_lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
-    if max_query_len == 1:  # pure decode: no query padding needed
-        return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, max_context_len, scale)
-    is_decode = q_lens == 1
-    if bool(is_decode.any()):
-        return _split_decode_and_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, q_lens,
-                                         is_decode, scale)
-
     # Scatter the flat queries into [B, max_q] (row index of each token inside its sequence).
     seq_of_token = torch.repeat_interleave(torch.arange(batch, device=device), q_lens, output_size=num_tokens)
     row_of_token = torch.arange(num_tokens, device=device) - cu_seqlens_q[:-1][seq_of_token]
@@ -98,32 +126,9 @@ def paged_attention(
         values.transpose(1, 2).to(q.dtype),
         attn_mask=mask.unsqueeze(1),
         scale=scale,
-        enable_gqa=num_heads != num_kv_heads,
+        enable_gqa=num_heads != k_cache.shape[2],
     )
     return out.transpose(1, 2)[seq_of_token, row_of_token]
-
-
-def _split_decode_and_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, q_lens, is_decode,
-                              scale) -> torch.Tensor:
-    """A step mixing decodes with prompt chunks: attend the decode rows without padding them to
-    the longest chunk (which would multiply their cost by it), and the chunks as usual."""
-    out = torch.empty_like(q)
-    dec = is_decode.nonzero().squeeze(1)
-    pre = (~is_decode).nonzero().squeeze(1)
-    dec_rows = cu_seqlens_q[:-1][dec].long()
-    dec_ctx = context_lens[dec]
-    out[dec_rows] = paged_decode_attention(q[dec_rows], k_cache, v_cache, block_tables[dec], dec_ctx,
-                                           int(dec_ctx.max()), scale)
-    pre_lens = q_lens[pre]
-    pre_cu = torch.zeros(len(pre) + 1, dtype=cu_seqlens_q.dtype, device=q.device)
-    torch.cumsum(pre_lens, 0, out=pre_cu[1:])
-    total = int(pre_cu[-1])
-    shift = torch.repeat_interleave((cu_seqlens_q[:-1][pre] - pre_cu[:-1]).long(), pre_lens, output_size=total)
-    pre_rows = torch.arange(total, device=q.device) + shift
-    pre_ctx = context_lens[pre]
-    out[pre_rows] = paged_attention(q[pre_rows], k_cache, v_cache, block_tables[pre], pre_cu, pre_ctx,
-                                    int(pre_lens.max()), int(pre_ctx.max()), scale)
-    return out
 
 
 def paged_decode_attention(
@@ -135,7 +140,41 @@ def paged_decode_attention(
     max_context_len: int,
     scale: float,
 ) -> torch.Tensor:
-    """One query token per sequence: ``q[B, H, d]`` attends to all ``context_lens[b]`` cached tokens."""
+    """One query token per sequence: ``q[B, H, d]`` attends to all ``context_lens[b]`` cached tokens.
+
+    On CPU the cost is copying the gathered K/V, so sequences of similar length are batched
+    together (a few length buckets) instead of padding every one to the longest context.
+    """
+    buckets = _length_buckets(context_lens)
+    if buckets[0][0] is None:
+        return _padded_decode_attention(q, k_cache, v_cache, block_tables, context_lens, max_context_len, scale)
+    out = torch.empty_like(q)
+    for rows, longest in buckets:
+        out[rows] = _padded_decode_attention(q[rows], k_cache, v_cache, block_tables[rows], context_lens[rows],
+                                             longest, scale)
+    return out
+
+
+def _length_buckets(lengths: torch.Tensor, max_buckets: int = 4, min_rows: int = 8):
+    """Split rows into up to ``max_buckets`` groups of similar length: ``[(row_indices, max_len)]``.
+
+    Groups are quantiles of the sorted lengths; one group when the batch is small or splitting
+    would save less than a quarter of the padded work.
+    """
+    batch = lengths.shape[0]
+    count = min(max_buckets, batch // min_rows)
+    if count <= 1:
+        return [(None, int(lengths.max()))]
+    sorted_lens, order = torch.sort(lengths)
+    bounds = [batch * i // count for i in range(count + 1)]
+    maxima = [int(sorted_lens[bounds[i + 1] - 1]) for i in range(count)]
+    padded = sum((bounds[i + 1] - bounds[i]) * maxima[i] for i in range(count))
+    if padded > 0.75 * batch * maxima[-1]:
+        return [(None, maxima[-1])]
+    return [(order[bounds[i]:bounds[i + 1]], maxima[i]) for i in range(count)]
+
+
+def _padded_decode_attention(q, k_cache, v_cache, block_tables, context_lens, max_context_len, scale):
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     keys = gather_kv(k_cache, block_tables, max_context_len)
