@@ -123,7 +123,9 @@ class BackendConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     kv_cache_memory_gb: float = 0.5  # CPU: KV pool budget when num_kv_blocks is null
     gpu_memory_utilization: float = 0.9  # CUDA: fraction of device memory the run may use
-    num_swap_blocks: int = 0  # host swap pool (blocks); preemption=swap needs > 0
+    num_swap_blocks: int = 0  # host swap pool (blocks); preemption=swap|adaptive needs > 0
+    swap_space_gb: Optional[float] = None  # host swap pool in GiB (instead of num_swap_blocks)
+    swap_bandwidth_gb_s: Optional[float] = None  # device<->host link; null = measured at start-up
     num_threads: Optional[int] = None  # torch intra-op threads; null = torch's default
 
 

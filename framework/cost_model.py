@@ -34,6 +34,9 @@ class StepCostModel:
         self._xty = np.zeros(4)
         self._coef = np.array([0.0, prior_s_per_token, prior_s_per_token, 0.0])
         self.num_observations = 0
+        # The host link, set by the stack from the executor (bytes per KV block, copy bandwidth).
+        self.bytes_per_block = 0
+        self.swap_bytes_per_s: float | None = None
 
     def observe(self, features: StepFeatures, seconds: float) -> None:
         """Add one measured step."""
@@ -52,6 +55,12 @@ class StepCostModel:
         """Predicted extra time to recompute ``num_tokens`` tokens of one sequence as prefill."""
         f = StepFeatures(prefill_tokens=num_tokens, attended_context=num_tokens * (num_tokens + 1) // 2)
         return max(0.0, self.predict(f) - self.predict(StepFeatures()))
+
+    def swap_seconds(self, num_blocks: int) -> float:
+        """Predicted time to copy ``num_blocks`` KV blocks one way between device and host."""
+        if not self.swap_bytes_per_s:
+            raise ValueError("the cost model has no swap bandwidth (the stack sets it from the executor)")
+        return num_blocks * self.bytes_per_block / self.swap_bytes_per_s
 
     @property
     def coefficients(self) -> dict[str, float]:

@@ -37,6 +37,8 @@ class StepRecord:
     queues: dict[str, int]
     preempted: list[PreemptionDecision] = field(default_factory=list)
     extra: dict[str, float] = field(default_factory=dict)
+    swap_out_blocks: int = 0
+    swap_in_blocks: int = 0
 
 
 class Engine:
@@ -150,7 +152,7 @@ class Engine:
             num_seqs=len(plan.scheduled), num_tokens=plan.num_batched_tokens, prefill_tokens=prefill,
             decode_seqs=decode, kv_utilization=self.allocator.num_used_blocks() / max(1, self.allocator.num_blocks),
             queues=self.scheduler.queue_lengths(), preempted=plan.preempted,
-            extra=self.allocator.usage_stats(),
+            extra=self.allocator.usage_stats(), swap_out_blocks=len(plan.swap_out), swap_in_blocks=len(plan.swap_in),
         )
         self.steps.append(record)
         return record
