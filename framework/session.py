@@ -82,6 +82,8 @@ def _memory_metrics(engine: Engine) -> dict:
         # tokens whose KV a recompute preemption discarded (recomputed later, less prefix-cache hits)
         "recomputed_tokens": sum(p.num_computed_tokens for s in engine.steps for p in s.preempted
                                  if p.kind == "recompute"),
+        "bytes_per_block": bytes_per_block,
+        "swap_bandwidth_gb_s": (engine.cost_model.swap_bytes_per_s or 0.0) / 1e9,
         **{f"{k}_mean": _mean(s.extra.get(k) for s in engine.steps) for k in gauges},
     }
 
