@@ -70,6 +70,9 @@ def write_readme(folder: Path, title: str, command: str, sweep: Path, body: str)
             f"Reproduce: `{command}` then `python {folder.relative_to(REPO)}/analyze.py` "
             f"(reads the newest `multirun/{sweep.parent.name}/` folder).\n\n"
             f"Generated {now} on {machine()} (commit {git_commit()}, runs `{sweep.relative_to(REPO)}`).\n"
-            f"The machine is shared with other jobs: absolute times are noisy, compare within a table.\n\n"
+            f"The machine is shared with other jobs running at the same time, so wall-clock numbers (durations, "
+            f"throughput, latencies) are noisy, by up to several x between neighbouring rows; counts (steps, "
+            f"concurrency, waste, preemptions, tokens) do not depend on the machine's speed when all requests "
+            f"arrive at once.\n\n"
             f"{body}\n")
     (folder / "README.md").write_text(text)

@@ -31,10 +31,17 @@ def fake_stack(overrides: list[str], num_blocks: int, num_swap_blocks: int = 0) 
     return stack
 
 
-def run_requests(stack: Stack, requests: list[Request]) -> RunResult:
-    """Run ``requests`` to the end (virtual time on the fake executor, wall time otherwise)."""
+def run_requests(stack: Stack, requests: list[Request], max_steps: int = 20_000) -> RunResult:
+    """Run ``requests`` to the end (virtual time on the fake executor, wall time otherwise);
+    fail instead of hanging if the engine loops (e.g. swapping the same sequence back and forth)."""
     clock = getattr(stack, "clock", None)
     kwargs = {"sleep": clock.sleep} if clock is not None else {}
+
+    def cap(record):
+        if record.step >= max_steps:
+            raise AssertionError(f"no end after {max_steps} steps: livelock? queues {record.queues}")
+
+    stack.engine.step_listeners.append(cap)
     run_workload(stack.engine, requests, **kwargs)
     return collect_results(stack.engine, 1.0)
 

@@ -6,8 +6,8 @@ or is rejected for a stated reason, no block leaks, ref counts return to 0, and 
 the unconstrained run. The :class:`KVCheckingExecutor` samples from the KV it reads back through
 the block tables, so a wrong table, a lost swap copy or a reused prefix block changes tokens.
 
-CI runs the ``ci`` profile (bounded); ``SERVELAB_HYPOTHESIS_PROFILE=long pytest
-tests/test_memory_invariance.py`` runs many more examples by hand.
+CI runs the ``ci`` profile (60 examples); ``SERVELAB_HYPOTHESIS_PROFILE=long pytest
+tests/test_memory_invariance.py`` runs 3000 by hand (``SERVELAB_HYPOTHESIS_EXAMPLES=N`` any number).
 """
 
 from __future__ import annotations
@@ -24,6 +24,10 @@ from memory_helpers import VOCAB, fake_stack, run_requests, tokens_by_id
 settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("long", max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 PROFILE = os.environ.get("SERVELAB_HYPOTHESIS_PROFILE", "ci")
+if os.environ.get("SERVELAB_HYPOTHESIS_EXAMPLES"):  # e.g. 500: between ci and long
+    settings.register_profile("custom", settings.get_profile(PROFILE),
+                              max_examples=int(os.environ["SERVELAB_HYPOTHESIS_EXAMPLES"]))
+    PROFILE = "custom"
 
 MAX_MODEL_LEN = 128
 
@@ -114,8 +118,8 @@ def test_the_checker_catches_a_lost_swap_copy(monkeypatch):
     assert stack.engine.steps and any(s.swap_out_blocks for s in stack.engine.steps)
 
 
-def test_the_checker_catches_a_prefix_block_reused_too_early(monkeypatch):
-    """Hash blocks as soon as they are allocated (before they are computed) and tokens change."""
+def test_the_checker_catches_skipped_tokens_that_are_not_cached(monkeypatch):
+    """An admit() that claims more cached tokens than the cache holds is caught."""
     from servelab.plugins.allocators.paged import PagedAllocator
 
     shared = tuple(range(100, 124))

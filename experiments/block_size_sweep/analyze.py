@@ -24,7 +24,7 @@ def main(sweep: Path | None = None) -> None:
                      "kv_slots": s["num_kv_blocks"] * s["block_size"], "kv_waste": s["kv_waste_fraction"],
                      "out_tok_s": s["output_throughput_tok_s"], "max_concurrent": s["max_concurrent_requests"],
                      "kv_util_mean": s["kv_utilization_mean"], "preemptions": s["num_preemptions"],
-                     "tpot_p50_ms": s["tpot_ms"]["p50"], "duration_s": s["duration_s"], "finished": s["num_finished"]})
+                     "tpot_p50_ms": s["tpot_ms"]["p50"], "duration_s": s["duration_s"], "steps": s["num_steps"], "finished": s["num_finished"]})
     rows.sort(key=lambda r: r["block_size"])
     fig, ax = plt.subplots(figsize=(7, 4))
     x = [r["block_size"] for r in rows]
@@ -40,7 +40,7 @@ def main(sweep: Path | None = None) -> None:
     fig.tight_layout()
     fig.savefig(HERE / "block_size_sweep.png", dpi=120)
     cols = ["block_size", "kv_blocks", "kv_slots", "kv_waste", "out_tok_s", "max_concurrent", "kv_util_mean",
-            "preemptions", "tpot_p50_ms", "finished", "duration_s"]
+            "preemptions", "tpot_p50_ms", "finished", "duration_s", "steps"]
     body = ("Paged allocator, Azure conversation trace (first 200 requests, lengths x1/16, all at once), small tiny "
             "model, 4096 KV slots whatever the block size (`backend.kv_cache_memory_gb` fixed, so the block count "
             "follows the block size).\n\n" + markdown_table(rows, cols) + "\n\n![block size sweep](block_size_sweep.png)\n")

@@ -31,7 +31,7 @@ def main(sweep: Path | None = None) -> None:
             "req_s": s["request_throughput_req_s"], "kv_waste": s["kv_waste_fraction"],
             "ext_fragmentation": s.get("kv_external_fragmentation_mean"), "kv_util_mean": s["kv_utilization_mean"],
             "ttft_p50_ms": s["ttft_ms"]["p50"], "preemptions": s["num_preemptions"], "finished": s["num_finished"],
-            "duration_s": s["duration_s"],
+            "duration_s": s["duration_s"], "steps": s["num_steps"],
         })
     rows.sort(key=lambda r: (r["allocator"], r["kv_blocks"]))
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
@@ -50,7 +50,7 @@ def main(sweep: Path | None = None) -> None:
     fig.tight_layout()
     fig.savefig(HERE / "paged_vs_contiguous.png", dpi=120)
     cols = ["allocator", "kv_blocks", "kv_slots", "max_concurrent", "out_tok_s", "req_s", "kv_waste",
-            "ext_fragmentation", "kv_util_mean", "ttft_p50_ms", "preemptions", "finished", "duration_s"]
+            "ext_fragmentation", "kv_util_mean", "ttft_p50_ms", "preemptions", "finished", "duration_s", "steps"]
     paged_waste = ", ".join(f"{100 * r['kv_waste']:.2f}%" for r in rows if r["allocator"] == "paged")
     body = (
         "Azure LLM conversation trace (first 100 requests, lengths x1/4 clipped to max_model_len 1024, all arriving "

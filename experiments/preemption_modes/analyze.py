@@ -35,7 +35,7 @@ def main(sweep: Path | None = None) -> None:
         s, c = run["summary"], run["config"]
         kinds = s["num_preemptions_by_kind"]
         rows.append({"prompt_len": int(c["workload"]["prompt_len"]["mean"]), "kv_blocks": c["num_kv_blocks"],
-                     "policy": c["preemption"]["name"], "duration_s": s["duration_s"],
+                     "policy": c["preemption"]["name"], "duration_s": s["duration_s"], "steps": s["num_steps"],
                      "out_tok_s": s["output_throughput_tok_s"], "swaps": kinds.get("swap", 0),
                      "recomputes": kinds.get("recompute", 0), "swap_out_MB": s["swap_out_bytes"] / 2**20,
                      "recomputed_tokens": s["recomputed_tokens"], "e2e_p50_ms": s["e2e_ms"]["p50"],
@@ -70,7 +70,7 @@ def main(sweep: Path | None = None) -> None:
     fig.tight_layout()
     fig.savefig(HERE / "preemption_modes.png", dpi=120)
     cols = ["prompt_len", "kv_blocks", "policy", "out_tok_s", "duration_s", "swaps", "recomputes", "swap_out_MB",
-            "recomputed_tokens", "e2e_p50_ms", "link_GB_s", "break_even_GB_s"]
+            "recomputed_tokens", "e2e_p50_ms", "steps", "link_GB_s", "break_even_GB_s"]
     vcols = ["kv_blocks", "prompt_len", "faster", "swap/recompute", "adaptive/best", "adaptive swaps",
              "adaptive recomputes"]
     body = ("32 requests at once, fixed prompt length x 128 output tokens, small tiny model, block 16, host pool 4096 "

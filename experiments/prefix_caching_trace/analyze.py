@@ -24,7 +24,7 @@ def main(sweep: Path | None = None) -> None:
                      "prompt_tokens": s["prompt_tokens"], "prefill_computed": s["prefill_tokens_computed"],
                      "ttft_mean_ms": s["ttft_ms"]["mean"], "ttft_p50_ms": s["ttft_ms"]["p50"],
                      "ttft_p99_ms": s["ttft_ms"]["p99"], "out_tok_s": s["output_throughput_tok_s"],
-                     "duration_s": s["duration_s"], "kv_util_mean": s["kv_utilization_mean"],
+                     "duration_s": s["duration_s"], "steps": s["num_steps"], "kv_util_mean": s["kv_utilization_mean"],
                      "preemptions": s["num_preemptions"], "leaked": s["leaked_blocks"]})
     rows.sort(key=lambda r: r["prefix_caching"])
     off = next(r for r in rows if not r["prefix_caching"])
