@@ -1,7 +1,7 @@
 """A step-time cost model calibrated online from measured step times.
 
 ``t(step) ~ c0 + c1 * prefill_tokens + c2 * decode_seqs + c3 * attended_context``, fitted by
-(ridge-regularised) least squares over every step seen so far. Shared by every plugin that needs
+(ridge-regularised) least squares with non-negative coefficients over every step seen so far. Shared by every plugin that needs
 to predict how long a step, or recomputing a sequence, would take.
 """
 
@@ -45,7 +45,7 @@ class StepCostModel:
         self._xty += x * seconds
         self.num_observations += 1
         if self.num_observations >= 8:
-            self._coef = np.linalg.solve(self._xtx, self._xty)
+            self._coef = _nonnegative_solve(self._xtx, self._xty)
 
     def predict(self, features: StepFeatures) -> float:
         """Predicted seconds for a step with ``features`` (never negative)."""
@@ -66,3 +66,18 @@ class StepCostModel:
     def coefficients(self) -> dict[str, float]:
         names = ("base_s", "per_prefill_token_s", "per_decode_seq_s", "per_1k_attended_s")
         return dict(zip(names, map(float, self._coef)))
+
+
+def _nonnegative_solve(xtx: np.ndarray, xty: np.ndarray) -> np.ndarray:
+    """Least squares from the normal equations with every coefficient >= 0 (more work never takes
+    less time; noisy step times otherwise give negative per-token costs). Active set: drop the
+    most negative coefficient and refit the rest until none is negative."""
+    free = list(range(len(xty)))
+    coef = np.zeros(len(xty))
+    while free:
+        sub = np.linalg.solve(xtx[np.ix_(free, free)], xty[free])
+        if (sub >= 0).all():
+            coef[free] = sub
+            break
+        free.pop(int(np.argmin(sub)))
+    return coef

@@ -91,3 +91,16 @@ def test_configured_bandwidth_replaces_the_measurement():
     assert stack.engine.cost_model.swap_bytes_per_s == 2.5e9
     measured = fake_stack(["preemption=adaptive"], 24, 64)
     assert measured.engine.cost_model.swap_bytes_per_s == measured.executor.swap_bytes_per_s
+
+
+def test_cost_model_coefficients_stay_non_negative_on_noisy_steps():
+    import numpy as np
+
+    from servelab.cost_model import StepCostModel, StepFeatures
+
+    model, rng = StepCostModel(), np.random.default_rng(0)
+    for _ in range(100):  # the time depends on prefill tokens only, plus noise as large as the signal
+        p = int(rng.integers(0, 200))
+        model.observe(StepFeatures(p, int(rng.integers(0, 30)), p * p // 2), 1e-5 * p + abs(rng.normal(0, 2e-3)))
+    assert all(v >= 0 for v in model.coefficients.values())
+    assert model.recompute_seconds(100) > 0

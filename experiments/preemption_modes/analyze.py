@@ -28,6 +28,20 @@ def break_even_gb_s(summary: dict, tokens: int) -> float:
     return kv_bytes / recompute_s / 1e9 if recompute_s > 0 else float("inf")
 
 
+def fastest_of_repeats(rows: list[dict]) -> list[dict]:
+    """Keep each (pool, prompt length, policy)'s fastest repeat: other jobs on the machine only
+    ever slow a run down, so the minimum is the least disturbed measurement."""
+    best: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["kv_blocks"], r["prompt_len"], r["policy"])
+        r["repeats"] = best.get(key, {}).get("repeats", 0) + 1
+        if key not in best or r["duration_s"] < best[key]["duration_s"]:
+            best[key] = r
+        else:
+            best[key]["repeats"] = r["repeats"]
+    return list(best.values())
+
+
 def main(sweep: Path | None = None) -> None:
     sweep = sweep or latest_sweep("preemption_modes")
     rows = []
@@ -41,6 +55,7 @@ def main(sweep: Path | None = None) -> None:
                      "recomputed_tokens": s["recomputed_tokens"], "e2e_p50_ms": s["e2e_ms"]["p50"],
                      "link_GB_s": s["swap_bandwidth_gb_s"],
                      "break_even_GB_s": break_even_gb_s(s, int(c["workload"]["prompt_len"]["mean"]) + 64)})
+    rows = fastest_of_repeats(rows)
     rows.sort(key=lambda r: (r["kv_blocks"], r["prompt_len"], POLICIES.index(r["policy"])))
     verdicts = []
     for (pool, plen) in sorted({(r["kv_blocks"], r["prompt_len"]) for r in rows}):
@@ -70,11 +85,12 @@ def main(sweep: Path | None = None) -> None:
     fig.tight_layout()
     fig.savefig(HERE / "preemption_modes.png", dpi=120)
     cols = ["prompt_len", "kv_blocks", "policy", "out_tok_s", "duration_s", "swaps", "recomputes", "swap_out_MB",
-            "recomputed_tokens", "e2e_p50_ms", "steps", "link_GB_s", "break_even_GB_s"]
+            "recomputed_tokens", "e2e_p50_ms", "steps", "repeats", "link_GB_s", "break_even_GB_s"]
     vcols = ["kv_blocks", "prompt_len", "faster", "swap/recompute", "adaptive/best", "adaptive swaps",
              "adaptive recomputes"]
     body = ("32 requests at once, fixed prompt length x 128 output tokens, small tiny model, block 16, host pool 4096 "
-            "blocks; pools of 72 and 144 blocks force preemption. `link_GB_s` is the device->host copy bandwidth "
+            "blocks; pools of 72 and 144 blocks force preemption. Each configuration ran `repeats` times (seeds 0-2, "
+            "interleaved); the row is its fastest run. `link_GB_s` is the device->host copy bandwidth "
             "measured at start-up (a real tensor copy); `break_even_GB_s` is the link speed below which recomputing "
             "a victim of prompt+64 tokens would be cheaper than swapping it out and in, by the run's fitted step-time "
             "cost model.\n\n" + markdown_table(rows, cols)
