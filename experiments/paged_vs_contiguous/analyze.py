@@ -39,9 +39,10 @@ def main(sweep: Path | None = None) -> None:
         sel = [r for r in rows if r["allocator"] == name]
         x = [r["kv_slots"] for r in sel]
         axes[0].plot(x, [r["max_concurrent"] for r in sel], "o-", label=name)
-        axes[1].plot(x, [r["out_tok_s"] for r in sel], "o-", label=name)
+        axes[1].plot(x, [r["steps"] for r in sel], "o-", label=name)
         axes[2].plot(x, [100 * r["kv_waste"] for r in sel], "o-", label=name)
-    for ax, title in zip(axes, ["max concurrent requests", "output tokens / s", "internal waste (% of allocated slots)"]):
+    for ax, title in zip(axes, ["max concurrent requests", "engine steps to finish (fewer = more batching)",
+                                 "internal waste (% of allocated slots)"]):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("KV pool (slots)")
         ax.set_title(title)
@@ -57,7 +58,8 @@ def main(sweep: Path | None = None) -> None:
         "at once), small tiny model (hidden 64, 2 layers), block size 16, equal KV memory per pool size.\n\n"
         "- `kv_waste`: allocated (reserved) but unused slots / allocated slots, averaged over steps;\n"
         "- `ext_fragmentation`: 1 - largest free run / free blocks (contiguous only), averaged over steps;\n"
-        "- `max_concurrent`: most requests in one step.\n\n"
+        "- `max_concurrent`: most requests in one step; `steps`: engine steps for the whole workload (the plot "
+        "shows steps rather than the wall-clock throughput, which other jobs on this machine make noisy).\n\n"
         + markdown_table(rows, cols)
         + f"\n\npaged at block 16 wastes {paged_waste} of its allocated "
         "slots (the partial last block of each request); contiguous reservations waste the not-yet-generated part of "
