@@ -135,3 +135,33 @@ def test_the_checker_catches_skipped_tokens_that_are_not_cached(monkeypatch):
     stack = fake_stack(["allocator.prefix_caching=true", "block_size=4", f"max_model_len={MAX_MODEL_LEN}"], 64)
     with pytest.raises(AssertionError):
         assert tokens_by_id(run_requests(stack, requests)) == expected
+
+
+def _fixed_workload():
+    shared = tuple(range(300, 340))
+    return [Request(f"f{i}", shared[:10 * (i % 4)] + tuple(range(i * 20, i * 20 + 15 + i)), 10 + i % 5,
+                    arrival_time=0.01 * (i // 3)) for i in range(9)]
+
+
+COMBINATIONS = [(a, p, bs, pc, ch) for a in ("paged", "contiguous") for p in ("recompute", "swap", "adaptive")
+                for bs in (1, 4, 16) for pc in (False, True) for ch in (False, True) if not (a == "contiguous" and pc)]
+
+
+@pytest.mark.parametrize("allocator, policy, block_size, prefix_caching, chunked", COMBINATIONS)
+def test_every_combination_on_a_fixed_workload(allocator, policy, block_size, prefix_caching, chunked):
+    """Each point of the grid at least once per CI run (hypothesis samples it at random)."""
+    requests = _fixed_workload()
+    overrides = [f"allocator={allocator}", f"preemption={policy}", f"block_size={block_size}",
+                 f"chunked_prefill={str(chunked).lower()}", f"max_model_len={MAX_MODEL_LEN}", "max_num_seqs=8",
+                 f"max_num_batched_tokens={32 if chunked else MAX_MODEL_LEN}"]
+    if allocator == "paged":
+        overrides.append(f"allocator.prefix_caching={str(prefix_caching).lower()}")
+    largest = max(_blocks(r.prompt_len + r.max_tokens, block_size) for r in requests)
+    stack = fake_stack(overrides, largest + 2, 16 * largest)
+    result = run_requests(stack, requests)
+    assert tokens_by_id(result) == _reference(requests)
+    assert result.summary["num_finished"] == len(requests) and result.summary["leaked_blocks"] == 0
+    if allocator == "paged":
+        assert result.summary["num_preemptions"] > 0  # the pool is tight enough to preempt
+        if policy == "swap":
+            assert result.summary["num_preemptions_by_kind"].get("swap", 0) > 0
