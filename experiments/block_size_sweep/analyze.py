@@ -43,8 +43,8 @@ def main(sweep: Path | None = None) -> None:
     fig.savefig(HERE / "block_size_sweep.png", dpi=120)
     cols = ["block_size", "kv_blocks", "kv_slots", "kv_waste", "out_tok_s", "max_concurrent", "kv_util_mean",
             "preemptions", "tpot_p50_ms", "finished", "duration_s", "steps"]
-    body = ("Paged allocator, Azure conversation trace (first 200 requests, lengths x1/16, all at once), small tiny "
-            "model, 4096 KV slots whatever the block size (`backend.kv_cache_memory_gb` fixed, so the block count "
+    body = ("Paged allocator, Azure conversation trace (first 100 requests, lengths x1/4 clipped to max_model_len "
+            "1024, all at once), small tiny model, 8192 KV slots whatever the block size (`backend.kv_cache_memory_gb` fixed, so the block count "
             "follows the block size). The plot shows the engine steps needed for the same work (more steps = less "
             "batching, i.e. lower throughput on an unloaded machine) instead of the noisy wall-clock throughput.\n\n" + markdown_table(rows, cols) + "\n\n![block size sweep](block_size_sweep.png)\n")
     write_readme(HERE, "Block size sweep 1..256", "python run.py -m experiment=block_size_sweep", sweep, body)

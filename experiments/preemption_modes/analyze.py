@@ -42,6 +42,25 @@ def fastest_of_repeats(rows: list[dict]) -> list[dict]:
     return list(best.values())
 
 
+def conclusion(rows: list[dict], verdicts: list[dict]) -> str:
+    """The crossover in words, from the numbers above."""
+    link = min(r["link_GB_s"] for r in rows)
+    even = max(r["break_even_GB_s"] for r in rows if np.isfinite(r["break_even_GB_s"]))
+    ratios = [v["swap/recompute"] for v in verdicts]
+    same_work = [v for v in verdicts if v["adaptive recomputes"] == 0]
+    text = (f"By the cost model, swapping is cheaper than recomputing whenever the host link is faster than "
+            f"{even:.3g} GB/s for every prompt length here; the measured link is >= {link:.3g} GB/s, so there is no "
+            f"crossover on this machine (it would take a link ~{link / even:.0f}x slower). Measured end to end, "
+            f"swap/recompute throughput ranges {min(ratios):.2f}-{max(ratios):.2f}: the cost of either kind of "
+            f"preemption is small next to the rest of these runs, within the machine's noise.")
+    if same_work:
+        gaps = [v["adaptive/best"] for v in same_work]
+        text += (f" `adaptive` chose swap for every victim in {len(same_work)} of {len(verdicts)} configurations, "
+                 f"i.e. it did exactly the work of `swap` there; its throughput relative to the better fixed policy "
+                 f"({min(gaps):.2f}-{max(gaps):.2f}) therefore also shows how noisy wall-clock runs (even the fastest of 3) are here.")
+    return text
+
+
 def main(sweep: Path | None = None) -> None:
     sweep = sweep or latest_sweep("preemption_modes")
     rows = []
@@ -95,7 +114,8 @@ def main(sweep: Path | None = None) -> None:
             "a victim of prompt+64 tokens would be cheaper than swapping it out and in, by the run's fitted step-time "
             "cost model.\n\n" + markdown_table(rows, cols)
             + "\n\nWhich is faster, and how close adaptive gets to the better one (throughput ratios):\n\n"
-            + markdown_table(verdicts, vcols) + "\n\n![preemption modes](preemption_modes.png)\n")
+            + markdown_table(verdicts, vcols) + "\n\n" + conclusion(rows, verdicts)
+            + "\n\n![preemption modes](preemption_modes.png)\n")
     write_readme(HERE, "swap vs recompute vs adaptive preemption", "python run.py -m experiment=preemption_modes",
                  sweep, body)
     print(markdown_table(rows, cols))
