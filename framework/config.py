@@ -116,6 +116,28 @@ class TraceWorkload:
 
 
 @dataclass
+class HashIdsWorkload:
+    """A Mooncake-style jsonl trace (``timestamp`` ms, ``input_length``, ``output_length``,
+    ``hash_ids``: one id per ``trace_block_tokens``-token prompt block, equal ids = equal prefixes).
+
+    Each hash id becomes ``block_tokens`` token ids generated from (seed, id), so prompts share
+    token ids exactly where the trace shares blocks; lengths scale by ``block_tokens /
+    trace_block_tokens`` (the output by ``output_scale`` when set) and prompts are cut to the
+    scaled ``input_length``."""
+
+    name: str = "hash_ids"
+    path: str = "../shared/traces/conversation_trace.jsonl"
+    num_requests: Optional[int] = 200  # null = every row
+    start_row: int = 0
+    trace_block_tokens: int = 512
+    block_tokens: int = 16
+    output_scale: Optional[float] = None  # null = block_tokens / trace_block_tokens
+    min_output_len: int = 1
+    seed: int = "${seed}"  # type: ignore[assignment]
+    time_scale: float = 1.0
+
+
+@dataclass
 class BackendConfig:
     """The executor: ``torch`` runs the model in this process (TP comes with ``tensor_parallel_size``)."""
 
@@ -123,7 +145,9 @@ class BackendConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     kv_cache_memory_gb: float = 0.5  # CPU: KV pool budget when num_kv_blocks is null
     gpu_memory_utilization: float = 0.9  # CUDA: fraction of device memory the run may use
-    num_swap_blocks: int = 0  # host swap pool (blocks); preemption=swap needs > 0
+    num_swap_blocks: int = 0  # host swap pool (blocks); preemption=swap|adaptive needs > 0
+    swap_space_gb: Optional[float] = None  # host swap pool in GiB (instead of num_swap_blocks)
+    swap_bandwidth_gb_s: Optional[float] = None  # device<->host link; null = measured at start-up
     num_threads: Optional[int] = None  # torch intra-op threads (per rank); null = torch's default (TP: cores / ranks)
     tp_step_timeout_s: float = 120.0  # tensor parallel: longest wait on another rank in a step before the run fails
 
@@ -196,6 +220,7 @@ def register_configs(registry: Registry | None = None) -> None:
     cs.store(group="workload", name="synthetic", node=SyntheticWorkload)
     cs.store(group="workload", name="jsonl", node=JsonlWorkload)
     cs.store(group="workload", name="trace", node=TraceWorkload)
+    cs.store(group="workload", name="hash_ids", node=HashIdsWorkload)
     cs.store(group="backend", name="torch", node=BackendConfig)
     cs.store(group="logger", name="wandb", node=LoggerConfig)
     cs.store(group="logger", name="none", node=LoggerConfig(name="none", mode="disabled"))

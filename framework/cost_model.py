@@ -1,7 +1,7 @@
 """A step-time cost model calibrated online from measured step times.
 
 ``t(step) ~ c0 + c1 * prefill_tokens + c2 * decode_seqs + c3 * attended_context``, fitted by
-(ridge-regularised) least squares over every step seen so far. Shared by every plugin that needs
+(ridge-regularised) least squares with non-negative coefficients over every step seen so far. Shared by every plugin that needs
 to predict how long a step, or recomputing a sequence, would take.
 """
 
@@ -50,6 +50,9 @@ class StepCostModel:
         self.decay = decay
         self.num_observations = 0
         self._seen = 0
+        # The host link, set by the stack from the executor (bytes per KV block, copy bandwidth).
+        self.bytes_per_block = 0
+        self.swap_bytes_per_s: float | None = None
 
     def observe(self, features: StepFeatures, seconds: float) -> None:
         """Add one measured step."""
@@ -99,7 +102,14 @@ class StepCostModel:
         plugins that evaluate the model in a tight loop."""
         return tuple(float(c) for c in self._coef)  # type: ignore[return-value]
 
+    def swap_seconds(self, num_blocks: int) -> float:
+        """Predicted time to copy ``num_blocks`` KV blocks one way between device and host."""
+        if not self.swap_bytes_per_s:
+            raise ValueError("the cost model has no swap bandwidth (the stack sets it from the executor)")
+        return num_blocks * self.bytes_per_block / self.swap_bytes_per_s
+
     @property
     def coefficients(self) -> dict[str, float]:
         names = ("base_s", "per_prefill_token_s", "per_decode_seq_s", "per_1k_attended_s")
         return dict(zip(names, map(float, self._coef)))
+

@@ -40,6 +40,8 @@ class StepRecord:
     extra: dict[str, float] = field(default_factory=dict)
     scheduled: list[tuple[str, int]] = field(default_factory=list)  # (request id, tokens) in plan order
     scheduler: dict[str, float] = field(default_factory=dict)  # the scheduler's step_stats()
+    swap_out_blocks: int = 0
+    swap_in_blocks: int = 0
 
 
 class Engine:
@@ -157,7 +159,7 @@ class Engine:
             num_seqs=len(plan.scheduled), num_tokens=plan.num_batched_tokens, prefill_tokens=prefill,
             decode_seqs=decode, kv_utilization=self.allocator.num_used_blocks() / max(1, self.allocator.num_blocks),
             queues=self.scheduler.queue_lengths(), comm_s=comm_s, preempted=plan.preempted,
-            extra=self.allocator.usage_stats(),
+            extra=self.allocator.usage_stats(), swap_out_blocks=len(plan.swap_out), swap_in_blocks=len(plan.swap_in),
             scheduled=[(e.seq.id, e.num_tokens) for e in plan.scheduled],
             scheduler=self.scheduler.step_stats(),
         )

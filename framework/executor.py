@@ -40,6 +40,7 @@ class WorkerConfig:
     gpu_memory_utilization: float
     num_swap_blocks: int
     seed: int
+    swap_space_gb: float | None = None  # host pool in GiB; overrides num_swap_blocks when set
 
 
 @dataclass
@@ -90,6 +91,26 @@ class ModelWorker:
             budget = self.cfg.kv_cache_memory_gb * 2**30
         return max(0, int(budget // self.bytes_per_block()))
 
+    def swap_pool_blocks(self) -> int:
+        """Host swap pool size in blocks: ``swap_space_gb`` if set, else ``num_swap_blocks``."""
+        if self.cfg.swap_space_gb is not None:
+            return int(self.cfg.swap_space_gb * 2**30 // self.bytes_per_block())
+        return self.cfg.num_swap_blocks
+
+    def measure_swap_bandwidth(self, num_bytes: int = 32 * 2**20, repeats: int = 3) -> float:
+        """Bytes per second of a real device -> host copy on this machine (best of ``repeats``)."""
+        src = torch.empty(num_bytes // 4, dtype=torch.float32, device=self.device).uniform_()
+        dst = torch.empty(src.shape, dtype=src.dtype, pin_memory=self.device.type == "cuda")
+        dst.copy_(src)  # warm-up (page faults, lazy allocation): not timed
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            dst.copy_(src)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            times.append(time.perf_counter() - start)
+        return num_bytes / max(min(times), 1e-9)
+
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """Allocate ``num_blocks`` device blocks (zeroed: masked slots must never hold NaN)."""
         _, kv_heads = local_heads(self.spec, self.tp)
@@ -97,8 +118,9 @@ class ModelWorker:
         cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.kv_cache = [(cache[i, 0], cache[i, 1]) for i in range(self.spec.num_layers)]
         self._device_pool = cache
-        if self.cfg.num_swap_blocks > 0:
-            host_shape = shape[:2] + (self.cfg.num_swap_blocks,) + shape[3:]
+        num_swap_blocks = self.swap_pool_blocks()
+        if num_swap_blocks > 0:
+            host_shape = shape[:2] + (num_swap_blocks,) + shape[3:]
             pin = self.device.type == "cuda"
             self.host_cache = torch.zeros(host_shape, dtype=self.dtype, pin_memory=pin)
 
@@ -144,10 +166,21 @@ class Executor(ABC):
     spec: ModelSpec
     num_kv_blocks: int
     bytes_per_block: int
+    num_swap_blocks: int = 0  # host swap pool (blocks) the swap copies of a plan may use
 
     @abstractmethod
     def execute(self, batch: StepBatch) -> StepOutput:
         """Run one step; return the sampled token for each of ``batch.sample_rows``, in order."""
+
+    def measure_swap_bandwidth(self) -> float:
+        """Device <-> host copy bandwidth (bytes/s), measured with a real copy. Default: a host
+        memory copy."""
+        src = torch.rand(8 * 2**20)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        start = time.perf_counter()
+        dst.copy_(src)
+        return src.numel() * src.element_size() / max(time.perf_counter() - start, 1e-9)
 
     def shutdown(self) -> None:
         """Release workers and resources (idempotent)."""
@@ -161,10 +194,14 @@ class LocalExecutor(Executor):
         self.spec = self.worker.spec
         self.num_kv_blocks = self.worker.available_kv_blocks()
         self.bytes_per_block = self.worker.bytes_per_block()
+        self.num_swap_blocks = self.worker.swap_pool_blocks()
         self.worker.allocate_kv_cache(self.num_kv_blocks)
 
     def execute(self, batch: StepBatch) -> StepOutput:
         return self.worker.execute(batch)
+
+    def measure_swap_bandwidth(self) -> float:
+        return self.worker.measure_swap_bandwidth()
 
 
 def resolve_device(name: str) -> torch.device:

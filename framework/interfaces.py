@@ -67,6 +67,7 @@ class PreemptionDecision:
     kind: str
     reason: str = ""
     estimates: dict[str, float] = field(default_factory=dict)
+    num_computed_tokens: int = 0  # the victim's KV at preemption (what recompute discards), set by the scheduler
 
 
 @dataclass
@@ -108,6 +109,12 @@ class BlockAllocator(Plugin):
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.limits = limits
+        self.num_swap_blocks = 0
+
+    def attach_swap_pool(self, num_blocks: int) -> None:
+        """Called once at build time with the size of the executor's host swap pool (blocks,
+        ``0`` = none). Allocators that can swap set up their host free list here."""
+        self.num_swap_blocks = num_blocks
 
     @abstractmethod
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:

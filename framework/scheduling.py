@@ -201,12 +201,16 @@ class QueueScheduler(Scheduler):
                 self.waiting.push_front(seq)
                 break
             if seq.num_computed_tokens == 0:
-                seq.num_computed_tokens = seq.num_cached_prompt_tokens = self.allocator.admit(seq)
+                seq.num_computed_tokens = self.allocator.admit(seq)
+                if seq.num_preemptions == 0:  # the hit rate counts first admissions only
+                    seq.num_cached_prompt_tokens = seq.num_computed_tokens
             n = self._chunk(seq, budget)
             if n == 0 or not self._allocate_for_waiting(seq, n, plan, scheduled):
                 if seq.num_computed_tokens:  # release the prefix-cache hit; retry next step
                     self.allocator.free(seq)
-                    seq.num_computed_tokens = seq.num_cached_prompt_tokens = 0
+                    seq.num_computed_tokens = 0
+                    if seq.num_preemptions == 0:
+                        seq.num_cached_prompt_tokens = 0
                 self.waiting.push_front(seq)
                 break
             seq.status = Status.RUNNING
@@ -244,16 +248,19 @@ class QueueScheduler(Scheduler):
 
     def _preempt(self, victim: Sequence, plan: SchedulePlan) -> None:
         decision: PreemptionDecision = self.preemption.decide(victim)
+        decision.num_computed_tokens = victim.num_computed_tokens
         self.running.remove(victim)
         victim.num_preemptions += 1
-        if decision.kind == "swap" and self.allocator.can_swap_out(victim):
+        # No swap-out in a plan that swaps in: the executor copies out first, so a host block
+        # released by this plan's swap-in could be overwritten before it is read.
+        if decision.kind == "swap" and not plan.swap_in and self.allocator.can_swap_out(victim):
             plan.swap_out.extend(self.allocator.swap_out(victim))
             victim.status = Status.SWAPPED
             self.swapped.append(victim)
         else:
             if decision.kind != "recompute":
                 decision = PreemptionDecision(victim.id, "recompute", f"fallback: {decision.kind} impossible",
-                                              decision.estimates)
+                                              decision.estimates, victim.num_computed_tokens)
             self.allocator.free(victim)
             victim.num_computed_tokens = 0
             victim.status = Status.WAITING

@@ -63,6 +63,7 @@ def collect_results(engine: Engine, time_scale: float, status: str = "completed"
         "prefill_tokens_computed": sum(s.prefill_tokens for s in engine.steps),
         "max_concurrent_requests": max((s.num_seqs for s in engine.steps), default=0),
         "kv_waste_fraction": _mean(s.extra.get("kv_waste_fraction") for s in engine.steps),
+        **_memory_metrics(engine),
         "num_kv_blocks": engine.allocator.num_blocks,
         "block_size": limits.block_size,
         "cost_model": engine.cost_model.coefficients,
@@ -71,6 +72,22 @@ def collect_results(engine: Engine, time_scale: float, status: str = "completed"
         **(extra or {}),
     })
     return RunResult(records, summary, engine.steps)
+
+
+def _memory_metrics(engine: Engine) -> dict:
+    """Swap traffic, KV discarded by recompute preemptions, and the allocator's other gauges (means)."""
+    bytes_per_block = getattr(engine.executor, "bytes_per_block", 0)
+    gauges = sorted({k for s in engine.steps for k in s.extra} - {"kv_waste_fraction"})
+    return {
+        "swap_out_bytes": sum(s.swap_out_blocks for s in engine.steps) * bytes_per_block,
+        "swap_in_bytes": sum(s.swap_in_blocks for s in engine.steps) * bytes_per_block,
+        # tokens whose KV a recompute preemption discarded (recomputed later, less prefix-cache hits)
+        "recomputed_tokens": sum(p.num_computed_tokens for s in engine.steps for p in s.preempted
+                                 if p.kind == "recompute"),
+        "bytes_per_block": bytes_per_block,
+        "swap_bandwidth_gb_s": (engine.cost_model.swap_bytes_per_s or 0.0) / 1e9,
+        **{f"{k}_mean": _mean(s.extra.get(k) for s in engine.steps) for k in gauges},
+    }
 
 
 def _mean(values):

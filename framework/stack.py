@@ -49,6 +49,13 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"backend.tp_step_timeout_s={cfg.backend.tp_step_timeout_s} must be > 0")
     if cfg.backend.num_swap_blocks < 0:
         raise ConfigError(f"backend.num_swap_blocks={cfg.backend.num_swap_blocks} must be >= 0")
+    swap_gb = cfg.backend.get("swap_space_gb")
+    if swap_gb is not None and (swap_gb < 0 or cfg.backend.num_swap_blocks):
+        raise ConfigError(f"backend.swap_space_gb={swap_gb} must be >= 0 and is exclusive with "
+                          f"backend.num_swap_blocks={cfg.backend.num_swap_blocks} (set one of them)")
+    bandwidth = cfg.backend.get("swap_bandwidth_gb_s")
+    if bandwidth is not None and bandwidth <= 0:
+        raise ConfigError(f"backend.swap_bandwidth_gb_s={bandwidth} must be > 0 (or null to measure it)")
     for key in ("ttft_ms", "tpot_ms"):
         value = cfg.slo[key]
         if value is not None and value <= 0:
@@ -81,6 +88,7 @@ def worker_config(cfg: DictConfig) -> WorkerConfig:
         gpu_memory_utilization=cfg.backend.gpu_memory_utilization,
         num_swap_blocks=cfg.backend.num_swap_blocks,
         seed=cfg.seed,
+        swap_space_gb=cfg.backend.get("swap_space_gb"),
     )
 
 
@@ -115,6 +123,7 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
         ttft_slo_ms=cfg.slo.ttft_ms, tpot_slo_ms=cfg.slo.tpot_ms)
     cost_model = StepCostModel()
     allocator = classes["allocator"](_plugin_config(cfg.allocator), executor.num_kv_blocks, cfg.block_size, limits)
+    _attach_swap_pool(cfg, executor, allocator, cost_model)
     preemption = classes["preemption"](_plugin_config(cfg.preemption), limits, allocator, cost_model)
     scheduler = classes["scheduler"](_plugin_config(cfg.scheduler), limits, allocator, preemption, cost_model)
     drafter = classes["drafter"](_plugin_config(cfg.drafter), limits)
@@ -123,6 +132,19 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
     engine = Engine(limits, scheduler, allocator, executor, cost_model, seed=cfg.seed,
                     **({"clock": clock} if clock is not None else {}))
     return Stack(engine, executor, limits)
+
+
+def _attach_swap_pool(cfg: DictConfig, executor: Executor, allocator, cost_model: StepCostModel) -> None:
+    """Tell the allocator the host pool size and the cost model the host link's speed."""
+    num_swap_blocks = getattr(executor, "num_swap_blocks", 0)
+    allocator.attach_swap_pool(num_swap_blocks)
+    cost_model.bytes_per_block = executor.bytes_per_block
+    bandwidth = cfg.backend.get("swap_bandwidth_gb_s")
+    if bandwidth is not None:
+        cost_model.swap_bytes_per_s = bandwidth * 1e9
+    elif num_swap_blocks > 0:
+        cost_model.swap_bytes_per_s = executor.measure_swap_bandwidth()
+        log.info("swap bandwidth measured at start-up: %.2f GB/s", cost_model.swap_bytes_per_s / 1e9)
 
 
 def _plugin_config(node: DictConfig):

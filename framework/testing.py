@@ -51,13 +51,19 @@ class FakeExecutor(Executor):
 
     def __init__(self, clock: VirtualClock, num_kv_blocks: int, vocab_size: int = 1000,
                  step_time: StepTimeModel | None = None, bytes_per_block: int = 4096,
-                 max_positions: int = 4096) -> None:
+                 max_positions: int = 4096, num_swap_blocks: int = 0,
+                 swap_bytes_per_s: float = 1e9) -> None:
         self.clock = clock
         self.num_kv_blocks = num_kv_blocks
+        self.num_swap_blocks = num_swap_blocks
+        self.swap_bytes_per_s = swap_bytes_per_s
         self.bytes_per_block = bytes_per_block
         self.spec = fake_spec(vocab_size, max_positions)
         self.step_time = step_time or StepTimeModel()
         self.batches: list[StepBatch] = []
+
+    def measure_swap_bandwidth(self) -> float:
+        return self.swap_bytes_per_s
 
     def execute(self, batch: StepBatch) -> StepOutput:
         self.batches.append(batch)
@@ -68,3 +74,56 @@ class FakeExecutor(Executor):
         ids, pos = batch.input_ids.tolist(), batch.positions.tolist()
         tokens = [(ids[r] * 31 + pos[r] * 17 + 7) % self.spec.vocab_size for r in rows]
         return StepOutput(tokens, seconds)
+
+
+class KVCheckingExecutor(FakeExecutor):
+    """A :class:`FakeExecutor` that keeps a fake KV cache (``(token, position)`` per slot, and a
+    host pool for swaps) and samples from what it *reads back* through the block tables.
+
+    The sampled token is a function of every ``(token, position)`` read for the context, so a
+    wrong block table, a block shared while still written, an evicted prefix block, or a lost
+    swap copy changes the outputs (or raises when a slot holds the wrong position) — memory
+    policies are checked end to end without a model.
+    """
+
+    def __init__(self, clock: VirtualClock, num_kv_blocks: int, block_size: int, **kwargs) -> None:
+        super().__init__(clock, num_kv_blocks, **kwargs)
+        self.block_size = block_size
+        self.device_kv: dict[int, tuple[int, int]] = {}
+        self.host_kv: dict[int, tuple[int, int]] = {}
+
+    def _copy(self, pairs, src_kv, dst_kv) -> None:
+        bs = self.block_size
+        for src, dst in pairs:
+            for i in range(bs):
+                value = src_kv.get(src * bs + i)
+                if value is None:
+                    dst_kv.pop(dst * bs + i, None)
+                else:
+                    dst_kv[dst * bs + i] = value
+
+    def execute(self, batch: StepBatch) -> StepOutput:
+        if batch.swap_out or batch.swap_in:
+            if any(dst >= self.num_swap_blocks for _, dst in batch.swap_out):
+                raise AssertionError(f"swap-out to a host block outside the pool of {self.num_swap_blocks}")
+        self._copy(batch.swap_out, self.device_kv, self.host_kv)
+        self._copy(batch.swap_in, self.host_kv, self.device_kv)
+        self._copy(batch.copy_blocks, self.device_kv, self.device_kv)
+        out = super().execute(batch)  # timing, and records the batch
+        ids, pos, slots = batch.input_ids.tolist(), batch.positions.tolist(), batch.slot_mapping.tolist()
+        for token, p, slot in zip(ids, pos, slots):
+            if not 0 <= slot < self.num_kv_blocks * self.block_size:
+                raise AssertionError(f"slot {slot} outside the pool")
+            self.device_kv[slot] = (token, p)
+        cu, tables = batch.cu_seqlens_q.tolist(), batch.block_tables.tolist()
+        row_seq = {cu[i + 1] - 1: i for i in range(len(cu) - 1)}
+        tokens = []
+        for row in batch.sample_rows.tolist():
+            table, ctx = tables[row_seq[row]], pos[row] + 1
+            read = [self.device_kv.get(table[q // self.block_size] * self.block_size + q % self.block_size)
+                    for q in range(ctx)]
+            bad = next((q for q, v in enumerate(read) if v is None or v[1] != q), None)
+            if bad is not None:
+                raise AssertionError(f"KV slot for position {bad} holds {read[bad]} (context of {ctx})")
+            tokens.append(hash(tuple(t for t, _ in read)) % self.spec.vocab_size)
+        return StepOutput(tokens, out.model_s)

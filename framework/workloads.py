@@ -1,4 +1,5 @@
-"""Workloads: synthetic, a jsonl file of requests, or a CSV request trace, turned into Requests.
+"""Workloads: synthetic, a jsonl file of requests, a CSV request trace, or a hash-id trace
+(``workload_hash_ids``), turned into Requests.
 
 Trace transformations (sample N rows, scale lengths, clip to max_model_len, compress time) are
 explicit config values and every one applied is logged; no row is dropped silently.
@@ -26,7 +27,10 @@ class WorkloadError(ServelabError, ValueError):
 
 def build_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
     """The requests of workload config ``cfg`` (its ``name`` picks the kind)."""
-    kinds = {"synthetic": synthetic_requests, "jsonl": jsonl_requests, "trace": trace_requests}
+    from .workload_hash_ids import hash_ids_requests
+
+    kinds = {"synthetic": synthetic_requests, "jsonl": jsonl_requests, "trace": trace_requests,
+             "hash_ids": hash_ids_requests}
     if cfg.name not in kinds:
         raise WorkloadError(f"workload.name={cfg.name!r} is not one of {sorted(kinds)}")
     return kinds[cfg.name](cfg, vocab_size, max_model_len)

@@ -1,5 +1,6 @@
 """Built-in block allocators."""
 
+from .contiguous import ContiguousAllocator
 from .paged import PagedAllocator
 
-BUILTIN = [PagedAllocator]
+BUILTIN = [PagedAllocator, ContiguousAllocator]

@@ -7,6 +7,11 @@ an LRU list and is evicted (oldest first) only when the pool needs room; blocks 
 are reused first. Only full blocks are ever shared, so copy-on-write is never needed: a partial
 last block always belongs to one sequence, and it is hashed (and becomes shareable) only once it
 is full and computed.
+
+Swap: with a host pool attached (``backend.num_swap_blocks`` / ``swap_space_gb``), a victim's
+blocks are copied to host blocks and its device blocks released (a shared prefix block stays for
+its other users; the victim gets a private host copy); swapping in takes fresh device blocks and
+re-registers the hashes of its full blocks when no other block holds them.
 """
 
 from __future__ import annotations
@@ -40,6 +45,12 @@ class PagedAllocator(BlockAllocator):
         self.hashes: dict[str, list[int]] = {}  # hashes of each sequence's full computed blocks
         self.slots_used: dict[str, int] = {}
         self._total_slots_used = 0
+        self.free_host: deque[int] = deque()
+        self.swapped: dict[str, tuple[list[int], int]] = {}  # seq id -> (host blocks, slots used)
+
+    def attach_swap_pool(self, num_blocks: int) -> None:
+        super().attach_swap_pool(num_blocks)
+        self.free_host = deque(range(num_blocks))
 
     # ---- the interface ------------------------------------------------------------------
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
@@ -55,6 +66,8 @@ class PagedAllocator(BlockAllocator):
         return True
 
     def free(self, seq: Sequence) -> None:
+        host_blocks, _ = self.swapped.pop(seq.id, ((), 0))
+        self.free_host.extend(host_blocks)
         table = self.tables.pop(seq.id, None)
         self.hashes.pop(seq.id, None)
         self._total_slots_used -= self.slots_used.pop(seq.id, 0)
@@ -111,7 +124,42 @@ class PagedAllocator(BlockAllocator):
             parent = h
 
     def leaked_blocks(self) -> int:
-        return sum(1 for r in self.ref_counts if r != 0)
+        """Device blocks still referenced plus host blocks still held."""
+        return sum(1 for r in self.ref_counts if r != 0) + self.num_swap_blocks - len(self.free_host)
+
+    # ---- swap ---------------------------------------------------------------------------
+    def can_swap_out(self, seq: Sequence) -> bool:
+        return 0 < len(self.tables.get(seq.id, ())) <= len(self.free_host)
+
+    def swap_out(self, seq: Sequence) -> list[tuple[int, int]]:
+        table = self.tables[seq.id]
+        if len(table) > len(self.free_host):
+            raise RuntimeError(f"swap_out({seq.id!r}): needs {len(table)} host blocks, {len(self.free_host)} free")
+        host = [self.free_host.popleft() for _ in table]
+        used = self.slots_used.get(seq.id, 0)
+        hashes = self.hashes.get(seq.id)
+        self.free(seq)  # releases the device blocks (and forgets the hashes: restored below)
+        if hashes is not None:
+            self.hashes[seq.id] = hashes
+        self.swapped[seq.id] = (host, used)
+        return list(zip(table, host))
+
+    def can_swap_in(self, seq: Sequence) -> bool:
+        host, _ = self.swapped.get(seq.id, ((), 0))
+        return bool(host) and len(host) <= self.num_free_blocks()
+
+    def swap_in(self, seq: Sequence) -> list[tuple[int, int]]:
+        host, used = self.swapped.pop(seq.id)
+        table = [self._take_block() for _ in host]
+        self.tables[seq.id] = table
+        self.slots_used[seq.id] = used
+        self._total_slots_used += used
+        for block, h in zip(table, self.hashes.get(seq.id, ())):
+            if h not in self.cached:  # the copy is the only block holding this content now
+                self.block_hash[block] = h
+                self.cached[h] = block
+        self.free_host.extend(host)
+        return list(zip(host, table))
 
     def usage_stats(self) -> dict[str, float]:
         allocated = sum(len(t) for t in self.tables.values()) * self.block_size

@@ -1,5 +1,7 @@
 """Built-in preemption policies."""
 
+from .adaptive import AdaptivePreemption
 from .recompute import RecomputePreemption
+from .swap import SwapPreemption
 
-BUILTIN = [RecomputePreemption]
+BUILTIN = [RecomputePreemption, SwapPreemption, AdaptivePreemption]

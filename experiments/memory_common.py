@@ -1,0 +1,78 @@
+"""Shared by the memory experiments' analyze.py scripts: read a Hydra multirun folder, write a
+README with a markdown table, the date and the machine."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def latest_sweep(name: str) -> Path:
+    """The newest ``multirun/<name>/<timestamp>`` folder."""
+    runs = sorted((REPO / "multirun" / name).glob("*/"))
+    if not runs:
+        raise SystemExit(f"no runs under multirun/{name}/: run `python run.py -m experiment={name}` first")
+    return runs[-1]
+
+
+def load_runs(sweep: Path) -> list[dict]:
+    """One dict per job: ``summary`` (summary.json), ``config`` (the resolved config) and ``job``."""
+    runs = []
+    for job in sorted(sweep.iterdir(), key=lambda p: int(p.name.split("_")[0]) if p.name[0].isdigit() else -1):
+        if not (job / "summary.json").is_file():
+            continue
+        runs.append({"job": job.name, "summary": json.loads((job / "summary.json").read_text()),
+                     "config": yaml.safe_load((job / "config.yaml").read_text())})
+    return runs
+
+
+def machine() -> str:
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        cpu = platform.processor() or "unknown CPU"
+    import os
+
+    import torch
+
+    return f"{cpu}, {os.cpu_count()} CPU cores, torch {torch.__version__}, Python {platform.python_version()}"
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def markdown_table(rows: list[dict], columns: list[str]) -> str:
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return "-" if v is None else str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_readme(folder: Path, title: str, command: str, sweep: Path, body: str) -> None:
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    text = (f"# {title}\n\n"
+            f"Reproduce: `{command}` then `python {folder.relative_to(REPO)}/analyze.py` "
+            f"(reads the newest `multirun/{sweep.parent.name}/` folder).\n\n"
+            f"Generated {now} on {machine()} (commit {git_commit()}, runs `{sweep.relative_to(REPO)}`).\n"
+            f"The machine is shared with other jobs running at the same time, so wall-clock numbers (durations, "
+            f"throughput, latencies) are noisy, by up to several x between neighbouring rows; counts (steps, "
+            f"concurrency, waste, preemptions, tokens) do not depend on the machine's speed when all requests "
+            f"arrive at once.\n\n"
+            f"{body}\n")
+    (folder / "README.md").write_text(text)
