@@ -119,6 +119,7 @@ class TPExecutor(Executor):
             raise error from exc
         self.spec = self.worker.spec
         self.bytes_per_block = self.worker.bytes_per_block()  # per rank (each holds its KV heads)
+        self.num_swap_blocks = self.worker.swap_pool_blocks()  # every rank allocates the same host pool
         log.info("tensor parallel: %d ranks (pids %s), %d KV blocks each, %d torch threads per rank", size,
                  [os.getpid()] + [p.pid for p in self.procs], self.num_kv_blocks, threads)
 
@@ -126,6 +127,10 @@ class TPExecutor(Executor):
     def worker_pids(self) -> list[int]:
         """Process ids of ranks 1..N-1."""
         return [p.pid for p in self.procs]
+
+    def measure_swap_bandwidth(self) -> float:
+        """Rank 0's device <-> host copy bandwidth (every rank copies its own shard in parallel)."""
+        return self.worker.measure_swap_bandwidth()
 
     def execute(self, batch: StepBatch) -> StepOutput:
         """Broadcast ``batch`` to every rank and run rank 0's shard; raise :class:`TPWorkerError` on a fault.

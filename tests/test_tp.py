@@ -56,6 +56,7 @@ def tokens(result) -> dict[str, list[int]]:
     ("llama-kv-split", ()),
     ("llama-kv-replicated-tied", ("num_kv_blocks=10",)),  # 6 requests of up to 7 blocks: preemption
     ("qwen2-bias", ()),
+    ("llama-kv-split", ("num_kv_blocks=10", "preemption=swap", "backend.num_swap_blocks=64")),
 ])
 def test_tp2_greedy_tokens_match_tp1(checkpoints, tmp_path, name, extra):
     reference = run_job(tp_config(checkpoints[name], 1, *extra), tmp_path / "tp1")
@@ -68,7 +69,8 @@ def test_tp2_greedy_tokens_match_tp1(checkpoints, tmp_path, name, extra):
     assert result.summary["tensor_parallel_size"] == 2
     assert result.summary["num_preemptions"] == reference.summary["num_preemptions"]
     if extra:
-        assert result.summary["num_preemptions_by_kind"].get("recompute", 0) > 0
+        kind = "swap" if "preemption=swap" in extra else "recompute"
+        assert result.summary["num_preemptions_by_kind"].get(kind, 0) > 0
     steps = [json.loads(line) for line in (tmp_path / "tp2" / "steps.jsonl").read_text().splitlines()]
     assert all(s["comm_s"] > 0 and s["model_s"] > 0 for s in steps)
     assert result.summary["comm_time_s"] > 0 and reference.summary["comm_time_s"] == 0
