@@ -42,7 +42,7 @@ class EngineLimits:
     tpot_slo_ms: float | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledSeq:
     """One entry of a plan: ``seq`` computes ``num_tokens`` tokens starting at ``start``.
 

@@ -142,9 +142,20 @@ class QueueScheduler(Scheduler):
 
         # 1. Running sequences: decodes and unfinished prompt chunks.
         i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            n = self._chunk(seq, budget)
+        running, allocator = self.running, self.allocator
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            computed = seq.num_computed_tokens
+            if seq.num_tokens - computed == 1 and computed >= seq.request.prompt_len:
+                n = 1  # a decode: the common case, kept free of calls
+                if allocator.allocate_slots(seq, 1):
+                    plan.scheduled.append(ScheduledSeq(seq, 1, computed))
+                    scheduled.append(seq)
+                    budget -= 1
+                    i += 1
+                    continue
+            else:
+                n = self._chunk(seq, budget)
             if n == 0:
                 i += 1
                 continue

@@ -54,15 +54,20 @@ class PagedAllocator(BlockAllocator):
 
     # ---- the interface ------------------------------------------------------------------
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
-        table = self.tables.setdefault(seq.id, [])
+        seq_id = seq.request.id
+        table = self.tables.get(seq_id)
+        if table is None:
+            table = self.tables[seq_id] = []
         total = seq.num_computed_tokens + num_new_tokens
         need = -(-total // self.block_size) - len(table)
-        if need > self.num_free_blocks():
-            return False
-        for _ in range(need):
-            table.append(self._take_block())
-        self._total_slots_used += total - self.slots_used.get(seq.id, 0)
-        self.slots_used[seq.id] = total
+        if need > 0:  # most decode steps need no new block: keep that path short
+            if need > len(self.free_plain) + len(self.free_cached):
+                return False
+            for _ in range(need):
+                table.append(self._take_block())
+        used = self.slots_used
+        self._total_slots_used += total - used.get(seq_id, 0)
+        used[seq_id] = total
         return True
 
     def free(self, seq: Sequence) -> None:
