@@ -14,7 +14,7 @@ SMALL = dict(model__hidden_size=64, model__num_hidden_layers=2, model__intermedi
 def test_step_by_hand_and_results():
     lab = LLM(["block_size=8"], **SMALL)
     a = lab.add_request([1, 2, 3, 4], max_tokens=5)
-    b = lab.add_request(list(range(20)), max_tokens=3, id="mine")
+    lab.add_request(list(range(20)), max_tokens=3, id="mine")
     steps = 0
     while lab.has_unfinished():
         assert lab.step() is not None

@@ -9,33 +9,24 @@ Each decision records both estimates (``PreemptionDecision.estimates``).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
-from servelab.interfaces import PreemptionDecision, PreemptionPolicy
+from servelab.interfaces import PreemptionDecision
 
 from .swap import swap_fallback_reason, warn_without_pool
-from .victims import VictimRule, select_victim
+from .victims import VictimRulePolicy
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class AdaptiveConfig:
-    victim: VictimRule = VictimRule.last
 
-
-class AdaptivePreemption(PreemptionPolicy):
+class AdaptivePreemption(VictimRulePolicy):
     """Pick the cheaper of swap and recompute for each victim."""
 
     name = "adaptive"
-    Config = AdaptiveConfig
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         warn_without_pool(self)
-
-    def select_victim(self, candidates):
-        return select_victim(self.config.victim, candidates, self.allocator)
 
     def estimates(self, victim) -> dict[str, float]:
         """``{"swap_s": ..., "recompute_s": ...}`` for ``victim`` now."""

@@ -7,18 +7,13 @@ When the host pool cannot take the victim, fall back to recompute and say why (i
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 from servelab.interfaces import PreemptionDecision, PreemptionPolicy
 
-from .victims import VictimRule, select_victim
+from .victims import VictimRulePolicy
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class SwapConfig:
-    victim: VictimRule = VictimRule.last
 
 
 def swap_fallback_reason(allocator, victim) -> str | None:
@@ -40,18 +35,14 @@ def warn_without_pool(policy: PreemptionPolicy) -> None:
                     "every preemption falls back to recompute", policy.name)
 
 
-class SwapPreemption(PreemptionPolicy):
+class SwapPreemption(VictimRulePolicy):
     """Swap whenever the host pool has room, else recompute."""
 
     name = "swap"
-    Config = SwapConfig
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         warn_without_pool(self)
-
-    def select_victim(self, candidates):
-        return select_victim(self.config.victim, candidates, self.allocator)
 
     def decide(self, victim):
         reason = swap_fallback_reason(self.allocator, victim)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import Sequence as Seq
 
-from servelab.interfaces import BlockAllocator
+from servelab.interfaces import BlockAllocator, PreemptionPolicy
 from servelab.request import Sequence
 
 
@@ -38,3 +39,19 @@ def select_victim(rule: VictimRule | str, candidates: Seq[Sequence], allocator: 
     }[rule]
     # max() keeps the first maximum; scanning reversed makes ties go to the later candidate.
     return max(reversed(list(candidates)), key=keys)
+
+
+@dataclass
+class VictimConfig:
+    """The config every built-in preemption policy shares."""
+
+    victim: VictimRule = VictimRule.last
+
+
+class VictimRulePolicy(PreemptionPolicy):
+    """A preemption policy whose victim is picked by ``preemption.victim``."""
+
+    Config = VictimConfig
+
+    def select_victim(self, candidates: Seq[Sequence]) -> Sequence:
+        return select_victim(self.config.victim, candidates, self.allocator)
