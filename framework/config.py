@@ -76,9 +76,9 @@ class LengthConfig:
 @dataclass
 class SyntheticWorkload:
     name: str = "synthetic"
-    num_requests: int = 64
+    num_requests: int = 256
     arrival: Arrival = Arrival.poisson
-    rate: float = 16.0  # requests per second (poisson)
+    rate: float = 8.0  # requests per second (poisson)
     prompt_len: LengthConfig = field(default_factory=lambda: LengthConfig(LengthDist.uniform, 16, 256))
     output_len: LengthConfig = field(default_factory=lambda: LengthConfig(LengthDist.uniform, 8, 128))
     seed: int = "${seed}"  # type: ignore[assignment]
