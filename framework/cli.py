@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
@@ -16,8 +15,6 @@ from .config import register_configs
 from .errors import ServelabError
 from .registry import PluginError
 
-log = logging.getLogger("servelab")
-
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> float | None:
@@ -28,7 +25,6 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     try:
         result = run_job(cfg, output_dir)
     except ServelabError as exc:
-        log.error("%s", exc)
         print(f"servelab: error: {exc}", file=sys.stderr)
         sys.exit(2)
     print_summary(result.summary, output_dir)
