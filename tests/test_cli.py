@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 
@@ -17,9 +18,10 @@ SMALL = ["workload.num_requests=6", "workload.prompt_len.max=48", "workload.outp
 
 
 def run_cli(*args, env_extra=None, timeout=300):
+    """Run ``run.py`` from a scratch folder, so runs without hydra.run.dir leave nothing in the repo."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env_extra or {})}
-    return subprocess.run([sys.executable, str(REPO / "run.py"), *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run([sys.executable, str(REPO / "run.py"), *args], cwd=tempfile.mkdtemp(prefix="servelab-cli-"),
+                          env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def test_run_writes_results_and_an_offline_wandb_run(tmp_path):
@@ -88,7 +90,7 @@ def test_missing_checkpoint_weights_are_named(tmp_path):
 def test_ctrl_c_writes_partial_results_and_finishes_wandb(tmp_path):
     args = [sys.executable, str(REPO / "run.py"), *SMALL, "workload.num_requests=400", "workload.rate=20",
             f"hydra.run.dir={tmp_path}"]
-    proc = subprocess.Popen(args, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(args, cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
     while not (tmp_path / "wandb").exists() and time.time() < deadline:
