@@ -60,6 +60,7 @@ class Engine:
         self._clock = clock
         self._t0 = clock()
         self.sequences: dict[str, Sequence] = {}
+        self.num_ended = 0  # finished or rejected
         self.steps: list[StepRecord] = []
         self.step_listeners: list[Callable[[StepRecord], None]] = []
 
@@ -84,6 +85,7 @@ class Engine:
         reason = self._rejection_reason(request)
         if reason:
             seq.status, seq.rejected_reason, seq.finish_time = Status.REJECTED, reason, self.now()
+            self.num_ended += 1
         else:
             self.scheduler.add(seq)
         return seq
@@ -138,6 +140,7 @@ class Engine:
             reason = self._finish_reason(seq, token)
             if reason:
                 seq.status, seq.finish_reason, seq.finish_time = Status.FINISHED, reason, now
+                self.num_ended += 1
                 self.scheduler.remove(seq)
                 self.allocator.free(seq)
 

@@ -19,24 +19,19 @@ def run_workload(engine: Engine, requests: Iterable[Request], time_scale: float 
     """
     pending = sorted(requests, key=lambda r: r.arrival_time)
     next_index = 0
-    ended = 0
+    reported = engine.num_ended
     engine.reset_clock()
     while next_index < len(pending) or engine.has_unfinished():
         now = engine.now()
         while next_index < len(pending) and pending[next_index].arrival_time * time_scale <= now:
             request = pending[next_index]
-            seq = engine.add_request(request, request.arrival_time * time_scale)
+            engine.add_request(request, request.arrival_time * time_scale)
             next_index += 1
-            if seq.is_finished:  # rejected on arrival
-                ended += 1
-                if on_progress:
-                    on_progress(1)
         record = engine.step() if engine.has_unfinished() else None
+        if on_progress and engine.num_ended > reported:
+            on_progress(engine.num_ended - reported)
+            reported = engine.num_ended
         if record is not None:
-            done = sum(1 for s in engine.sequences.values() if s.is_finished) - ended
-            if done and on_progress:
-                on_progress(done)
-            ended += done
             continue
         if next_index < len(pending):
             wait = pending[next_index].arrival_time * time_scale - engine.now()
