@@ -33,17 +33,21 @@ def offered_rate(run) -> float:
     return len(arrivals) / max(arrivals) if max(arrivals) > 0 else float("nan")
 
 
+def _steps(runs):
+    """Every step record of every run that logged steps.jsonl."""
+    for run in runs:
+        path = run.path / "steps.jsonl"
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                yield json.loads(line)
+
+
 def decode_step_ms(runs) -> dict[int, float]:
     """Median measured duration of decode-only steps by batch size (from steps.jsonl)."""
     by_batch = defaultdict(list)
-    for run in runs:
-        path = run.path / "steps.jsonl"
-        if not path.is_file():
-            continue
-        for line in path.read_text().splitlines():
-            s = json.loads(line)
-            if s["prefill_tokens"] == 0:
-                by_batch[s["decode_seqs"]].append(s["duration_s"] * 1e3)
+    for s in _steps(runs):
+        if s["prefill_tokens"] == 0:
+            by_batch[s["decode_seqs"]].append(s["duration_s"] * 1e3)
     return {b: float(np.median(v)) for b, v in sorted(by_batch.items()) if len(v) >= 5}
 
 
@@ -51,15 +55,10 @@ def prefill_ms_per_token(runs) -> float:
     """Median of (step time - decode step of its batch) / prefill tokens over steps with >= 64 prefill tokens."""
     dec = decode_step_ms(runs)
     per_token = []
-    for run in runs:
-        path = run.path / "steps.jsonl"
-        if not path.is_file():
-            continue
-        for line in path.read_text().splitlines():
-            s = json.loads(line)
-            if s["prefill_tokens"] >= 64:
-                base = dec.get(s["decode_seqs"], dec.get(1, 0.0)) if s["decode_seqs"] else 0.0
-                per_token.append((s["duration_s"] * 1e3 - base) / s["prefill_tokens"])
+    for s in _steps(runs):
+        if s["prefill_tokens"] >= 64:
+            base = dec.get(s["decode_seqs"], dec.get(1, 0.0)) if s["decode_seqs"] else 0.0
+            per_token.append((s["duration_s"] * 1e3 - base) / s["prefill_tokens"])
     return float(np.median(per_token)) if per_token else float("nan")
 
 
