@@ -31,11 +31,26 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     return result.summary.get("output_throughput_tok_s")
 
 
+# ``servelab <subcommand> [hydra overrides]``: each entry is "module:function" under servelab,
+# called with the remaining arguments (Hydra overrides) and returning an exit code.
+SUBCOMMANDS: dict[str, str] = {}
+
+
 def main() -> None:
-    """Register every plugin's config with Hydra, then let Hydra compose and run."""
+    """Register every plugin's config with Hydra, then run a subcommand or compose and run a job."""
     try:
         register_configs()
     except PluginError as exc:
         print(f"servelab: plugin error: {exc}", file=sys.stderr)
         sys.exit(2)
+    if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
+        import importlib
+
+        module, func = SUBCOMMANDS[sys.argv[1]].split(":")
+        try:
+            code = getattr(importlib.import_module(f"servelab.{module}"), func)(sys.argv[2:])
+        except ServelabError as exc:
+            print(f"servelab {sys.argv[1]}: error: {exc}", file=sys.stderr)
+            code = 2
+        sys.exit(code)
     _hydra_main()
