@@ -18,7 +18,7 @@ from .registry import PluginError
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> float | None:
-    from .report import print_summary
+    from .report import print_samples, print_summary
     from .session import run_job
 
     output_dir = HydraConfig.get().runtime.output_dir
@@ -27,13 +27,16 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     except ServelabError as exc:
         print(f"servelab: error: {exc}", file=sys.stderr)
         sys.exit(2)
+    print_samples(result.requests)
     print_summary(result.summary, output_dir)
     return result.summary.get("output_throughput_tok_s")
 
 
 # ``servelab <subcommand> [hydra overrides]``: each entry is "module:function" under servelab,
 # called with the remaining arguments (Hydra overrides) and returning an exit code.
-SUBCOMMANDS: dict[str, str] = {}
+SUBCOMMANDS: dict[str, str] = {
+    "eval-ppl": "eval_ppl:main",  # held-out perplexity of the configured checkpoint (ppl.json)
+}
 
 
 def main() -> None:

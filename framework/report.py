@@ -22,3 +22,23 @@ def print_summary(summary: dict, output_dir: str, console: Console | None = None
         table.add_row(f"{key} mean / p50 / p99", " / ".join(fmt(s.get(k)) for k in ("mean", "p50", "p99")))
     console.print(table)
     console.print(f"results: {output_dir}/requests.jsonl, summary.json")
+
+
+def print_samples(requests: list[dict], console: Console | None = None, limit: int = 3,
+                  prompt_chars: int = 240) -> None:
+    """A few prompt -> completion pairs (requests with ``output_text``: checkpoints with a tokenizer)."""
+    from rich.text import Text
+
+    shown = [r for r in requests if r.get("output_text") is not None and r.get("finish_reason")][:limit]
+    if not shown:
+        return
+    console = console or Console()
+    console.print(f"[bold]sample completions[/bold] ({len(shown)} of {len(requests)}; "
+                  "[dim]prompt[/dim] then [bold green]completion[/bold green]; all in requests.jsonl)")
+    for r in shown:
+        prompt = r.get("prompt_text") or ""
+        if len(prompt) > prompt_chars:
+            prompt = "…" + prompt[-prompt_chars:]
+        console.rule(f"{r['id']}: {r['output_len']} tokens, finish={r['finish_reason']}", style="dim")
+        console.print(Text(prompt, style="dim") + Text(r["output_text"], style="bold green"), soft_wrap=True)
+    console.rule(style="dim")

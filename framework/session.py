@@ -18,6 +18,7 @@ from .metrics import request_record, summarize
 from .request import Request
 from .runner import run_workload
 from .stack import Stack, build_stack
+from .text import TextError, attach_text, checkpoint_text
 from .workloads import build_requests
 
 log = logging.getLogger(__name__)
@@ -115,8 +116,9 @@ def run_job(cfg: DictConfig, output_dir: str | Path, requests: list[Request] | N
 
 def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | None, stack: Stack) -> RunResult:
     engine = stack.engine
+    text = checkpoint_text(cfg)
     if requests is None:
-        requests = build_requests(cfg.workload, stack.executor.spec.vocab_size, stack.limits.max_model_len)
+        requests = build_requests(cfg.workload, stack.executor.spec.vocab_size, stack.limits.max_model_len, text)
     logger = make_logger(cfg.logger)
     logger.start(cfg, output_dir)
     engine.step_listeners.append(logger.log_step)
@@ -135,6 +137,10 @@ def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | N
             progress.close()
         result = collect_results(engine, cfg.workload.time_scale, status,
                                  {"tensor_parallel_size": cfg.tensor_parallel_size})
+        try:
+            attach_text(result.requests, engine.sequences, text)
+        except TextError as exc:  # results without text rather than no results
+            log.error("%s", exc)
         result.write(output_dir, cfg.debug.log_steps)
         OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
         logger.finish(result.summary, result.requests, exit_code)
