@@ -132,12 +132,12 @@ class CorpusWorkload:
     EOS unless ``ignore_eos``."""
 
     name: str = "corpus"
-    num_requests: int = 64
+    num_requests: int = 100  # at rate 2/s: the default run is a ~1 min session far from saturating 2 cores
     prefix_bytes: int = 96
     max_tokens: int = 128
     ignore_eos: bool = False
     arrival: Arrival = Arrival.poisson
-    rate: float = 1.0  # requests per second (poisson)
+    rate: float = 2.0  # requests per second (poisson)
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0

@@ -63,6 +63,7 @@ class WandbLogger(RunLogger):
             if self.cfg.log_requests_table and requests:
                 cols = ["id", "prompt_len", "output_len", "arrival_s", "ttft_ms", "tpot_ms", "e2e_ms", "queue_ms",
                         "num_preemptions", "finish_reason", "rejected_reason", "met_slo"]
+                cols += [c for c in ("prompt_text", "output_text") if c in requests[0]]  # checkpoints with a tokenizer
                 table = wandb.Table(columns=cols, data=[[r.get(c) for c in cols] for r in requests])
                 self.run.log({"requests": table})
         finally:

@@ -29,7 +29,9 @@ def print_samples(requests: list[dict], console: Console | None = None, limit: i
     """A few prompt -> completion pairs (requests with ``output_text``: checkpoints with a tokenizer)."""
     from rich.text import Text
 
-    shown = [r for r in requests if r.get("output_text") is not None and r.get("finish_reason")][:limit]
+    done = [r for r in requests if r.get("output_text") is not None and r.get("finish_reason")]
+    # completions that ended by themselves (EOS) first: a whole definition reads best
+    shown = sorted(done, key=lambda r: r["finish_reason"] != "stop")[:limit]
     if not shown:
         return
     console = console or Console()

@@ -149,3 +149,36 @@ def test_api_add_request_takes_text(text_checkpoint):
         lab.step()
     rec = lab.results().requests[0]
     assert rec["prompt_len"] == 5 and rec["prompt_text"] == "x = " and isinstance(rec["output_text"], str)
+
+
+def test_any_hf_tokenizer_works(tmp_path):
+    """A BPE tokenizer without BOS/EOS (not the byte tokenizer): text prompts, output_text, eval-ppl."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from servelab.eval_ppl import evaluate
+    from servelab.model.random_checkpoint import write_random_checkpoint
+    from servelab.session import run_job
+    from test_eval_ppl import hf_heldout_nll
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(corpus.heldout_documents()[:30],
+                            trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    ckpt = tmp_path / "bpe"
+    write_random_checkpoint(ckpt, "LlamaForCausalLM", seed=4, hidden_size=32, intermediate_size=64,
+                            num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                            vocab_size=tok.get_vocab_size(), max_position_embeddings=128)
+    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(ckpt)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("def main():\\n    return\n")
+    cfg = compose("model=hf", f"model.path={ckpt}", "workload=prompts", f"workload.path={prompts}",
+                  "workload.max_tokens=5", "workload.ignore_eos=true")
+    rec = run_job(cfg, tmp_path / "out").requests[0]
+    assert rec["prompt_text"] == "def main():\n    return" and rec["output_len"] == 5
+    assert rec["output_text"] == PreTrainedTokenizerFast(tokenizer_object=tok).decode(rec["output_token_ids"])
+    docs = corpus.heldout_documents()[:2]
+    result = evaluate(compose("model=hf", f"model.path={ckpt}"), documents=docs)
+    nll, count = hf_heldout_nll(ckpt, docs, result["window"])
+    assert result["num_tokens"] == count and result["nll_nats"] == pytest.approx(nll, rel=1e-4)
