@@ -32,6 +32,12 @@ class AttentionBackend(enum.Enum):
     triton = "triton"
 
 
+class Clock(enum.Enum):
+    auto = "auto"  # virtual for backend=sim, wall otherwise
+    wall = "wall"
+    virtual = "virtual"
+
+
 class Arrival(enum.Enum):
     poisson = "poisson"
     all_at_once = "all_at_once"
@@ -46,10 +52,15 @@ class LengthDist(enum.Enum):
 @dataclass
 class ModelConfig:
     """``path`` = an HF-format checkpoint directory; null = the embedded tiny model below, written
-    once with random weights (seeded) to the cache folder and loaded through the same loader."""
+    once with random weights (seeded) to the cache folder and loaded through the same loader.
+
+    ``shape_only`` entries (the catalogue: ``model=llama3_70b`` ...) are public ``config.json``
+    shapes without weights, for ``backend=sim``. With ``backend=sim`` a ``path`` may also point
+    at any ``config.json`` (or the directory holding one)."""
 
     name: str = "tiny"
     path: Optional[str] = None
+    shape_only: bool = False
     dtype: DType = DType.float32
     architecture: str = "LlamaForCausalLM"
     hidden_size: int = 256
@@ -150,6 +161,21 @@ class BackendConfig:
     swap_bandwidth_gb_s: Optional[float] = None  # device<->host link; null = measured at start-up
     num_threads: Optional[int] = None  # torch intra-op threads (per rank); null = torch's default (TP: cores / ranks)
     tp_step_timeout_s: float = 120.0  # tensor parallel: longest wait on another rank in a step before the run fails
+    activation_reserve_gb: float = 2.0  # sim: device memory per rank kept for activations (not weights, not KV)
+
+
+@dataclass
+class HardwareConfig:
+    """An accelerator's spec sheet (``conf/hardware/*.yaml``; decimal GB). The time models and the
+    simulator's memory accounting read it; the torch backend on its wall clock does not."""
+
+    name: str = MISSING
+    memory_gb: float = MISSING
+    hbm_bandwidth_gb_s: float = MISSING
+    peak_tflops: float = MISSING  # dense bf16/fp16
+    link_bandwidth_gb_s: float = MISSING  # GPU<->GPU per direction (NVLink, or PCIe)
+    host_link_gb_s: float = MISSING  # GPU<->host per direction (PCIe)
+    link_latency_us: float = 10.0  # per all-reduce call
 
 
 @dataclass
@@ -182,6 +208,8 @@ class ServelabConfig:
     allocator: Any = MISSING
     preemption: Any = MISSING
     drafter: Any = MISSING
+    time_model: Any = MISSING
+    hardware: HardwareConfig = MISSING
     model: ModelConfig = MISSING
     workload: Any = MISSING
     backend: BackendConfig = MISSING
@@ -195,6 +223,7 @@ class ServelabConfig:
     chunked_prefill: bool = True
     attention_backend: AttentionBackend = AttentionBackend.auto
     tensor_parallel_size: int = 1
+    clock: Clock = Clock.auto
     slo: SLOConfig = field(default_factory=SLOConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     progress: bool = True

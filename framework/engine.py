@@ -6,15 +6,15 @@ arrived and leave as soon as they finish.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .batch import build_batch
+from .clock import WallClock
 from .cost_model import StepCostModel, StepFeatures
 from .executor import Executor
 from .interfaces import BlockAllocator, EngineLimits, PreemptionDecision, Scheduler, SchedulePlan
 from .request import Request, Sequence, Status
+from .step_work import StepWork, step_work
 
 
 class PluginFailure(RuntimeError):
@@ -49,7 +49,7 @@ class Engine:
 
     def __init__(self, limits: EngineLimits, scheduler: Scheduler, allocator: BlockAllocator,
                  executor: Executor, cost_model: StepCostModel, seed: int = 0,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] | None = None) -> None:
         self.limits = limits
         self.scheduler = scheduler
         self.allocator = allocator
@@ -57,8 +57,10 @@ class Engine:
         self.cost_model = cost_model
         self.seed = seed
         self.eos_token_ids = frozenset(executor.spec.eos_token_ids)
-        self._clock = clock
-        self._t0 = clock()
+        self.clock = clock if clock is not None else WallClock()
+        self._clock = self.clock
+        self._end_step = getattr(self.clock, "end_step", None)
+        self._t0 = self.clock()
         self.sequences: dict[str, Sequence] = {}
         self.num_ended = 0  # finished or rejected
         self.steps: list[StepRecord] = []
@@ -70,6 +72,10 @@ class Engine:
 
     def reset_clock(self) -> None:
         self._t0 = self._clock()
+
+    def sleep(self, seconds: float) -> None:
+        """Wait idle for up to ``seconds`` (the clock decides: a nap, or a jump in virtual time)."""
+        self.clock.sleep(seconds)
 
     # ---- requests -----------------------------------------------------------------------
     def add_request(self, request: Request, arrival_s: float | None = None) -> Sequence:
@@ -118,11 +124,13 @@ class Engine:
         plan = self._call_plugin("scheduler", lambda: self.scheduler.schedule(start))
         if plan.is_empty:
             return None
-        batch = build_batch(plan, self.allocator, self.limits.block_size, self.seed)
-        output = self.executor.execute(batch)
+        output = self.executor.run(plan, self.allocator, self.limits.block_size, self.seed)
+        work = step_work(plan)  # before _apply: it reads the sequences as the plan saw them
+        if self._end_step is not None:
+            self._end_step(work)  # a virtual clock advances by the time model's prediction
         finished_at = self.now()
         self._apply(plan, output.sampled, finished_at)
-        record = self._record(plan, start, finished_at, output.model_s, output.comm_s)
+        record = self._record(plan, work, start, finished_at, output.model_s, output.comm_s)
         for listener in self.step_listeners:
             listener(record)
         return record
@@ -151,16 +159,13 @@ class Engine:
             return "length"
         return None
 
-    def _record(self, plan: SchedulePlan, start: float, end: float, model_s: float, comm_s: float = 0.0) -> StepRecord:
-        prefill = sum(e.num_tokens for e in plan.scheduled if e.num_tokens > 1 or e.start < e.seq.prompt_len)
-        decode = sum(1 for e in plan.scheduled if e.num_tokens == 1 and e.start >= e.seq.prompt_len)
-        attended = sum(e.num_tokens * (e.start + (e.num_tokens + 1) // 2) for e in plan.scheduled)
-        features = StepFeatures(prefill, decode, attended)
-        self.cost_model.observe(features, end - start)
+    def _record(self, plan: SchedulePlan, work: StepWork, start: float, end: float, model_s: float,
+                comm_s: float = 0.0) -> StepRecord:
+        self.cost_model.observe(StepFeatures(work.prefill_tokens, work.decode_seqs, work.attended), end - start)
         record = StepRecord(
             step=len(self.steps), time_s=end, duration_s=end - start, model_s=model_s,
-            num_seqs=len(plan.scheduled), num_tokens=plan.num_batched_tokens, prefill_tokens=prefill,
-            decode_seqs=decode, kv_utilization=self.allocator.num_used_blocks() / max(1, self.allocator.num_blocks),
+            num_seqs=work.num_seqs, num_tokens=work.num_tokens, prefill_tokens=work.prefill_tokens,
+            decode_seqs=work.decode_seqs, kv_utilization=self.allocator.num_used_blocks() / max(1, self.allocator.num_blocks),
             queues=self.scheduler.queue_lengths(), comm_s=comm_s, preempted=plan.preempted,
             extra=self.allocator.usage_stats(), swap_out_blocks=len(plan.swap_out), swap_in_blocks=len(plan.swap_in),
             scheduled=[(e.seq.id, e.num_tokens) for e in plan.scheduled],

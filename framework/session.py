@@ -134,7 +134,8 @@ def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | N
         if progress:
             progress.close()
         result = collect_results(engine, cfg.workload.time_scale, status,
-                                 {"tensor_parallel_size": cfg.tensor_parallel_size})
+                                 {"tensor_parallel_size": cfg.tensor_parallel_size, **stack.describe_time(),
+                                  **(stack.executor.summary() if hasattr(stack.executor, "summary") else {})})
         result.write(output_dir, cfg.debug.log_steps)
         OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
         logger.finish(result.summary, result.requests, exit_code)
