@@ -14,6 +14,7 @@ from .cost_model import StepCostModel, StepFeatures
 from .executor import Executor
 from .interfaces import BlockAllocator, EngineLimits, PreemptionDecision, Scheduler, SchedulePlan
 from .request import Request, Sequence, Status
+from .step_totals import StepTotals
 from .step_work import StepWork, step_work
 
 
@@ -63,7 +64,9 @@ class Engine:
         self._t0 = self.clock()
         self.sequences: dict[str, Sequence] = {}
         self.num_ended = 0  # finished or rejected
-        self.steps: list[StepRecord] = []
+        self.steps: list[StepRecord] = []  # every step's record while ``keep_steps``
+        self.keep_steps = True
+        self.totals = StepTotals()  # what the summary needs, whether or not the steps are kept
         self.step_listeners: list[Callable[[StepRecord], None]] = []
 
     def now(self) -> float:
@@ -105,7 +108,7 @@ class Engine:
             return (f"prompt of {request.prompt_len} tokens leaves no room to generate within "
                     f"max_model_len={self.limits.max_model_len}")
         vocab = self.executor.spec.vocab_size
-        if any(t < 0 or t >= vocab for t in request.prompt_token_ids):
+        if min(request.prompt_token_ids) < 0 or max(request.prompt_token_ids) >= vocab:
             return f"prompt token id outside the vocabulary [0, {vocab})"
         needed = min(request.prompt_len + request.max_tokens, self.limits.max_model_len)
         if not self.allocator.can_ever_fit(needed):
@@ -124,8 +127,8 @@ class Engine:
         plan = self._call_plugin("scheduler", lambda: self.scheduler.schedule(start))
         if plan.is_empty:
             return None
-        output = self.executor.run(plan, self.allocator, self.limits.block_size, self.seed)
         work = step_work(plan)  # before _apply: it reads the sequences as the plan saw them
+        output = self.executor.run(plan, self.allocator, self.limits.block_size, self.seed, work)
         if self._end_step is not None:
             self._end_step(work)  # a virtual clock advances by the time model's prediction
         finished_at = self.now()
@@ -137,11 +140,12 @@ class Engine:
 
     def _apply(self, plan: SchedulePlan, sampled: list[int], now: float) -> None:
         tokens = iter(sampled)
+        on_tokens_computed = self.allocator.on_tokens_computed
         for entry in plan.scheduled:
             seq = entry.seq
             seq.num_computed_tokens += entry.num_tokens
-            self.allocator.on_tokens_computed(seq)
-            if seq.num_computed_tokens < seq.num_tokens:
+            on_tokens_computed(seq)
+            if seq.num_computed_tokens < len(seq.token_ids):
                 continue  # a prompt chunk: nothing sampled yet
             token = next(tokens)
             seq.append_token(token, now)
@@ -153,9 +157,10 @@ class Engine:
                 self.allocator.free(seq)
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
-        if not seq.request.ignore_eos and token in self.eos_token_ids:
+        request = seq.request
+        if not request.ignore_eos and token in self.eos_token_ids:
             return "stop"
-        if seq.num_output_tokens >= seq.request.max_tokens or seq.num_tokens >= self.limits.max_model_len:
+        if len(seq.output_token_ids) >= request.max_tokens or len(seq.token_ids) >= self.limits.max_model_len:
             return "length"
         return None
 
@@ -163,7 +168,7 @@ class Engine:
                 comm_s: float = 0.0) -> StepRecord:
         self.cost_model.observe(StepFeatures(work.prefill_tokens, work.decode_seqs, work.attended), end - start)
         record = StepRecord(
-            step=len(self.steps), time_s=end, duration_s=end - start, model_s=model_s,
+            step=self.totals.num_steps, time_s=end, duration_s=end - start, model_s=model_s,
             num_seqs=work.num_seqs, num_tokens=work.num_tokens, prefill_tokens=work.prefill_tokens,
             decode_seqs=work.decode_seqs, kv_utilization=self.allocator.num_used_blocks() / max(1, self.allocator.num_blocks),
             queues=self.scheduler.queue_lengths(), comm_s=comm_s, preempted=plan.preempted,
@@ -171,7 +176,9 @@ class Engine:
             scheduled=[(e.seq.id, e.num_tokens) for e in plan.scheduled],
             scheduler=self.scheduler.step_stats(),
         )
-        self.steps.append(record)
+        self.totals.add(record)
+        if self.keep_steps:
+            self.steps.append(record)
         return record
 
     def _call_plugin(self, role: str, fn):
@@ -179,5 +186,5 @@ class Engine:
             return fn()
         except Exception as exc:  # name the plugin and step in the error
             plugin = getattr(self, role)
-            raise PluginFailure(f"{role} plugin {type(plugin).name!r} failed at step {len(self.steps)}: "
+            raise PluginFailure(f"{role} plugin {type(plugin).name!r} failed at step {self.totals.num_steps}: "
                                 f"{type(exc).__name__}: {exc}") from exc

@@ -173,9 +173,10 @@ class Executor(ABC):
     def execute(self, batch: StepBatch) -> StepOutput:
         """Run one step; return the sampled token for each of ``batch.sample_rows``, in order."""
 
-    def run(self, plan, allocator, block_size: int, run_seed: int) -> StepOutput:
+    def run(self, plan, allocator, block_size: int, run_seed: int, work=None) -> StepOutput:
         """Run a plan: flatten it into a :class:`StepBatch` and :meth:`execute` it. An executor
-        without tensors (the simulator) overrides this and never builds a batch."""
+        without tensors (the simulator) overrides this and never builds a batch; ``work`` is the
+        plan's :class:`~servelab.step_work.StepWork` when the engine has counted it."""
         return self.execute(build_batch(plan, allocator, block_size, run_seed))
 
     def measure_swap_bandwidth(self) -> float:

@@ -11,8 +11,8 @@ from typing import Iterable
 
 import numpy as np
 
-from .engine import StepRecord
 from .request import Sequence, Status
+from .step_totals import StepTotals
 
 
 def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
@@ -63,18 +63,14 @@ def stats(values: Iterable[float]) -> dict[str, float | None]:
     return {"mean": float(arr.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
 
 
-def summarize(records: list[dict], steps: list[StepRecord], duration_s: float, leaked_blocks: int,
+def summarize(records: list[dict], totals: StepTotals, duration_s: float, leaked_blocks: int,
               extra: dict | None = None) -> dict:
     """``summary.json``: throughput, latency percentiles, SLO attainment, KV use, preemptions."""
     finished = [r for r in records if r["finish_reason"] is not None]
     rejected = [r for r in records if r["rejected_reason"] is not None]
     output_tokens = sum(r["output_len"] for r in records)
     duration = max(duration_s, 1e-9)
-    util = [s.kv_utilization for s in steps]
-    preemptions: dict[str, int] = {}
-    for s in steps:
-        for p in s.preempted:
-            preemptions[p.kind] = preemptions.get(p.kind, 0) + 1
+    preemptions = dict(totals.preemptions)
     met = [r for r in finished if r["met_slo"]]
     n_considered = len(records) - len(rejected)
     summary = {
@@ -83,7 +79,7 @@ def summarize(records: list[dict], steps: list[StepRecord], duration_s: float, l
         "num_rejected": len(rejected),
         "num_unfinished": len(records) - len(finished) - len(rejected),
         "duration_s": duration_s,
-        "num_steps": len(steps),
+        "num_steps": totals.num_steps,
         "output_tokens": output_tokens,
         "prompt_tokens": sum(r["prompt_len"] for r in records if r["rejected_reason"] is None),
         "output_throughput_tok_s": output_tokens / duration,
@@ -99,8 +95,8 @@ def summarize(records: list[dict], steps: list[StepRecord], duration_s: float, l
         "goodput_req_s": len(met) / duration,
         "num_preemptions": sum(preemptions.values()),
         "num_preemptions_by_kind": preemptions,
-        "kv_utilization_mean": float(np.mean(util)) if util else 0.0,
-        "kv_utilization_max": float(np.max(util)) if util else 0.0,
+        "kv_utilization_mean": totals.kv_utilization_mean,
+        "kv_utilization_max": totals.kv_utilization_max,
         "leaked_blocks": leaked_blocks,
     }
     summary.update(extra or {})

@@ -52,23 +52,24 @@ def collect_results(engine: Engine, time_scale: float, status: str = "completed"
     """Turn the engine's sequences and steps into a :class:`RunResult` (partial runs included)."""
     limits = engine.limits
     records = [request_record(s, time_scale, limits.ttft_slo_ms, limits.tpot_slo_ms) for s in engine.sequences.values()]
-    duration = engine.steps[-1].time_s if engine.steps else 0.0
+    totals = engine.totals
+    duration = totals.last_time_s
     live = any(not s.is_finished for s in engine.sequences.values())
     leaked = engine.allocator.leaked_blocks() if not live else None
     cached = sum(r["num_cached_prompt_tokens"] for r in records)
     prompt = sum(r["prompt_len"] for r in records if r["rejected_reason"] is None)
-    summary = summarize(records, engine.steps, duration, leaked, {
+    summary = summarize(records, totals, duration, leaked, {
         "status": status,
         "prefix_cache_hit_rate": cached / prompt if prompt else 0.0,
-        "prefill_tokens_computed": sum(s.prefill_tokens for s in engine.steps),
-        "max_concurrent_requests": max((s.num_seqs for s in engine.steps), default=0),
-        "kv_waste_fraction": _mean(s.extra.get("kv_waste_fraction") for s in engine.steps),
+        "prefill_tokens_computed": totals.prefill_tokens,
+        "max_concurrent_requests": totals.max_concurrent,
+        "kv_waste_fraction": totals.gauge_mean("kv_waste_fraction"),
         **_memory_metrics(engine),
         "num_kv_blocks": engine.allocator.num_blocks,
         "block_size": limits.block_size,
         "cost_model": engine.cost_model.coefficients,
-        "model_time_s": sum(s.model_s for s in engine.steps),
-        "comm_time_s": sum(s.comm_s for s in engine.steps),
+        "model_time_s": totals.model_s,
+        "comm_time_s": totals.comm_s,
         **(extra or {}),
     })
     return RunResult(records, summary, engine.steps)
@@ -77,22 +78,17 @@ def collect_results(engine: Engine, time_scale: float, status: str = "completed"
 def _memory_metrics(engine: Engine) -> dict:
     """Swap traffic, KV discarded by recompute preemptions, and the allocator's other gauges (means)."""
     bytes_per_block = getattr(engine.executor, "bytes_per_block", 0)
-    gauges = sorted({k for s in engine.steps for k in s.extra} - {"kv_waste_fraction"})
+    totals = engine.totals
+    gauges = sorted(set(totals.gauge_sums) - {"kv_waste_fraction"})
     return {
-        "swap_out_bytes": sum(s.swap_out_blocks for s in engine.steps) * bytes_per_block,
-        "swap_in_bytes": sum(s.swap_in_blocks for s in engine.steps) * bytes_per_block,
+        "swap_out_bytes": totals.swap_out_blocks * bytes_per_block,
+        "swap_in_bytes": totals.swap_in_blocks * bytes_per_block,
         # tokens whose KV a recompute preemption discarded (recomputed later, less prefix-cache hits)
-        "recomputed_tokens": sum(p.num_computed_tokens for s in engine.steps for p in s.preempted
-                                 if p.kind == "recompute"),
+        "recomputed_tokens": totals.recomputed_tokens,
         "bytes_per_block": bytes_per_block,
         "swap_bandwidth_gb_s": (engine.cost_model.swap_bytes_per_s or 0.0) / 1e9,
-        **{f"{k}_mean": _mean(s.extra.get(k) for s in engine.steps) for k in gauges},
+        **{f"{k}_mean": totals.gauge_mean(k) for k in gauges},
     }
-
-
-def _mean(values):
-    vals = [v for v in values if v is not None]
-    return sum(vals) / len(vals) if vals else 0.0
 
 
 def run_job(cfg: DictConfig, output_dir: str | Path, requests: list[Request] | None = None,
@@ -115,6 +111,7 @@ def run_job(cfg: DictConfig, output_dir: str | Path, requests: list[Request] | N
 
 def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | None, stack: Stack) -> RunResult:
     engine = stack.engine
+    engine.keep_steps = bool(cfg.debug.log_steps)  # long runs: the summary comes from engine.totals
     if requests is None:
         requests = build_requests(cfg.workload, stack.executor.spec.vocab_size, stack.limits.max_model_len)
     logger = make_logger(cfg.logger)

@@ -83,8 +83,11 @@ class SimExecutor(Executor):
                  hardware.name, memory.weight_bytes / 1e9, memory.activation_reserve_bytes / 1e9,
                  self.num_kv_blocks, self.num_kv_blocks * memory.bytes_per_block / 1e9, self.num_swap_blocks)
 
-    def run(self, plan, allocator, block_size: int, run_seed: int) -> StepOutput:
-        sampled = sum(1 for e in plan.scheduled if e.start + e.num_tokens == e.seq.num_tokens)
+    def run(self, plan, allocator, block_size: int, run_seed: int, work=None) -> StepOutput:
+        if work is None:
+            sampled = sum(1 for e in plan.scheduled if e.start + e.num_tokens == e.seq.num_tokens)
+        else:
+            sampled = work.num_sampled
         return StepOutput([PLACEHOLDER_TOKEN] * sampled, 0.0)
 
     def execute(self, batch) -> StepOutput:

@@ -54,7 +54,7 @@ def _lengths(rng: np.random.Generator, spec, n: int, key: str) -> np.ndarray:
 
 
 def _random_prompt(rng: np.random.Generator, length: int, vocab_size: int) -> tuple[int, ...]:
-    return tuple(int(t) for t in rng.integers(0, vocab_size, size=length))
+    return tuple(rng.integers(0, vocab_size, size=length).tolist())
 
 
 def synthetic_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
