@@ -33,7 +33,9 @@ def _hydra_main(cfg: DictConfig) -> float | None:
 
 # ``servelab <subcommand> [hydra overrides]``: each entry is "module:function" under servelab,
 # called with the remaining arguments (Hydra overrides) and returning an exit code.
-SUBCOMMANDS: dict[str, str] = {}
+SUBCOMMANDS: dict[str, str] = {
+    "profile": "profiling:profile_main",
+}
 
 
 def main() -> None:
@@ -54,3 +56,4 @@ def main() -> None:
             code = 2
         sys.exit(code)
     _hydra_main()
+

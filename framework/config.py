@@ -115,7 +115,8 @@ class TraceWorkload:
 
     name: str = "trace"
     path: str = MISSING
-    num_requests: Optional[int] = 200  # null = every row
+    # null = every row; default: 200 rows on the real engine, every row in the simulator
+    num_requests: Optional[int] = "${backend.trace_rows}"  # type: ignore[assignment]
     sample: str = "head"  # head | random
     start_row: int = 0
     length_scale: float = 1.0
@@ -162,6 +163,7 @@ class BackendConfig:
     num_threads: Optional[int] = None  # torch intra-op threads (per rank); null = torch's default (TP: cores / ranks)
     tp_step_timeout_s: float = 120.0  # tensor parallel: longest wait on another rank in a step before the run fails
     activation_reserve_gb: float = 2.0  # sim: device memory per rank kept for activations (not weights, not KV)
+    trace_rows: Optional[int] = 200  # workload=trace's default num_requests (sim: null = the whole trace)
 
 
 @dataclass
@@ -187,6 +189,7 @@ class LoggerConfig:
     group: Optional[str] = None
     tags: list[str] = field(default_factory=list)
     log_requests_table: bool = True
+    step_interval: Optional[int] = None  # log every Nth step's series; null = all of the first 1,000, then thinning x10 per decade
 
 
 @dataclass

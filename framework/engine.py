@@ -43,6 +43,7 @@ class StepRecord:
     scheduler: dict[str, float] = field(default_factory=dict)  # the scheduler's step_stats()
     swap_out_blocks: int = 0
     swap_in_blocks: int = 0
+    work: StepWork | None = None  # the step's features, as time models see them
 
 
 class Engine:
@@ -174,7 +175,7 @@ class Engine:
             queues=self.scheduler.queue_lengths(), comm_s=comm_s, preempted=plan.preempted,
             extra=self.allocator.usage_stats(), swap_out_blocks=len(plan.swap_out), swap_in_blocks=len(plan.swap_in),
             scheduled=[(e.seq.id, e.num_tokens) for e in plan.scheduled],
-            scheduler=self.scheduler.step_stats(),
+            scheduler=self.scheduler.step_stats(), work=work,
         )
         self.totals.add(record)
         if self.keep_steps:

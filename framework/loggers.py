@@ -43,7 +43,7 @@ class WandbLogger(RunLogger):
         )
 
     def log_step(self, record: StepRecord) -> None:
-        if self.run is None:
+        if self.run is None or not _should_log(record.step, self.cfg.get("step_interval")):
             return
         data = {"step/num_seqs": record.num_seqs, "step/num_tokens": record.num_tokens,
                 "step/prefill_tokens": record.prefill_tokens, "step/decode_seqs": record.decode_seqs,
@@ -68,6 +68,17 @@ class WandbLogger(RunLogger):
         finally:
             self.run.finish(exit_code=exit_code)
             self.run = None
+
+
+def _should_log(step: int, interval: int | None) -> bool:
+    """Every ``interval``-th step; ``None`` thins long runs: every step up to 1,000, every 10th up to
+    10,000, every 100th up to 100,000, ... (a simulated trace has hundreds of thousands of steps)."""
+    if interval:
+        return step % interval == 0
+    every = 1
+    while step >= 1000 * every:
+        every *= 10
+    return step % every == 0
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
