@@ -156,6 +156,7 @@ class Engine:
                 self.num_ended += 1
                 self.scheduler.remove(seq)
                 self.allocator.free(seq)
+                seq.compact()
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         request = seq.request

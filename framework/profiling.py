@@ -26,12 +26,18 @@ log = logging.getLogger(__name__)
 USAGE = "usage: servelab profile [--out=PATH] [hydra overrides...]"
 
 
-def probe_requests(vocab_size: int, max_num_seqs: int, max_model_len: int, seed: int = 0) -> list[list[Request]]:
+def probe_requests(vocab_size: int, max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int,
+                   seed: int = 0) -> list[list[Request]]:
     """Phases of the standard probe: one list of requests per phase, each run to the end."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     phases = []
+    length = 16
+    while length <= min(max_num_batched_tokens, max_model_len - 1):  # prefill alone, one prompt per step
+        phases.append([Request(f"p{length}-{r}", tuple(rng.integers(0, vocab_size, size=length).tolist()), 1,
+                               arrival_time=0.001 * r) for r in range(3)])
+        length *= 2
     batch = 1
     while batch <= max_num_seqs:  # decode at every batch size, prompts of mixed length
         prompts = rng.integers(16, max(17, min(512, max_model_len // 2)), size=batch)
@@ -67,18 +73,31 @@ def profile_main(argv: list[str]) -> int:
     try:
         engine = stack.engine
         works, seconds = [], []
-        warmup = 2  # lazy initialisation of the first steps of every phase
+        warmup = 2  # lazy initialisation in the first steps
+        previous: list = [None]
+        idle = [False]
+        engine_sleep = engine.sleep
+
+        def sleep(s):  # an idle wait between two steps: the first one's interval is not a step's cost
+            idle[0] = True
+            engine_sleep(s)
 
         def keep(record):
-            if record.step >= warmup:
-                works.append(record.work)
-                seconds.append(record.duration_s)
+            # A step's cost on a virtual clock is the interval from its start to the next step's
+            # start when they follow back to back: the engine's own work between steps counts.
+            prev = previous[0]
+            if prev is not None and prev.step >= warmup and not idle[0]:
+                works.append(prev.work)
+                seconds.append((record.time_s - record.duration_s) - (prev.time_s - prev.duration_s))
+            previous[0], idle[0] = record, False
 
         engine.step_listeners.append(keep)
-        phases = probe_requests(stack.executor.spec.vocab_size, cfg.max_num_seqs, stack.limits.max_model_len, cfg.seed)
+        phases = probe_requests(stack.executor.spec.vocab_size, cfg.max_num_seqs, stack.limits.max_model_len,
+                                cfg.max_num_batched_tokens, cfg.seed)
         for i, phase in enumerate(phases):
             print(f"servelab profile: phase {i + 1}/{len(phases)}: {len(phase)} requests", file=sys.stderr)
-            run_workload(engine, phase)
+            run_workload(engine, phase, sleep=sleep)
+            previous[0] = None  # the next phase starts after a pause
     finally:
         stack.executor.shutdown()
     source = {

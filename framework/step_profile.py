@@ -24,13 +24,17 @@ DEFAULT_KNOTS = (32, 256)
 
 def feature_names(knots) -> list[str]:
     return (["base", "tokens"] + [f"tokens_over_{k}" for k in knots]
-            + ["seqs", "sampled", "attended_k", "context_k", "swap_blocks", "copy_blocks"])
+            + ["seqs", "attended_k", "context_k", "swap_blocks", "copy_blocks"])
 
 
 def feature_vector(work: StepWork, knots) -> list[float]:
+    """Per step: a constant, computed tokens (piecewise: the per-token cost may change past each
+    knot), scheduled sequences (per-sequence work: metadata, attention calls, sampling; sampled
+    rows are nearly collinear with it and left out), attention work and KV read (thousands of
+    positions), and block copies."""
     n = work.num_tokens
     return ([1.0, n] + [max(0, n - k) for k in knots]
-            + [work.num_seqs, work.num_sampled, work.attended / 1e3, work.context_tokens / 1e3,
+            + [work.num_seqs, work.attended / 1e3, work.context_tokens / 1e3,
                work.swap_out_blocks + work.swap_in_blocks, work.copy_blocks])
 
 
@@ -82,7 +86,21 @@ def fit_profile(works: list[StepWork], seconds: list[float], knots=DEFAULT_KNOTS
     y = np.asarray(seconds, dtype=float)
     scale = np.maximum(np.abs(x).max(axis=0), 1e-12)  # columns to unit range: the ridge treats all alike
     xs = x / scale
-    coef = np.linalg.solve(xs.T @ xs + ridge * len(y) * np.eye(x.shape[1]), xs.T @ y) / scale
+    # Costs are non-negative, except the knots' slope changes (a CPU gets cheaper per token as the
+    # batch grows): active-set least squares with only those free in sign.
+    free = np.array([name.startswith("tokens_over_") for name in feature_names(knots)])
+    a = xs.T @ xs + ridge * len(y) * np.eye(x.shape[1])
+    b = xs.T @ y
+    active = np.ones(x.shape[1], dtype=bool)
+    for _ in range(x.shape[1]):
+        idx = np.flatnonzero(active)
+        coef = np.zeros(x.shape[1])
+        coef[idx] = np.linalg.solve(a[np.ix_(idx, idx)], b[idx])
+        negative = (coef < 0) & ~free
+        if not negative.any():
+            break
+        active &= ~negative
+    coef = coef / scale
     pred = np.maximum(x @ coef, 0.0)
     resid = y - pred
     r2 = 1.0 - float(resid @ resid) / max(float(((y - y.mean()) ** 2).sum()), 1e-30)
