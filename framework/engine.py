@@ -69,6 +69,11 @@ class Engine:
         self.keep_steps = True
         self.totals = StepTotals()  # what the summary needs, whether or not the steps are kept
         self.step_listeners: list[Callable[[StepRecord], None]] = []
+        # Told of each sequence as it ends (finished or rejected). With ``forget_ended`` the engine
+        # then drops it (a listener has recorded it): long runs hold only live sequences.
+        self.end_listeners: list[Callable[[Sequence], None]] = []
+        self.forget_ended = False
+        self._forgotten: set[str] = set()
 
     def now(self) -> float:
         """Seconds since the engine started."""
@@ -88,14 +93,14 @@ class Engine:
         ``arrival_s`` is its arrival in engine seconds (SLO deadlines count from it); default
         ``request.arrival_time`` (a time scale of 1).
         """
-        if request.id in self.sequences:
+        if request.id in self.sequences or request.id in self._forgotten:
             raise ValueError(f"duplicate request id {request.id!r}")
         seq = Sequence(request, arrival_s=request.arrival_time if arrival_s is None else arrival_s)
         self.sequences[request.id] = seq
         reason = self._rejection_reason(request)
         if reason:
             seq.status, seq.rejected_reason, seq.finish_time = Status.REJECTED, reason, self.now()
-            self.num_ended += 1
+            self._ended(seq)
         else:
             self.scheduler.add(seq)
         return seq
@@ -153,9 +158,18 @@ class Engine:
             reason = self._finish_reason(seq, token)
             if reason:
                 seq.status, seq.finish_reason, seq.finish_time = Status.FINISHED, reason, now
-                self.num_ended += 1
                 self.scheduler.remove(seq)
                 self.allocator.free(seq)
+                seq.compact()
+                self._ended(seq)
+
+    def _ended(self, seq: Sequence) -> None:
+        self.num_ended += 1
+        for listener in self.end_listeners:
+            listener(seq)
+        if self.forget_ended:
+            del self.sequences[seq.id]
+            self._forgotten.add(seq.id)
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         request = seq.request

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -53,18 +54,19 @@ class WandbLogger(RunLogger):
         data.update({f"queue/{k}": v for k, v in record.queues.items()})
         self.run.log(data, step=record.step)
 
-    def finish(self, summary: dict, requests: list[dict], exit_code: int = 0) -> None:
+    def finish(self, summary: dict, requests: Iterable[dict], exit_code: int = 0) -> None:
         if self.run is None:
             return
         import wandb
 
         try:
             self.run.summary.update(_flatten(summary))
-            if self.cfg.log_requests_table and requests:
+            if self.cfg.log_requests_table:
                 cols = ["id", "prompt_len", "output_len", "arrival_s", "ttft_ms", "tpot_ms", "e2e_ms", "queue_ms",
                         "num_preemptions", "finish_reason", "rejected_reason", "met_slo"]
-                table = wandb.Table(columns=cols, data=[[r.get(c) for c in cols] for r in requests])
-                self.run.log({"requests": table})
+                rows = [[r.get(c) for c in cols] for r in requests]  # any iterable of records
+                if rows:
+                    self.run.log({"requests": wandb.Table(columns=cols, data=rows)})
         finally:
             self.run.finish(exit_code=exit_code)
             self.run = None

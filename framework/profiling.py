@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -19,24 +20,33 @@ import torch
 from .errors import ConfigError
 from .request import Request
 from .runner import run_workload
+from .shapes import ModelShape
 from .stack import build_stack
-from .step_profile import fit_profile, machine_description
+from .step_profile import feature_vector, fit_profile, machine_description
 
 log = logging.getLogger(__name__)
 USAGE = "usage: servelab profile [--out=PATH] [hydra overrides...]"
 
 
-def probe_requests(vocab_size: int, max_num_seqs: int, max_model_len: int, seed: int = 0) -> list[list[Request]]:
+def probe_requests(vocab_size: int, max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int,
+                   seed: int = 0) -> list[list[Request]]:
     """Phases of the standard probe: one list of requests per phase, each run to the end."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     phases = []
+    length = 16
+    while length <= min(max_num_batched_tokens, max_model_len - 1):  # prefill alone, one prompt per step
+        phases.append([Request(f"p{length}-{r}", tuple(rng.integers(0, vocab_size, size=length).tolist()), 1,
+                               arrival_time=0.001 * r) for r in range(3)])
+        length *= 2
+    short, long_ = (16, 64), (256, max(257, min(1024, max_model_len // 2)))
     batch = 1
-    while batch <= max_num_seqs:  # decode at every batch size, prompts of mixed length
-        prompts = rng.integers(16, max(17, min(512, max_model_len // 2)), size=batch)
-        phases.append([Request(f"b{batch}-{i}", tuple(rng.integers(0, vocab_size, size=int(p)).tolist()), 24)
-                       for i, p in enumerate(prompts)])
+    while batch <= max_num_seqs:  # decode at every batch size, over short and long contexts
+        for lo, hi in (short, long_):
+            prompts = rng.integers(lo, hi, size=batch)
+            phases.append([Request(f"b{batch}-{lo}-{i}", tuple(rng.integers(0, vocab_size, size=int(p)).tolist()), 24)
+                           for i, p in enumerate(prompts)])
         batch *= 2
     n = max(8, max_num_seqs)
     arrivals = np.cumsum(rng.exponential(0.02, size=n))
@@ -67,18 +77,31 @@ def profile_main(argv: list[str]) -> int:
     try:
         engine = stack.engine
         works, seconds = [], []
-        warmup = 2  # lazy initialisation of the first steps of every phase
+        warmup = 2  # lazy initialisation in the first steps
+        previous: list = [None]
+        idle = [False]
+        engine_sleep = engine.sleep
+
+        def sleep(s):  # an idle wait between two steps: the first one's interval is not a step's cost
+            idle[0] = True
+            engine_sleep(s)
 
         def keep(record):
-            if record.step >= warmup:
-                works.append(record.work)
-                seconds.append(record.duration_s)
+            # A step's cost on a virtual clock is the interval from its start to the next step's
+            # start when they follow back to back: the engine's own work between steps counts.
+            prev = previous[0]
+            if prev is not None and prev.step >= warmup and not idle[0]:
+                works.append(prev.work)
+                seconds.append((record.time_s - record.duration_s) - (prev.time_s - prev.duration_s))
+            previous[0], idle[0] = record, False
 
         engine.step_listeners.append(keep)
-        phases = probe_requests(stack.executor.spec.vocab_size, cfg.max_num_seqs, stack.limits.max_model_len, cfg.seed)
+        phases = probe_requests(stack.executor.spec.vocab_size, cfg.max_num_seqs, stack.limits.max_model_len,
+                                cfg.max_num_batched_tokens, cfg.seed)
         for i, phase in enumerate(phases):
             print(f"servelab profile: phase {i + 1}/{len(phases)}: {len(phase)} requests", file=sys.stderr)
-            run_workload(engine, phase)
+            run_workload(engine, phase, sleep=sleep)
+            previous[0] = None  # the next phase starts after a pause
     finally:
         stack.executor.shutdown()
     source = {
@@ -88,9 +111,11 @@ def profile_main(argv: list[str]) -> int:
         "attention_backend": str(getattr(cfg.attention_backend, "value", cfg.attention_backend)),
         "num_threads": torch.get_num_threads(), "tensor_parallel_size": cfg.tensor_parallel_size,
         "block_size": cfg.block_size, "max_num_seqs": cfg.max_num_seqs, "overrides": overrides,
+        "shape": asdict(ModelShape.from_spec(stack.executor.spec)),
         "machine": machine_description(), "created": dt.datetime.now().isoformat(timespec="seconds"),
     }
     profile = fit_profile(works, seconds, source=source)
+    profile.samples = [[*feature_vector(w, profile.knots), t] for w, t in zip(works, seconds)]
     if out is None:
         out = Path("profiles") / f"{Path(source['model']).name}-{source['dtype']}-{source['num_threads']}t.json"
     profile.save(out)

@@ -19,24 +19,26 @@ def run_workload(engine: Engine, requests: Iterable[Request], time_scale: float 
     state then holds the partial results.
     """
     sleep = sleep or engine.sleep
-    pending = sorted(requests, key=lambda r: r.arrival_time)
-    next_index = 0
+    if getattr(requests, "in_arrival_order", False):
+        pending = iter(requests)  # made as they are needed (a long synthetic workload)
+    else:
+        pending = iter(sorted(requests, key=lambda r: r.arrival_time))
+    upcoming = next(pending, None)
     reported = engine.num_ended
     engine.reset_clock()
-    while next_index < len(pending) or engine.has_unfinished():
+    while upcoming is not None or engine.has_unfinished():
         now = engine.now()
-        while next_index < len(pending) and pending[next_index].arrival_time * time_scale <= now:
-            request = pending[next_index]
-            engine.add_request(request, request.arrival_time * time_scale)
-            next_index += 1
+        while upcoming is not None and upcoming.arrival_time * time_scale <= now:
+            engine.add_request(upcoming, upcoming.arrival_time * time_scale)
+            upcoming = next(pending, None)
         record = engine.step() if engine.has_unfinished() else None
         if on_progress and engine.num_ended > reported:
             on_progress(engine.num_ended - reported)
             reported = engine.num_ended
         if record is not None:
             continue
-        if next_index < len(pending):
-            wait = pending[next_index].arrival_time * time_scale - engine.now()
+        if upcoming is not None:
+            wait = upcoming.arrival_time * time_scale - engine.now()
             if wait > 0:
                 sleep(wait)
         elif engine.has_unfinished():

@@ -19,18 +19,22 @@ from .errors import ConfigError
 from .step_work import StepWork
 
 FORMAT = "servelab-profile/1"
-DEFAULT_KNOTS = (32, 256)
+DEFAULT_KNOTS = (128, 512)
 
 
 def feature_names(knots) -> list[str]:
-    return (["base", "tokens"] + [f"tokens_over_{k}" for k in knots]
-            + ["seqs", "sampled", "attended_k", "context_k", "swap_blocks", "copy_blocks"])
+    return (["base", "prefill_tokens"] + [f"prefill_over_{k}" for k in knots]
+            + ["decode_seqs", "attended_k", "context_k", "swap_blocks", "copy_blocks"])
 
 
 def feature_vector(work: StepWork, knots) -> list[float]:
-    n = work.num_tokens
-    return ([1.0, n] + [max(0, n - k) for k in knots]
-            + [work.num_seqs, work.num_sampled, work.attended / 1e3, work.context_tokens / 1e3,
+    """Per step: a constant; prompt tokens computed (piecewise: the per-token cost may change past
+    each knot); decoding sequences; attention work and KV read (thousands of positions); block
+    copies. Prefill and decode are separate terms (DistServe's split), so the probe can tell a
+    token's cost from a sequence's."""
+    p = work.prefill_tokens
+    return ([1.0, p] + [max(0, p - k) for k in knots]
+            + [work.decode_seqs, work.attended / 1e3, work.context_tokens / 1e3,
                work.swap_out_blocks + work.swap_in_blocks, work.copy_blocks])
 
 
@@ -43,6 +47,7 @@ class StepProfile:
     min_step_s: float = 0.0
     source: dict = field(default_factory=dict)  # model, dtype, backend, threads, machine, ...
     fit: dict = field(default_factory=dict)  # num_steps, r2, mean_abs_pct_error
+    samples: list = field(default_factory=list)  # the measured steps: feature vector + seconds
 
     def predict(self, work: StepWork) -> float:
         t = float(np.dot(self.coefficients, feature_vector(work, self.knots)))
@@ -50,7 +55,8 @@ class StepProfile:
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "features": feature_names(self.knots), "coefficients": self.coefficients,
-                "knots": list(self.knots), "min_step_s": self.min_step_s, "source": self.source, "fit": self.fit}
+                "knots": list(self.knots), "min_step_s": self.min_step_s, "source": self.source, "fit": self.fit,
+                "samples": self.samples}
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -70,7 +76,7 @@ class StepProfile:
             raise ConfigError(f"{path}: not a servelab profile (format {data.get('format')!r}, expected {FORMAT!r})")
         return cls(coefficients=[float(c) for c in data["coefficients"]], knots=tuple(data["knots"]),
                    min_step_s=float(data.get("min_step_s", 0.0)), source=data.get("source", {}),
-                   fit=data.get("fit", {}))
+                   fit=data.get("fit", {}), samples=data.get("samples", []))
 
 
 def fit_profile(works: list[StepWork], seconds: list[float], knots=DEFAULT_KNOTS, ridge: float = 1e-9,
@@ -81,8 +87,26 @@ def fit_profile(works: list[StepWork], seconds: list[float], knots=DEFAULT_KNOTS
     x = np.array([feature_vector(w, knots) for w in works])
     y = np.asarray(seconds, dtype=float)
     scale = np.maximum(np.abs(x).max(axis=0), 1e-12)  # columns to unit range: the ridge treats all alike
-    xs = x / scale
-    coef = np.linalg.solve(xs.T @ xs + ridge * len(y) * np.eye(x.shape[1]), xs.T @ y) / scale
+    # Relative error is what matters (a 4 ms decode step mispriced by 3 ms is as wrong as a 400 ms
+    # prefill by 300 ms): each step weighs 1 / its duration.
+    weight = 1.0 / np.maximum(y, 1e-6)
+    xs = x / scale * weight[:, None]
+    # Costs are non-negative, except the knots' slope changes (a CPU gets cheaper per token as the
+    # batch grows): active-set least squares with only those free in sign.
+    free = np.array([name.startswith("prefill_over_") for name in feature_names(knots)])
+    a = xs.T @ xs + ridge * len(y) * np.eye(x.shape[1])
+    b = xs.T @ (y * weight)
+    active = np.ones(x.shape[1], dtype=bool)
+    for _ in range(x.shape[1]):
+        idx = np.flatnonzero(active)
+        coef = np.zeros(x.shape[1])
+        coef[idx] = np.linalg.solve(a[np.ix_(idx, idx)], b[idx])
+        negative = (coef < 0) & ~free
+        if not negative.any():
+            break
+        active &= ~negative
+    coef = coef / scale
+    coef *= y.sum() / max(float(np.maximum(x @ coef, 0.0).sum()), 1e-12)  # unbiased in total time
     pred = np.maximum(x @ coef, 0.0)
     resid = y - pred
     r2 = 1.0 - float(resid @ resid) / max(float(((y - y.mean()) ** 2).sum()), 1e-30)

@@ -35,17 +35,21 @@ class StepWork:
 def step_work(plan: SchedulePlan) -> StepWork:
     """Count what ``plan`` computes (one pass over its entries)."""
     tokens = prefill = decode = sampled = attended = context = 0
-    for e in plan.scheduled:
-        n, start = e.num_tokens, e.start
+    for e in plan.scheduled:  # runs once per step: attribute lookups kept to a minimum
+        n, start, seq = e.num_tokens, e.start, e.seq
         end = start + n
         tokens += n
-        attended += n * start + n * (n + 1) // 2
         context += end
-        if n == 1 and start >= e.seq.prompt_len:
-            decode += 1
+        if n == 1:
+            attended += end
+            if start >= len(seq.request.prompt_token_ids):
+                decode += 1
+            else:
+                prefill += 1
         else:
+            attended += n * start + n * (n + 1) // 2
             prefill += n
-        if end == e.seq.num_tokens:
+        if end == len(seq.token_ids):
             sampled += 1
     return StepWork(tokens, len(plan.scheduled), prefill, decode, sampled, attended, context,
                     len(plan.swap_out), len(plan.swap_in), len(plan.copy_blocks))

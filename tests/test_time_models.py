@@ -168,3 +168,31 @@ def test_unknown_hardware_lists_the_known_ones():
     with pytest.raises(MissingConfigException) as err:
         compose("hardware=h1000")
     assert all(name in str(err.value) for name in ("a100_80gb", "h100", "h200", "l40s"))
+
+
+def test_servelab_profile_fits_the_real_engine_and_a_virtual_run_uses_it(tmp_path, caplog):
+    """The command end to end on a very small model: a profile with its provenance, usable at once."""
+    import json
+
+    from servelab.profiling import profile_main
+    from servelab.session import run_job
+
+    small = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=1",
+             "model.num_attention_heads=2", "model.num_key_value_heads=1", "model.vocab_size=256"]
+    limits = ["max_num_seqs=4", "max_model_len=256", "max_num_batched_tokens=128", "backend.num_threads=1"]
+    out = tmp_path / "profile.json"
+    assert profile_main([f"--out={out}", *small, *limits]) == 0
+    data = json.loads(out.read_text())
+    assert data["fit"]["num_steps"] >= 30 and len(data["samples"]) == data["fit"]["num_steps"]
+    src = data["source"]
+    assert (src["model"], src["dtype"], src["backend"], src["num_threads"]) == ("tiny", "float32", "torch", 1)
+    assert src["shape"]["hidden_size"] == 32 and src["machine"]["cores"]
+    run = ["clock=virtual", "time_model=profile", f"time_model.path={out}", "workload.num_requests=8",
+           "workload.prompt_len.max=64", "workload.output_len.max=8"]
+    a = run_job(compose(*small, *limits, *run), tmp_path / "a").summary
+    b = run_job(compose(*small, *limits, *run), tmp_path / "b").summary
+    assert a["num_finished"] == 8 and a["duration_s"] == b["duration_s"] > 0
+    assert a["time_model"]["source"]["shape"]["hidden_size"] == 32
+    with caplog.at_level(logging.WARNING):  # the same profile on a wider model: warned, naming the shapes
+        build_stack(compose(*[s.replace("=32", "=64") for s in small], *limits, *run[:3]))
+    assert "hidden_size 32 vs 64" in caplog.text

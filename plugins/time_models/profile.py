@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Optional
 
 from servelab.errors import ConfigError
@@ -35,6 +35,10 @@ class ProfileTime(TimeModel):
                 "tensor_parallel_size": context.tensor_parallel_size, "block_size": context.block_size}
         differ = [f"{k}: profile {src.get(k)!r} vs run {v!r}" for k, v in mine.items()
                   if k in src and v and src.get(k) != v]
+        shape = asdict(context.shape)
+        if "shape" in src and src["shape"] != shape:
+            changed = {k: (src["shape"].get(k), v) for k, v in shape.items() if src["shape"].get(k) != v}
+            differ.append("model shape: " + ", ".join(f"{k} {a} vs {b}" for k, (a, b) in changed.items()))
         if differ:
             log.warning("time_model=profile: %s was measured for another setup (%s); its times may not apply",
                         config.path, "; ".join(differ))
