@@ -56,7 +56,7 @@ def capacity_table(res: dict) -> str:
 
 
 def plot_capacity(series: list[tuple[str, dict]], stacks: list[str], title: str) -> None:
-    fig, ax = plt.subplots(figsize=(7.5, 0.5 * len(stacks) + 1.4))
+    fig, ax = plt.subplots(figsize=(7.5, 0.5 * len(stacks) + 1.4 + 0.25 * len(series)))
     height = 0.8 / len(series)
     for i, (label, by_stack) in enumerate(series):
         ys = [j + i * height for j in range(len(stacks))]
@@ -64,7 +64,7 @@ def plot_capacity(series: list[tuple[str, dict]], stacks: list[str], title: str)
     ax.set_yticks([j + height * (len(series) - 1) / 2 for j in range(len(stacks))], stacks, fontsize=8)
     ax.invert_yaxis()
     ax.set(xlabel="highest request rate within the SLOs (req/s)", title=title)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=1, frameon=False)
     fig.tight_layout()
     fig.savefig(HERE / "capacity.png", dpi=120)
     plt.close(fig)
@@ -157,6 +157,12 @@ def capacity_section(res: dict, tight: dict | None) -> str:
                  f"{by[(a, base)].get('output_tok_s_per_gpu', 0):.0f} output tok/s per GPU. Per GPU the smaller "
                  "group wins: each rank reads more weights per step, but the all-reduces (serial in "
                  "this roofline, 2 per layer) cost less, and under a TPOT SLO the step budget is what counts.")
+    odd = [f"{r['stack']} at TP {r['tp']}" for r in rows + (tight["rows"] if tight else [])
+           if any(p["ok"] for p in r["probes"]) and any(not p["ok"] for p in r["probes"])
+           and max(p["rate"] for p in r["probes"] if p["ok"]) > min(p["rate"] for p in r["probes"] if not p["ok"])]
+    f.append("**Monotone?** " + ("In every search, each rate that passed lies below each rate that failed."
+                                 if not odd else "Not everywhere: a rate passed above one that failed in "
+                                 + "; ".join(odd) + " (see the probes in the results JSON)."))
     findings = "\n".join(f"- {x}" for x in f)
     chunk = roofline_at(st, tps[0])
 
@@ -251,6 +257,12 @@ def cpu_ratios() -> dict[int, float]:
     return {int(n): float(x) for x, n in re.findall(r"([\d.]+)x at max_num_seqs=(\d+)", line)}
 
 
+def cpu_clock() -> str:
+    """Which clock made the CPU figures, as their README says."""
+    text = CPU_README.read_text() if CPU_README.is_file() else ""
+    return "virtual clock, a profile of the CPU" if "virtual clock" in text else "wall clock"
+
+
 def cvs_section(sweep: Path | None, steps: dict | None) -> str:
     if sweep is None:
         return ("## Continuous vs static batching at 70B (simulator)\n\nNot run yet: "
@@ -274,7 +286,7 @@ def cvs_section(sweep: Path | None, steps: dict | None) -> str:
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.plot(seats, [ratios[n] for n in seats], "o-", label="70B, 4 x A100 (sim, roofline)")
     if cpu:
-        ax.plot(sorted(cpu), [cpu[n] for n in sorted(cpu)], "s--", label="tiny model, CPU (wall clock)")
+        ax.plot(sorted(cpu), [cpu[n] for n in sorted(cpu)], "s--", label=f"tiny model, CPU ({cpu_clock()})")
     ax.set(xlabel="max_num_seqs", ylabel="throughput fcfs / static", title="Continuous vs static batching")
     ax.set_xscale("log", base=2)
     ax.set_ylim(bottom=0)
@@ -288,7 +300,7 @@ def cvs_section(sweep: Path | None, steps: dict | None) -> str:
     text = f"""## Continuous vs static batching at 70B (simulator)
 
 The seeds claim continuous batching gives 2-4x the throughput of static batching. The CPU
-experiment (`experiment=continuous_vs_static`, the tiny model on this machine's wall clock) found
+experiment (`experiment=continuous_vs_static`, the tiny model on this 2-core CPU, {cpu_clock()}) found
 less at larger batches. The same workload ({wl['num_requests']} requests at once, prompts uniform
 {wl['prompt_len']['min']}-{wl['prompt_len']['max']}, outputs lognormal median {wl['output_len']['mean']:g}, sigma {wl['output_len']['sigma']:g},
 {wl['output_len']['min']}-{wl['output_len']['max']} tokens) on **Llama-2-70B, 4 x A100-80GB (TP 4), `backend=sim`, virtual clock, roofline time
@@ -299,11 +311,11 @@ model** (defaults above, hardware `a100_80gb`):
     python experiments/capacity_search/analyze.py
 
 {table(["max_num_seqs", "fcfs output tok/s (sim)", "static output tok/s (sim)", "ratio, 70B sim",
-        "ratio, CPU wall clock", "mean seqs per step, fcfs", "mean seqs per step, static", "fcfs duration s",
+        "ratio, CPU", "mean seqs per step, fcfs", "mean seqs per step, static", "fcfs duration s",
         "static duration s"], rows)}
 
 The CPU column is the figure stated by `experiments/continuous_vs_static/README.md` (the tiny
-model on a shared 2-core machine, wall clock). "Mean seqs per step" is from the sim runs'
+model on a shared 2-core machine, {cpu_clock()}; that page says how it was made). "Mean seqs per step" is from the sim runs'
 `steps.jsonl`: static batching spends most of its steps on the few long members of each batch.
 
 ![continuous vs static](continuous_vs_static_sim.png)
@@ -340,7 +352,7 @@ through the same engine, `step_times.py`; CPU measured on {steps['machine']}, {s
 
 From batch {first} to {last} a CPU decode step gets **{cpu_growth:.1f}x** slower; the 70B step on 4 x A100 only
 **{sim_growth:.2f}x** ({sim_s[str(first)]['median_ms']:.1f} -> {sim_s[str(last)]['median_ms']:.1f} ms). At 70B a decode step is bound by reading the weights:
-{weights_gb:.1f} GB of bf16 weights per rank over {tm['bandwidth_efficiency']:g} x {cfg['hardware']['hbm_bandwidth_gb_s']:,} GB/s of HBM is {bd_first['linear']:.1f} ms whatever the
+{weights_gb:.1f} GB of bf16 weights per rank over {tm['bandwidth_efficiency']:g} x {cfg['hardware']['hbm_bandwidth_gb_s']:,.0f} GB/s of HBM is {bd_first['linear']:.1f} ms whatever the
 batch (the matmuls' FLOPs at batch {last} would take {flops_ms:.1f} ms at {tm['flops_efficiency']:g} x {peak:g} TFLOP/s: still
 under the weight read, so the step stays memory-bound); what grows with the batch is the all-reduced activations ({bd_first['communication']:.1f} -> {bd_last['communication']:.1f} ms) and
 the attention's KV reads ({bd_first['attention']:.3f} -> {bd_last['attention']:.2f} ms at these short contexts). A step with {first}
