@@ -250,9 +250,6 @@ def main(argv=None) -> dict:
     from servelab.stack import build_stack
     from servelab.workloads import build_requests
 
-    import logging
-
-    logging.getLogger("servelab").setLevel(logging.WARNING)
     stacks = [StackSpec(s, c == "on", p) for s in args.schedulers for c in args.chunked for p in args.preemption]
     t_start = time.perf_counter()
     rows, env = [], {}
@@ -295,4 +292,7 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
+    import logging
+
+    logging.getLogger("servelab").setLevel(logging.WARNING)  # not every run's start-up lines
     main(sys.argv[1:])
