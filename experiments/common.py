@@ -83,9 +83,13 @@ def clock_note(sweep_dir: Path) -> str:
     if s.get("clock") != "virtual":
         return "Clock: wall (times measured as the runs went, on a shared machine: they move between repeats)."
     tm = s.get("time_model") or {}
-    what = tm.get("path") or tm.get("name")
-    return (f"Clock: virtual; time model `{tm.get('name')}` ({what}), hardware {s.get('hardware')}: every time in "
-            "these tables is a deterministic function of config + workload + seed, and reproduces on any machine.")
+    if tm.get("path"):  # a profile: the machine it measured
+        m = (tm.get("source") or {}).get("machine", {})
+        what = f"`{tm['path']}`, measured on {m.get('processor', '?')} x {m.get('cores', '?')} cores, 1 thread"
+    else:
+        what = f"hardware {s.get('hardware')}"
+    return (f"Clock: virtual; time model `{tm.get('name')}` ({what}): every time in these tables is a "
+            "deterministic function of config + workload + seed, and reproduces on any machine.")
 
 
 def table(headers: list[str], rows: list[list]) -> str:

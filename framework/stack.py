@@ -31,8 +31,8 @@ class Stack:
 
     def describe_time(self) -> dict:
         """What ``summary.json`` states about time: the clock, the time model, the hardware."""
-        if self.clock_kind == "virtual":
-            hardware = self.time_model.context.hardware.name
+        if self.clock_kind == "virtual":  # a profile states the machine it measured, a roofline its spec sheet
+            hardware = getattr(self.time_model, "hardware_label", None) or self.time_model.context.hardware.name
         else:
             import platform  # noqa: PLC0415
 

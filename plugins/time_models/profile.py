@@ -43,6 +43,12 @@ class ProfileTime(TimeModel):
             log.warning("time_model=profile: %s was measured for another setup (%s); its times may not apply",
                         config.path, "; ".join(differ))
 
+    @property
+    def hardware_label(self) -> str:
+        """The machine the profile measured (what ``summary.json`` states as the hardware)."""
+        m = self.profile.source.get("machine", {})
+        return f"profiled: {m.get('processor', 'unknown CPU')}, {m.get('cores', '?')} cores ({m.get('hostname', '?')})"
+
     def predict(self, work) -> float:
         return self.profile.predict(work)
 
