@@ -75,6 +75,7 @@ def profile_main(argv: list[str]) -> int:
         raise ConfigError("servelab profile measures the real engine: backend=sim has nothing to measure")
     stack = build_stack(cfg)
     try:
+        swap_bytes_per_s = stack.executor.measure_swap_bandwidth()
         engine = stack.engine
         works, seconds = [], []
         warmup = 2  # lazy initialisation in the first steps
@@ -115,6 +116,12 @@ def profile_main(argv: list[str]) -> int:
         "machine": machine_description(), "created": dt.datetime.now().isoformat(timespec="seconds"),
     }
     profile = fit_profile(works, seconds, source=source)
+    # The probe never preempts, so block copies are priced from a measured copy, not fitted: a
+    # swap moves a block over the host link, a copy-on-write a block within device memory.
+    per_block = stack.executor.bytes_per_block / max(swap_bytes_per_s, 1.0)
+    profile.set_coefficient("swap_blocks", per_block)
+    profile.set_coefficient("copy_blocks", per_block)
+    source["swap_bytes_per_s"] = swap_bytes_per_s
     profile.samples = [[*feature_vector(w, profile.knots), t] for w, t in zip(works, seconds)]
     if out is None:
         out = Path("profiles") / f"{Path(source['model']).name}-{source['dtype']}-{source['num_threads']}t.json"

@@ -49,6 +49,10 @@ class StepProfile:
     fit: dict = field(default_factory=dict)  # num_steps, r2, mean_abs_pct_error
     samples: list = field(default_factory=list)  # the measured steps: feature vector + seconds
 
+    def set_coefficient(self, feature: str, seconds: float) -> None:
+        """Price one feature directly (e.g. a block copy from a measured bandwidth)."""
+        self.coefficients[feature_names(self.knots).index(feature)] = float(seconds)
+
     def predict(self, work: StepWork) -> float:
         t = float(np.dot(self.coefficients, feature_vector(work, self.knots)))
         return max(t, self.min_step_s)
