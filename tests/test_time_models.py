@@ -187,6 +187,8 @@ def test_servelab_profile_fits_the_real_engine_and_a_virtual_run_uses_it(tmp_pat
     src = data["source"]
     assert (src["model"], src["dtype"], src["backend"], src["num_threads"]) == ("tiny", "float32", "torch", 1)
     assert src["shape"]["hidden_size"] == 32 and src["machine"]["cores"]
+    swap_s = data["coefficients"][data["features"].index("swap_blocks")]
+    assert swap_s == pytest.approx(build_stack(compose(*small, *limits)).executor.bytes_per_block / src["swap_bytes_per_s"])
     run = ["clock=virtual", "time_model=profile", f"time_model.path={out}", "workload.num_requests=8",
            "workload.prompt_len.max=64", "workload.output_len.max=8"]
     a = run_job(compose(*small, *limits, *run), tmp_path / "a").summary
