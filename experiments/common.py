@@ -70,7 +70,26 @@ def machine_note(sweep_dir: Path) -> str:
     import torch
 
     return (f"Runs of {when} on {platform.node() or 'an unnamed host'}: {cpu}, {os.cpu_count()} CPU cores "
-            f"(shared with other jobs), no GPU; Python {platform.python_version()}, torch {torch.__version__}.")
+            f"(shared with other jobs), no GPU; Python {platform.python_version()}, torch {torch.__version__}. "
+            + clock_note(sweep_dir))
+
+
+def clock_note(sweep_dir: Path) -> str:
+    """Which clock and time model made the runs' times (from their summary.json)."""
+    summaries = sorted(sweep_dir.glob("*/summary.json"))
+    if not summaries:
+        return ""
+    s = json.loads(summaries[0].read_text())
+    if s.get("clock") != "virtual":
+        return "Clock: wall (times measured as the runs went, on a shared machine: they move between repeats)."
+    tm = s.get("time_model") or {}
+    if tm.get("path"):  # a profile: the machine it measured
+        m = (tm.get("source") or {}).get("machine", {})
+        what = f"`{tm['path']}`, measured on {m.get('processor', '?')} x {m.get('cores', '?')} cores, 1 thread"
+    else:
+        what = f"hardware {s.get('hardware')}"
+    return (f"Clock: virtual; time model `{tm.get('name')}` ({what}): every time in these tables is a "
+            "deterministic function of config + workload + seed, and reproduces on any machine.")
 
 
 def table(headers: list[str], rows: list[list]) -> str:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import yaml
 
+from common import clock_note  # noqa: E402 - the experiments folder is on sys.path (scripts run from it)
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -70,9 +72,7 @@ def write_readme(folder: Path, title: str, command: str, sweep: Path, body: str)
             f"Reproduce: `{command}` then `python {folder.relative_to(REPO)}/analyze.py` "
             f"(reads the newest `multirun/{sweep.parent.name}/` folder).\n\n"
             f"Generated {now} on {machine()} (commit {git_commit()}, runs `{sweep.relative_to(REPO)}`).\n"
-            f"The machine is shared with other jobs running at the same time, so wall-clock numbers (durations, "
-            f"throughput, latencies) are noisy, by up to several x between neighbouring rows; counts (steps, "
-            f"concurrency, waste, preemptions, tokens) do not depend on the machine's speed when all requests "
-            f"arrive at once.\n\n"
+            f"{clock_note(sweep)} Counts (steps, concurrency, waste, preemptions, tokens) do not depend on "
+            f"the clock when all requests arrive at once.\n\n"
             f"{body}\n")
     (folder / "README.md").write_text(text)

@@ -9,6 +9,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub at run tim
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from .config import register_configs
@@ -21,13 +22,18 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     from .report import print_samples, print_summary
     from .session import run_job
 
-    output_dir = HydraConfig.get().runtime.output_dir
+    hydra_cfg = HydraConfig.get()
+    output_dir = hydra_cfg.runtime.output_dir
     try:
         result = run_job(cfg, output_dir)
     except ServelabError as exc:
         print(f"servelab: error: {exc}", file=sys.stderr)
+        if hydra_cfg.mode == RunMode.MULTIRUN:
+            # Let Hydra mark this job failed: the other jobs of the sweep (in this process or in a
+            # launcher's workers) still run, and the sweep fails once they are done.
+            raise
         sys.exit(2)
-    print_samples(result.requests)
+    print_samples(result.iter_requests())
     print_summary(result.summary, output_dir)
     return result.summary.get("output_throughput_tok_s")
 
@@ -35,6 +41,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
 # ``servelab <subcommand> [hydra overrides]``: each entry is "module:function" under servelab,
 # called with the remaining arguments (Hydra overrides) and returning an exit code.
 SUBCOMMANDS: dict[str, str] = {
+    "profile": "profiling:profile_main",
     "eval-ppl": "eval_ppl:main",  # held-out perplexity of the configured checkpoint (ppl.json)
 }
 
@@ -57,3 +64,4 @@ def main() -> None:
             code = 2
         sys.exit(code)
     _hydra_main()
+

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -37,6 +38,12 @@ class AttentionBackend(enum.Enum):
     triton = "triton"
 
 
+class Clock(enum.Enum):
+    auto = "auto"  # virtual for backend=sim, wall otherwise
+    wall = "wall"
+    virtual = "virtual"
+
+
 class Arrival(enum.Enum):
     poisson = "poisson"
     all_at_once = "all_at_once"
@@ -53,10 +60,15 @@ class ModelConfig:
     """``path`` = an HF-format checkpoint directory; null = the embedded tiny model below, written
     once with random weights (seeded) to the cache folder and loaded through the same loader.
     ``model=tiny_code`` / ``model=tiny_code_draft`` set ``path`` to a trained checkpoint shipped in
-    the package (the shape fields then do not apply: the checkpoint's config.json rules)."""
+    the package (the shape fields then do not apply: the checkpoint's config.json rules).
+
+    ``shape_only`` entries (the catalogue: ``model=llama3_70b`` ...) are public ``config.json``
+    shapes without weights, for ``backend=sim``. With ``backend=sim`` a ``path`` may also point
+    at any ``config.json`` (or the directory holding one)."""
 
     name: str = "tiny"
     path: Optional[str] = None
+    shape_only: bool = False
     dtype: DType = DType.float32
     architecture: str = "LlamaForCausalLM"
     hidden_size: int = 256
@@ -152,7 +164,8 @@ class TraceWorkload:
 
     name: str = "trace"
     path: str = MISSING
-    num_requests: Optional[int] = 200  # null = every row
+    # null = every row; default: 200 rows on the real engine, every row in the simulator
+    num_requests: Optional[int] = "${backend.trace_rows}"  # type: ignore[assignment]
     sample: str = "head"  # head | random
     start_row: int = 0
     length_scale: float = 1.0
@@ -198,6 +211,22 @@ class BackendConfig:
     swap_bandwidth_gb_s: Optional[float] = None  # device<->host link; null = measured at start-up
     num_threads: Optional[int] = None  # torch intra-op threads (per rank); null = torch's default (TP: cores / ranks)
     tp_step_timeout_s: float = 120.0  # tensor parallel: longest wait on another rank in a step before the run fails
+    activation_reserve_gb: float = 2.0  # sim: device memory per rank kept for activations (not weights, not KV)
+    trace_rows: Optional[int] = 200  # workload=trace's default num_requests (sim: null = the whole trace)
+
+
+@dataclass
+class HardwareConfig:
+    """An accelerator's spec sheet (``conf/hardware/*.yaml``; decimal GB). The time models and the
+    simulator's memory accounting read it; the torch backend on its wall clock does not."""
+
+    name: str = MISSING
+    memory_gb: float = MISSING
+    hbm_bandwidth_gb_s: float = MISSING
+    peak_tflops: float = MISSING  # dense bf16/fp16
+    link_bandwidth_gb_s: float = MISSING  # GPU<->GPU per direction (NVLink, or PCIe)
+    host_link_gb_s: float = MISSING  # GPU<->host per direction (PCIe)
+    link_latency_us: float = 10.0  # per all-reduce call
 
 
 @dataclass
@@ -209,6 +238,7 @@ class LoggerConfig:
     group: Optional[str] = None
     tags: list[str] = field(default_factory=list)
     log_requests_table: bool = True
+    step_interval: Optional[int] = None  # log every Nth step's series; null = all of the first 1,000, then thinning x10 per decade
 
 
 @dataclass
@@ -243,6 +273,8 @@ class ServelabConfig:
     allocator: Any = MISSING
     preemption: Any = MISSING
     drafter: Any = MISSING
+    time_model: Any = MISSING
+    hardware: HardwareConfig = MISSING
     model: ModelConfig = MISSING
     workload: Any = MISSING
     backend: BackendConfig = MISSING
@@ -256,6 +288,7 @@ class ServelabConfig:
     chunked_prefill: bool = True
     attention_backend: AttentionBackend = AttentionBackend.auto
     tensor_parallel_size: int = 1
+    clock: Clock = Clock.auto
     slo: SLOConfig = field(default_factory=SLOConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     eval_ppl: EvalPPLConfig = field(default_factory=EvalPPLConfig)
@@ -269,6 +302,19 @@ def plugin_node(cls: type) -> Any:
     return node_cls()
 
 
+def packaged_model_node(name: str) -> dict:
+    """``model=tiny_code`` and friends (global, like the catalogue models): the checkpoint's path,
+    ``max_model_len`` = its context, and one torch thread (these models gain nothing from a second
+    one, and on a shared box a descheduled second thread stalls every op: TPOT 4 ms -> 500 ms)."""
+    path = PACKAGED_CHECKPOINTS / name
+    try:
+        context = json.loads((path / "config.json").read_text())["max_position_embeddings"]
+    except (OSError, ValueError, KeyError):
+        context = 512
+    return {"model": ModelConfig(name=name, path=str(path)), "max_model_len": context,
+            "backend": {"num_threads": 1}}
+
+
 def register_configs(registry: Registry | None = None) -> None:
     """Put the schema and every group option into Hydra's ConfigStore (idempotent)."""
     registry = registry or default_registry()
@@ -280,7 +326,7 @@ def register_configs(registry: Registry | None = None) -> None:
     cs.store(group="model", name="tiny", node=ModelConfig())
     cs.store(group="model", name="hf", node=ModelConfig(name="hf", path=MISSING))
     for name in PACKAGED_MODELS:
-        cs.store(group="model", name=name, node=ModelConfig(name=name, path=str(PACKAGED_CHECKPOINTS / name)))
+        cs.store(group="model", name=name, node=packaged_model_node(name), package="_global_")
     cs.store(group="workload", name="synthetic", node=SyntheticWorkload)
     cs.store(group="workload", name="jsonl", node=JsonlWorkload)
     cs.store(group="workload", name="trace", node=TraceWorkload)

@@ -44,7 +44,8 @@ class StepCostModel:
         self._xtx = np.zeros((4, 4))
         self._xty = np.zeros(4)
         self._prior = np.array([0.0, prior_s_per_token, prior_s_per_token, 0.0])
-        self._coef = self._prior.copy()
+        self._fitted = self._prior.copy()
+        self._stale = False  # observations since the last solve: solved when next read
         self.warmup_steps = warmup_steps
         self.outlier_factor = outlier_factor
         self.decay = decay
@@ -62,26 +63,37 @@ class StepCostModel:
         x = features.vector()
         weight = 1.0
         if self.num_observations >= 8:
-            expected = max(float(x @ self._coef), 1e-6)
+            if self._stale and self.num_observations % 8 == 0:
+                self._coef  # noqa: B018 - refresh the fit the outlier test compares with, every 8 steps
+            expected = max(float(x @ self._fitted), 1e-6)
             if seconds > self.outlier_factor * expected:
                 weight = self.outlier_factor * expected / seconds
         self._xtx *= self.decay
         self._xty *= self.decay
-        self._xtx += weight * np.outer(x, x)
-        self._xty += weight * x * seconds
+        wx = weight * x
+        self._xtx += np.outer(wx, x)
+        self._xty += wx * seconds
         self.num_observations += 1
-        if self.num_observations >= 8:
-            self._coef = self._non_negative_solve()
+        self._stale = self.num_observations >= 8
+
+    @property
+    def _coef(self) -> np.ndarray:
+        if self._stale:  # solving lazily: a run that never asks pays for no solve per step
+            self._fitted = self._non_negative_solve()
+            self._stale = False
+        return self._fitted
 
     def _non_negative_solve(self) -> np.ndarray:
         """Least squares with coefficients clamped at 0 (active set: drop negatives, refit)."""
         a = self._xtx + np.eye(4) * self._ridge
-        active = np.ones(4, dtype=bool)
-        coef = np.zeros(4)
+        rhs = self._xty + self._ridge * self._prior
+        coef = np.linalg.solve(a, rhs)
+        if (coef >= 0).all():  # the usual case: no active set needed
+            return coef
+        active = coef > 0
         for _ in range(4):
             idx = np.flatnonzero(active)
             coef = np.zeros(4)
-            rhs = self._xty + self._ridge * self._prior
             coef[idx] = np.linalg.solve(a[np.ix_(idx, idx)], rhs[idx])
             if (coef >= 0).all():
                 break

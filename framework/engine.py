@@ -6,15 +6,16 @@ arrived and leave as soon as they finish.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .batch import build_batch
+from .clock import WallClock
 from .cost_model import StepCostModel, StepFeatures
 from .executor import Executor
 from .interfaces import BlockAllocator, EngineLimits, PreemptionDecision, Scheduler, SchedulePlan
 from .request import Request, Sequence, Status
+from .step_totals import StepTotals
+from .step_work import StepWork, step_work
 
 
 class PluginFailure(RuntimeError):
@@ -42,6 +43,7 @@ class StepRecord:
     scheduler: dict[str, float] = field(default_factory=dict)  # the scheduler's step_stats()
     swap_out_blocks: int = 0
     swap_in_blocks: int = 0
+    work: StepWork | None = None  # the step's features, as time models see them
 
 
 class Engine:
@@ -49,7 +51,7 @@ class Engine:
 
     def __init__(self, limits: EngineLimits, scheduler: Scheduler, allocator: BlockAllocator,
                  executor: Executor, cost_model: StepCostModel, seed: int = 0,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] | None = None) -> None:
         self.limits = limits
         self.scheduler = scheduler
         self.allocator = allocator
@@ -57,12 +59,21 @@ class Engine:
         self.cost_model = cost_model
         self.seed = seed
         self.eos_token_ids = frozenset(executor.spec.eos_token_ids)
-        self._clock = clock
-        self._t0 = clock()
+        self.clock = clock if clock is not None else WallClock()
+        self._clock = self.clock
+        self._end_step = getattr(self.clock, "end_step", None)
+        self._t0 = self.clock()
         self.sequences: dict[str, Sequence] = {}
         self.num_ended = 0  # finished or rejected
-        self.steps: list[StepRecord] = []
+        self.steps: list[StepRecord] = []  # every step's record while ``keep_steps``
+        self.keep_steps = True
+        self.totals = StepTotals()  # what the summary needs, whether or not the steps are kept
         self.step_listeners: list[Callable[[StepRecord], None]] = []
+        # Told of each sequence as it ends (finished or rejected). With ``forget_ended`` the engine
+        # then drops it (a listener has recorded it): long runs hold only live sequences.
+        self.end_listeners: list[Callable[[Sequence], None]] = []
+        self.forget_ended = False
+        self._forgotten: set[str] = set()
 
     def now(self) -> float:
         """Seconds since the engine started."""
@@ -71,6 +82,10 @@ class Engine:
     def reset_clock(self) -> None:
         self._t0 = self._clock()
 
+    def sleep(self, seconds: float) -> None:
+        """Wait idle for up to ``seconds`` (the clock decides: a nap, or a jump in virtual time)."""
+        self.clock.sleep(seconds)
+
     # ---- requests -----------------------------------------------------------------------
     def add_request(self, request: Request, arrival_s: float | None = None) -> Sequence:
         """Admit a request to the scheduler, or reject it (with a reason) if it can never run.
@@ -78,14 +93,14 @@ class Engine:
         ``arrival_s`` is its arrival in engine seconds (SLO deadlines count from it); default
         ``request.arrival_time`` (a time scale of 1).
         """
-        if request.id in self.sequences:
+        if request.id in self.sequences or request.id in self._forgotten:
             raise ValueError(f"duplicate request id {request.id!r}")
         seq = Sequence(request, arrival_s=request.arrival_time if arrival_s is None else arrival_s)
         self.sequences[request.id] = seq
         reason = self._rejection_reason(request)
         if reason:
             seq.status, seq.rejected_reason, seq.finish_time = Status.REJECTED, reason, self.now()
-            self.num_ended += 1
+            self._ended(seq)
         else:
             self.scheduler.add(seq)
         return seq
@@ -99,7 +114,7 @@ class Engine:
             return (f"prompt of {request.prompt_len} tokens leaves no room to generate within "
                     f"max_model_len={self.limits.max_model_len}")
         vocab = self.executor.spec.vocab_size
-        if any(t < 0 or t >= vocab for t in request.prompt_token_ids):
+        if min(request.prompt_token_ids) < 0 or max(request.prompt_token_ids) >= vocab:
             return f"prompt token id outside the vocabulary [0, {vocab})"
         needed = min(request.prompt_len + request.max_tokens, self.limits.max_model_len)
         if not self.allocator.can_ever_fit(needed):
@@ -118,55 +133,67 @@ class Engine:
         plan = self._call_plugin("scheduler", lambda: self.scheduler.schedule(start))
         if plan.is_empty:
             return None
-        batch = build_batch(plan, self.allocator, self.limits.block_size, self.seed)
-        output = self.executor.execute(batch)
+        work = step_work(plan)  # before _apply: it reads the sequences as the plan saw them
+        output = self.executor.run(plan, self.allocator, self.limits.block_size, self.seed, work)
+        if self._end_step is not None:
+            self._end_step(work)  # a virtual clock advances by the time model's prediction
         finished_at = self.now()
         self._apply(plan, output.sampled, finished_at)
-        record = self._record(plan, start, finished_at, output.model_s, output.comm_s)
+        record = self._record(plan, work, start, finished_at, output.model_s, output.comm_s)
         for listener in self.step_listeners:
             listener(record)
         return record
 
     def _apply(self, plan: SchedulePlan, sampled: list[int], now: float) -> None:
         tokens = iter(sampled)
+        on_tokens_computed = self.allocator.on_tokens_computed
         for entry in plan.scheduled:
             seq = entry.seq
             seq.num_computed_tokens += entry.num_tokens
-            self.allocator.on_tokens_computed(seq)
-            if seq.num_computed_tokens < seq.num_tokens:
+            on_tokens_computed(seq)
+            if seq.num_computed_tokens < len(seq.token_ids):
                 continue  # a prompt chunk: nothing sampled yet
             token = next(tokens)
             seq.append_token(token, now)
             reason = self._finish_reason(seq, token)
             if reason:
                 seq.status, seq.finish_reason, seq.finish_time = Status.FINISHED, reason, now
-                self.num_ended += 1
                 self.scheduler.remove(seq)
                 self.allocator.free(seq)
+                seq.compact()
+                self._ended(seq)
+
+    def _ended(self, seq: Sequence) -> None:
+        self.num_ended += 1
+        for listener in self.end_listeners:
+            listener(seq)
+        if self.forget_ended:
+            del self.sequences[seq.id]
+            self._forgotten.add(seq.id)
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
-        if not seq.request.ignore_eos and token in self.eos_token_ids:
+        request = seq.request
+        if not request.ignore_eos and token in self.eos_token_ids:
             return "stop"
-        if seq.num_output_tokens >= seq.request.max_tokens or seq.num_tokens >= self.limits.max_model_len:
+        if len(seq.output_token_ids) >= request.max_tokens or len(seq.token_ids) >= self.limits.max_model_len:
             return "length"
         return None
 
-    def _record(self, plan: SchedulePlan, start: float, end: float, model_s: float, comm_s: float = 0.0) -> StepRecord:
-        prefill = sum(e.num_tokens for e in plan.scheduled if e.num_tokens > 1 or e.start < e.seq.prompt_len)
-        decode = sum(1 for e in plan.scheduled if e.num_tokens == 1 and e.start >= e.seq.prompt_len)
-        attended = sum(e.num_tokens * (e.start + (e.num_tokens + 1) // 2) for e in plan.scheduled)
-        features = StepFeatures(prefill, decode, attended)
-        self.cost_model.observe(features, end - start)
+    def _record(self, plan: SchedulePlan, work: StepWork, start: float, end: float, model_s: float,
+                comm_s: float = 0.0) -> StepRecord:
+        self.cost_model.observe(StepFeatures(work.prefill_tokens, work.decode_seqs, work.attended), end - start)
         record = StepRecord(
-            step=len(self.steps), time_s=end, duration_s=end - start, model_s=model_s,
-            num_seqs=len(plan.scheduled), num_tokens=plan.num_batched_tokens, prefill_tokens=prefill,
-            decode_seqs=decode, kv_utilization=self.allocator.num_used_blocks() / max(1, self.allocator.num_blocks),
+            step=self.totals.num_steps, time_s=end, duration_s=end - start, model_s=model_s,
+            num_seqs=work.num_seqs, num_tokens=work.num_tokens, prefill_tokens=work.prefill_tokens,
+            decode_seqs=work.decode_seqs, kv_utilization=self.allocator.num_used_blocks() / max(1, self.allocator.num_blocks),
             queues=self.scheduler.queue_lengths(), comm_s=comm_s, preempted=plan.preempted,
             extra=self.allocator.usage_stats(), swap_out_blocks=len(plan.swap_out), swap_in_blocks=len(plan.swap_in),
             scheduled=[(e.seq.id, e.num_tokens) for e in plan.scheduled],
-            scheduler=self.scheduler.step_stats(),
+            scheduler=self.scheduler.step_stats(), work=work,
         )
-        self.steps.append(record)
+        self.totals.add(record)
+        if self.keep_steps:
+            self.steps.append(record)
         return record
 
     def _call_plugin(self, role: str, fn):
@@ -174,5 +201,5 @@ class Engine:
             return fn()
         except Exception as exc:  # name the plugin and step in the error
             plugin = getattr(self, role)
-            raise PluginFailure(f"{role} plugin {type(plugin).name!r} failed at step {len(self.steps)}: "
+            raise PluginFailure(f"{role} plugin {type(plugin).name!r} failed at step {self.totals.num_steps}: "
                                 f"{type(exc).__name__}: {exc}") from exc

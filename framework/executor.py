@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .batch import StepBatch
+from .batch import StepBatch, build_batch
 from .kernels import select_attention_backend
 from .model.layers import TPGroup
 from .model.llama import AttentionMetadata, local_heads
@@ -161,7 +161,8 @@ class ModelWorker:
 
 
 class Executor(ABC):
-    """What the engine talks to. Implementations: :class:`LocalExecutor`, the TP executor."""
+    """What the engine talks to. Implementations: :class:`LocalExecutor`, the TP executor, the
+    simulator (``servelab.sim_executor``)."""
 
     spec: ModelSpec
     num_kv_blocks: int
@@ -171,6 +172,12 @@ class Executor(ABC):
     @abstractmethod
     def execute(self, batch: StepBatch) -> StepOutput:
         """Run one step; return the sampled token for each of ``batch.sample_rows``, in order."""
+
+    def run(self, plan, allocator, block_size: int, run_seed: int, work=None) -> StepOutput:
+        """Run a plan: flatten it into a :class:`StepBatch` and :meth:`execute` it. An executor
+        without tensors (the simulator) overrides this and never builds a batch; ``work`` is the
+        plan's :class:`~servelab.step_work.StepWork` when the engine has counted it."""
+        return self.execute(build_batch(plan, allocator, block_size, run_seed))
 
     def measure_swap_bandwidth(self) -> float:
         """Device <-> host copy bandwidth (bytes/s), measured with a real copy. Default: a host

@@ -31,3 +31,8 @@ def servelab_register_preemption_policies() -> list[type]:
 @hookspec
 def servelab_register_drafters() -> list[type]:
     """Return :class:`~servelab.interfaces.SpeculativeDrafter` subclasses."""
+
+
+@hookspec
+def servelab_register_time_models() -> list[type]:
+    """Return :class:`~servelab.interfaces.TimeModel` subclasses."""

@@ -1,4 +1,4 @@
-"""The four plugin interfaces and the small data types they exchange.
+"""The plugin interfaces and the small data types they exchange.
 
 Division of labour (the executor boundary):
 - a :class:`Scheduler` decides who runs this step and how many tokens each computes; it never
@@ -6,6 +6,7 @@ Division of labour (the executor boundary):
 - a :class:`BlockAllocator` owns the logical -> physical block tables and the ref counts;
 - a :class:`PreemptionPolicy` picks victims and how each is preempted when blocks run out;
 - a :class:`SpeculativeDrafter` proposes draft tokens for a sequence;
+- a :class:`TimeModel` predicts how long a step takes (the virtual clock's ground truth);
 - the executor (not a plugin) owns the KV tensors and moves data when the plan says so.
 
 Every plugin class has a ``name`` (what ``scheduler=<name>`` selects) and a ``Config`` dataclass
@@ -22,6 +23,8 @@ from .request import Sequence
 
 if TYPE_CHECKING:
     from .cost_model import StepCostModel
+    from .shapes import HardwareProfile, ModelShape
+    from .step_work import StepWork
 
 
 @dataclass
@@ -267,3 +270,61 @@ class SpeculativeDrafter(Plugin):
     @abstractmethod
     def propose(self, seq: Sequence) -> list[int]:
         """Return up to ``num_speculative_tokens`` draft token ids to follow ``seq.token_ids``."""
+
+
+@dataclass(frozen=True)
+class TimeModelContext:
+    """What a time model is built for: the model's shape, the hardware, the parallelism, the dtypes.
+
+    ``hardware`` is a :class:`servelab.shapes.HardwareProfile` (the ``hardware=`` choice) and
+    ``shape`` a :class:`servelab.shapes.ModelShape`; ``bytes_per_block`` is one KV block on one rank.
+    """
+
+    shape: "ModelShape"
+    hardware: "HardwareProfile"
+    tensor_parallel_size: int
+    dtype: str
+    weight_dtype_bytes: float
+    kv_dtype_bytes: float
+    block_size: int
+    model_name: str = ""
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """K and V of one token on one rank."""
+        return self.shape.kv_bytes_per_token(self.kv_dtype_bytes, self.tensor_parallel_size)
+
+    @property
+    def bytes_per_block(self) -> float:
+        return self.kv_bytes_per_token * self.block_size
+
+    @property
+    def weight_bytes_per_rank(self) -> float:
+        return self.shape.weight_bytes_per_rank(self.weight_dtype_bytes, self.tensor_parallel_size)
+
+
+class TimeModel(Plugin):
+    """Predicts how long one engine step takes (seconds) from what it does.
+
+    On ``clock=virtual`` the engine advances time by :meth:`predict` for every step it executes,
+    so every latency is a function of config + workload + seed. A time model is the *ground truth*
+    of that virtual world; policies never read it (they learn step costs through
+    ``self.cost_model`` from the times they observe, as on the wall clock).
+
+    ``measured = True`` marks the wall clock's stand-in (steps take what they take); such a model
+    is never asked to predict.
+    """
+
+    measured: ClassVar[bool] = False
+
+    def __init__(self, config, context: TimeModelContext) -> None:
+        self.config = config
+        self.context = context
+
+    @abstractmethod
+    def predict(self, work: "StepWork") -> float:
+        """Seconds the step described by ``work`` takes (>= 0), swap/copy traffic included."""
+
+    def describe(self) -> dict:
+        """What ``summary.json`` records about this model (its name and coefficients)."""
+        return {"name": self.name}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -43,7 +44,7 @@ class WandbLogger(RunLogger):
         )
 
     def log_step(self, record: StepRecord) -> None:
-        if self.run is None:
+        if self.run is None or not _should_log(record.step, self.cfg.get("step_interval")):
             return
         data = {"step/num_seqs": record.num_seqs, "step/num_tokens": record.num_tokens,
                 "step/prefill_tokens": record.prefill_tokens, "step/decode_seqs": record.decode_seqs,
@@ -53,22 +54,37 @@ class WandbLogger(RunLogger):
         data.update({f"queue/{k}": v for k, v in record.queues.items()})
         self.run.log(data, step=record.step)
 
-    def finish(self, summary: dict, requests: list[dict], exit_code: int = 0) -> None:
+    def finish(self, summary: dict, requests: Iterable[dict], exit_code: int = 0) -> None:
         if self.run is None:
             return
         import wandb
 
         try:
             self.run.summary.update(_flatten(summary))
-            if self.cfg.log_requests_table and requests:
+            if self.cfg.log_requests_table:
                 cols = ["id", "prompt_len", "output_len", "arrival_s", "ttft_ms", "tpot_ms", "e2e_ms", "queue_ms",
                         "num_preemptions", "finish_reason", "rejected_reason", "met_slo"]
-                cols += [c for c in ("prompt_text", "output_text") if c in requests[0]]  # checkpoints with a tokenizer
-                table = wandb.Table(columns=cols, data=[[r.get(c) for c in cols] for r in requests])
-                self.run.log({"requests": table})
+                rows, text_cols = [], None
+                for r in requests:  # any iterable of records
+                    if text_cols is None:  # checkpoints with a tokenizer: the text too
+                        text_cols = [c for c in ("prompt_text", "output_text") if c in r]
+                    rows.append([r.get(c) for c in cols + text_cols])
+                if rows:
+                    self.run.log({"requests": wandb.Table(columns=cols + text_cols, data=rows)})
         finally:
             self.run.finish(exit_code=exit_code)
             self.run = None
+
+
+def _should_log(step: int, interval: int | None) -> bool:
+    """Every ``interval``-th step; ``None`` thins long runs: every step up to 1,000, every 10th up to
+    10,000, every 100th up to 100,000, ... (a simulated trace has hundreds of thousands of steps)."""
+    if interval:
+        return step % interval == 0
+    every = 1
+    while step >= 1000 * every:
+        every *= 10
+    return step % every == 0
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

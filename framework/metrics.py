@@ -7,12 +7,13 @@ SLO per second.
 
 from __future__ import annotations
 
+from array import array
 from typing import Iterable
 
 import numpy as np
 
-from .engine import StepRecord
 from .request import Sequence, Status
+from .step_totals import StepTotals
 
 
 def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
@@ -56,51 +57,85 @@ def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
 
 
 def stats(values: Iterable[float]) -> dict[str, float | None]:
-    arr = np.asarray([v for v in values if v is not None], dtype=float)
+    arr = (np.frombuffer(values, dtype=float) if isinstance(values, array)
+           else np.asarray([v for v in values if v is not None], dtype=float))
     if arr.size == 0:
         return {"mean": None, "p50": None, "p90": None, "p99": None}
     p50, p90, p99 = np.percentile(arr, [50, 90, 99])
     return {"mean": float(arr.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
 
 
-def summarize(records: list[dict], steps: list[StepRecord], duration_s: float, leaked_blocks: int,
+class RequestStats:
+    """Folds request records (``requests.jsonl`` lines) into what the summary needs, so a run can
+    write each record as its request ends and keep only numbers (memory stays flat in the number
+    of requests)."""
+
+    def __init__(self) -> None:
+        self.num_requests = self.num_finished = self.num_rejected = 0
+        self.output_tokens = self.prompt_tokens = self.cached_prompt_tokens = 0
+        self.met = self.met_ttft = self.met_tpot = 0
+        self.ttft, self.tpot, self.e2e, self.queue, self.itl = (array("d") for _ in range(5))
+
+    def add(self, rec: dict) -> None:
+        self.num_requests += 1
+        self.output_tokens += rec["output_len"]
+        if rec["rejected_reason"] is not None:
+            self.num_rejected += 1
+            return
+        self.prompt_tokens += rec["prompt_len"]
+        self.cached_prompt_tokens += rec["num_cached_prompt_tokens"]
+        if rec["finish_reason"] is None:
+            return
+        self.num_finished += 1
+        self.met += bool(rec["met_slo"])
+        self.met_ttft += bool(rec["met_ttft_slo"])
+        self.met_tpot += bool(rec["met_tpot_slo"])
+        for values, key in ((self.ttft, "ttft_ms"), (self.e2e, "e2e_ms"), (self.queue, "queue_ms")):
+            if rec[key] is not None:
+                values.append(rec[key])
+        if rec["output_len"] > 1 and rec["tpot_ms"] is not None:
+            self.tpot.append(rec["tpot_ms"])
+        self.itl.extend(rec["itl_ms"])
+
+    @classmethod
+    def of(cls, records) -> "RequestStats":
+        stats = cls()
+        for rec in records:
+            stats.add(rec)
+        return stats
+
+
+def summarize(requests: RequestStats, totals: StepTotals, duration_s: float, leaked_blocks: int,
               extra: dict | None = None) -> dict:
     """``summary.json``: throughput, latency percentiles, SLO attainment, KV use, preemptions."""
-    finished = [r for r in records if r["finish_reason"] is not None]
-    rejected = [r for r in records if r["rejected_reason"] is not None]
-    output_tokens = sum(r["output_len"] for r in records)
+    r = requests
     duration = max(duration_s, 1e-9)
-    util = [s.kv_utilization for s in steps]
-    preemptions: dict[str, int] = {}
-    for s in steps:
-        for p in s.preempted:
-            preemptions[p.kind] = preemptions.get(p.kind, 0) + 1
-    met = [r for r in finished if r["met_slo"]]
-    n_considered = len(records) - len(rejected)
+    preemptions = dict(totals.preemptions)
+    n_considered = r.num_requests - r.num_rejected
     summary = {
-        "num_requests": len(records),
-        "num_finished": len(finished),
-        "num_rejected": len(rejected),
-        "num_unfinished": len(records) - len(finished) - len(rejected),
+        "num_requests": r.num_requests,
+        "num_finished": r.num_finished,
+        "num_rejected": r.num_rejected,
+        "num_unfinished": r.num_requests - r.num_finished - r.num_rejected,
         "duration_s": duration_s,
-        "num_steps": len(steps),
-        "output_tokens": output_tokens,
-        "prompt_tokens": sum(r["prompt_len"] for r in records if r["rejected_reason"] is None),
-        "output_throughput_tok_s": output_tokens / duration,
-        "request_throughput_req_s": len(finished) / duration,
-        "ttft_ms": stats(r["ttft_ms"] for r in finished),
-        "tpot_ms": stats(r["tpot_ms"] for r in finished if r["output_len"] > 1),
-        "itl_ms": stats(x for r in finished for x in r["itl_ms"]),
-        "e2e_ms": stats(r["e2e_ms"] for r in finished),
-        "queue_ms": stats(r["queue_ms"] for r in finished),
-        "slo_attainment": len(met) / n_considered if n_considered else None,
-        "ttft_slo_attainment": (sum(r["met_ttft_slo"] for r in finished) / n_considered) if n_considered else None,
-        "tpot_slo_attainment": (sum(r["met_tpot_slo"] for r in finished) / n_considered) if n_considered else None,
-        "goodput_req_s": len(met) / duration,
+        "num_steps": totals.num_steps,
+        "output_tokens": r.output_tokens,
+        "prompt_tokens": r.prompt_tokens,
+        "output_throughput_tok_s": r.output_tokens / duration,
+        "request_throughput_req_s": r.num_finished / duration,
+        "ttft_ms": stats(r.ttft),
+        "tpot_ms": stats(r.tpot),
+        "itl_ms": stats(r.itl),
+        "e2e_ms": stats(r.e2e),
+        "queue_ms": stats(r.queue),
+        "slo_attainment": r.met / n_considered if n_considered else None,
+        "ttft_slo_attainment": r.met_ttft / n_considered if n_considered else None,
+        "tpot_slo_attainment": r.met_tpot / n_considered if n_considered else None,
+        "goodput_req_s": r.met / duration,
         "num_preemptions": sum(preemptions.values()),
         "num_preemptions_by_kind": preemptions,
-        "kv_utilization_mean": float(np.mean(util)) if util else 0.0,
-        "kv_utilization_max": float(np.max(util)) if util else 0.0,
+        "kv_utilization_mean": totals.kv_utilization_mean,
+        "kv_utilization_max": totals.kv_utilization_max,
         "leaked_blocks": leaked_blocks,
     }
     summary.update(extra or {})

@@ -14,7 +14,7 @@ import pluggy
 
 from . import hookspecs
 from .errors import ServelabError
-from .interfaces import BlockAllocator, PreemptionPolicy, Scheduler, SpeculativeDrafter
+from .interfaces import BlockAllocator, PreemptionPolicy, Scheduler, SpeculativeDrafter, TimeModel
 
 KINDS: dict[str, tuple[type, str]] = {
     # config group -> (base class, hook name)
@@ -22,6 +22,7 @@ KINDS: dict[str, tuple[type, str]] = {
     "allocator": (BlockAllocator, "servelab_register_allocators"),
     "preemption": (PreemptionPolicy, "servelab_register_preemption_policies"),
     "drafter": (SpeculativeDrafter, "servelab_register_drafters"),
+    "time_model": (TimeModel, "servelab_register_time_models"),
 }
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Iterable
+
 from rich.console import Console
 from rich.table import Table
 
@@ -24,19 +26,28 @@ def print_summary(summary: dict, output_dir: str, console: Console | None = None
     console.print(f"results: {output_dir}/requests.jsonl, summary.json")
 
 
-def print_samples(requests: list[dict], console: Console | None = None, limit: int = 3,
+def print_samples(requests: Iterable[dict], console: Console | None = None, limit: int = 3,
                   prompt_chars: int = 240) -> None:
-    """A few prompt -> completion pairs (requests with ``output_text``: checkpoints with a tokenizer)."""
+    """A few prompt -> completion pairs (records with ``output_text``: checkpoints with a tokenizer),
+    those that ended by themselves (EOS) first: a whole definition reads best."""
     from rich.text import Text
 
-    done = [r for r in requests if r.get("output_text") is not None and r.get("finish_reason")]
-    # completions that ended by themselves (EOS) first: a whole definition reads best
-    shown = sorted(done, key=lambda r: r["finish_reason"] != "stop")[:limit]
+    stopped, other = [], []
+    for r in requests:
+        if "output_text" not in r:
+            return  # no tokenizer: no record has text
+        if r.get("finish_reason") == "stop":
+            stopped.append(r)
+            if len(stopped) >= limit:
+                break
+        elif r.get("finish_reason") and len(other) < limit:
+            other.append(r)
+    shown = (stopped + other)[:limit]
     if not shown:
         return
     console = console or Console()
-    console.print(f"[bold]sample completions[/bold] ({len(shown)} of {len(requests)}; "
-                  "[dim]prompt[/dim] then [bold green]completion[/bold green]; all in requests.jsonl)")
+    console.print("[bold]sample completions[/bold] ([dim]prompt[/dim] then [bold green]completion[/bold green]; "
+                  "every one is in requests.jsonl, output_text)")
     for r in shown:
         prompt = r.get("prompt_text") or ""
         if len(prompt) > prompt_chars:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from array import array
 from dataclasses import dataclass, field
 
 
@@ -107,7 +108,33 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status in (Status.FINISHED, Status.REJECTED)
 
+    def compact(self) -> None:
+        """Once finished: timestamps become an ``array('d')`` and ``token_ids`` a read-only view of
+        prompt + outputs, dropping the working copy (a long simulated run keeps every finished
+        sequence until its results are written)."""
+        self.token_times = array("d", self.token_times)
+        self._token_ids = _Joined(self.request.prompt_token_ids, self.output_token_ids)  # type: ignore[assignment]
+
     def append_token(self, token_id: int, now: float) -> None:
         self.output_token_ids.append(token_id)
         self._token_ids.append(token_id)
         self.token_times.append(now)
+
+
+class _Joined:
+    """``prompt + outputs`` as a read-only view (what a finished sequence's ``token_ids`` is)."""
+
+    __slots__ = ("prompt", "outputs")
+
+    def __init__(self, prompt, outputs) -> None:
+        self.prompt, self.outputs = prompt, outputs
+
+    def __len__(self) -> int:
+        return len(self.prompt) + len(self.outputs)
+
+    def __getitem__(self, index):
+        return (list(self.prompt) + list(self.outputs))[index]
+
+    def __iter__(self):
+        yield from self.prompt
+        yield from self.outputs

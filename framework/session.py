@@ -7,41 +7,65 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from .engine import Engine, StepRecord
 from .loggers import make_logger
-from .metrics import request_record, summarize
+from .metrics import RequestStats, request_record, summarize
 from .request import Request
 from .runner import run_workload
 from .stack import Stack, build_stack
-from .text import TextError, attach_text, checkpoint_text
+from .text import checkpoint_text, text_decorator
 from .workloads import build_requests
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
 class RunResult:
-    """What a run produced: one dict per request (``requests.jsonl``), the summary, the steps."""
+    """What a run produced: one dict per request (``requests.jsonl``), the summary, the steps.
 
-    requests: list[dict]
-    summary: dict
-    steps: list[StepRecord] = field(default_factory=list)
+    A run written as it went (``run_job``) reads its request records back from
+    ``requests.jsonl`` on first use of :attr:`requests`, so a long run never holds them all.
+    """
+
+    def __init__(self, requests: list[dict] | None, summary: dict, steps: list[StepRecord] | None = None,
+                 requests_path: Path | None = None) -> None:
+        self._requests = requests
+        self.summary = summary
+        self.steps = steps if steps is not None else []
+        self.requests_path = requests_path
+
+    @property
+    def requests(self) -> list[dict]:
+        if self._requests is None:
+            self._requests = list(self.iter_requests())
+        return self._requests
+
+    def iter_requests(self):
+        """The records one at a time (from the file when the run streamed them)."""
+        if self._requests is not None:
+            yield from self._requests
+        elif self.requests_path is not None:
+            with self.requests_path.open() as fh:
+                for line in fh:
+                    yield json.loads(line)
 
     def by_id(self) -> dict[str, dict]:
         return {r["id"]: r for r in self.requests}
 
     def write(self, output_dir: str | Path, log_steps: bool = False) -> None:
-        """Write ``requests.jsonl``, ``summary.json`` and (if ``log_steps``) ``steps.jsonl``."""
+        """Write ``requests.jsonl`` (unless already streamed there), ``summary.json`` and (if
+        ``log_steps``) ``steps.jsonl``."""
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        with (out / "requests.jsonl").open("w") as fh:
-            for rec in self.requests:
-                fh.write(json.dumps(rec) + "\n")
+        target = out / "requests.jsonl"
+        if self.requests_path is None or self.requests_path.resolve() != target.resolve():
+            with target.open("w") as fh:
+                for rec in self.iter_requests():
+                    fh.write(json.dumps(rec) + "\n")
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
         if log_steps:
             with (out / "steps.jsonl").open("w") as fh:
@@ -49,51 +73,81 @@ class RunResult:
                     fh.write(json.dumps(asdict(s)) + "\n")
 
 
-def collect_results(engine: Engine, time_scale: float, status: str = "completed", extra: dict | None = None) -> RunResult:
-    """Turn the engine's sequences and steps into a :class:`RunResult` (partial runs included)."""
+class RequestWriter:
+    """Writes each request's record to ``requests.jsonl`` as it ends and keeps only its numbers
+    (:class:`RequestStats`); attach with ``engine.end_listeners`` and ``engine.forget_ended``."""
+
+    def __init__(self, path: Path, engine: Engine, time_scale: float, decorate=None) -> None:
+        self.path, self.engine, self.time_scale, self.decorate = path, engine, time_scale, decorate
+        self.stats = RequestStats()
+        self._fh = path.open("w")
+
+    def on_end(self, seq) -> None:
+        self._write(seq)
+
+    def _write(self, seq) -> None:
+        limits = self.engine.limits
+        rec = request_record(seq, self.time_scale, limits.ttft_slo_ms, limits.tpot_slo_ms)
+        if self.decorate is not None:
+            self.decorate(rec, seq)
+        self.stats.add(rec)
+        self._fh.write(json.dumps(rec) + "\n")
+
+    def close(self) -> None:
+        """Write the sequences that have not ended (an interrupted run) and close the file."""
+        for seq in list(self.engine.sequences.values()):
+            if not seq.is_finished:
+                self._write(seq)
+        self._fh.close()
+
+
+def collect_results(engine: Engine, time_scale: float, status: str = "completed", extra: dict | None = None,
+                    writer: RequestWriter | None = None) -> RunResult:
+    """Turn the engine's sequences and steps into a :class:`RunResult` (partial runs included);
+    with ``writer``, the records are the ones it streamed to its file."""
     limits = engine.limits
-    records = [request_record(s, time_scale, limits.ttft_slo_ms, limits.tpot_slo_ms) for s in engine.sequences.values()]
-    duration = engine.steps[-1].time_s if engine.steps else 0.0
+    if writer is None:
+        records = [request_record(s, time_scale, limits.ttft_slo_ms, limits.tpot_slo_ms)
+                   for s in engine.sequences.values()]
+        requests = RequestStats.of(records)
+    else:
+        writer.close()
+        records, requests = None, writer.stats
+    totals = engine.totals
     live = any(not s.is_finished for s in engine.sequences.values())
     leaked = engine.allocator.leaked_blocks() if not live else None
-    cached = sum(r["num_cached_prompt_tokens"] for r in records)
-    prompt = sum(r["prompt_len"] for r in records if r["rejected_reason"] is None)
-    summary = summarize(records, engine.steps, duration, leaked, {
+    summary = summarize(requests, totals, totals.last_time_s, leaked, {
         "status": status,
-        "prefix_cache_hit_rate": cached / prompt if prompt else 0.0,
-        "prefill_tokens_computed": sum(s.prefill_tokens for s in engine.steps),
-        "max_concurrent_requests": max((s.num_seqs for s in engine.steps), default=0),
-        "kv_waste_fraction": _mean(s.extra.get("kv_waste_fraction") for s in engine.steps),
+        "prefix_cache_hit_rate": (requests.cached_prompt_tokens / requests.prompt_tokens
+                                  if requests.prompt_tokens else 0.0),
+        "prefill_tokens_computed": totals.prefill_tokens,
+        "max_concurrent_requests": totals.max_concurrent,
+        "kv_waste_fraction": totals.gauge_mean("kv_waste_fraction"),
         **_memory_metrics(engine),
         "num_kv_blocks": engine.allocator.num_blocks,
         "block_size": limits.block_size,
         "cost_model": engine.cost_model.coefficients,
-        "model_time_s": sum(s.model_s for s in engine.steps),
-        "comm_time_s": sum(s.comm_s for s in engine.steps),
+        "model_time_s": totals.model_s,
+        "comm_time_s": totals.comm_s,
         **(extra or {}),
     })
-    return RunResult(records, summary, engine.steps)
+    return RunResult(records, summary, engine.steps, writer.path if writer else None)
 
 
 def _memory_metrics(engine: Engine) -> dict:
     """Swap traffic, KV discarded by recompute preemptions, and the allocator's other gauges (means)."""
     bytes_per_block = getattr(engine.executor, "bytes_per_block", 0)
-    gauges = sorted({k for s in engine.steps for k in s.extra} - {"kv_waste_fraction"})
+    totals = engine.totals
+    gauges = sorted(set(totals.gauge_sums) - {"kv_waste_fraction"})
     return {
-        "swap_out_bytes": sum(s.swap_out_blocks for s in engine.steps) * bytes_per_block,
-        "swap_in_bytes": sum(s.swap_in_blocks for s in engine.steps) * bytes_per_block,
+        "swap_out_bytes": totals.swap_out_blocks * bytes_per_block,
+        "swap_in_bytes": totals.swap_in_blocks * bytes_per_block,
         # tokens whose KV a recompute preemption discarded (recomputed later, less prefix-cache hits)
-        "recomputed_tokens": sum(p.num_computed_tokens for s in engine.steps for p in s.preempted
-                                 if p.kind == "recompute"),
+        "recomputed_tokens": totals.recomputed_tokens,
         "bytes_per_block": bytes_per_block,
         "swap_bandwidth_gb_s": (engine.cost_model.swap_bytes_per_s or 0.0) / 1e9,
-        **{f"{k}_mean": _mean(s.extra.get(k) for s in engine.steps) for k in gauges},
+        **{f"{k}_mean": totals.gauge_mean(k) for k in gauges},
     }
-
-
-def _mean(values):
-    vals = [v for v in values if v is not None]
-    return sum(vals) / len(vals) if vals else 0.0
 
 
 def run_job(cfg: DictConfig, output_dir: str | Path, requests: list[Request] | None = None,
@@ -116,12 +170,18 @@ def run_job(cfg: DictConfig, output_dir: str | Path, requests: list[Request] | N
 
 def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | None, stack: Stack) -> RunResult:
     engine = stack.engine
-    text = checkpoint_text(cfg)
+    engine.keep_steps = bool(cfg.debug.log_steps)  # long runs: the summary comes from engine.totals
+    text = checkpoint_text(cfg)  # the checkpoint's tokenizer: text prompts in, output_text out
     if requests is None:
         requests = build_requests(cfg.workload, stack.executor.spec.vocab_size, stack.limits.max_model_len, text)
+    decorate = text_decorator(text)  # loads the tokenizer (if any) before the run starts
     logger = make_logger(cfg.logger)
     logger.start(cfg, output_dir)
     engine.step_listeners.append(logger.log_step)
+    writer = RequestWriter(output_dir / "requests.jsonl", engine, cfg.workload.time_scale,
+                           decorate=decorate)
+    engine.end_listeners.append(writer.on_end)
+    engine.forget_ended = True  # each ended request is on disk: memory holds only live ones
     status, exit_code = "completed", 0
     progress = _progress_bar(len(requests), cfg.get("progress", True))
     try:
@@ -136,14 +196,12 @@ def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | N
         if progress:
             progress.close()
         result = collect_results(engine, cfg.workload.time_scale, status,
-                                 {"tensor_parallel_size": cfg.tensor_parallel_size})
-        try:
-            attach_text(result.requests, engine.sequences, text)
-        except TextError as exc:  # results without text rather than no results
-            log.error("%s", exc)
+                                 {"tensor_parallel_size": cfg.tensor_parallel_size, **stack.describe_time(),
+                                  **(stack.executor.summary() if hasattr(stack.executor, "summary") else {})},
+                                 writer=writer)
         result.write(output_dir, cfg.debug.log_steps)
         OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
-        logger.finish(result.summary, result.requests, exit_code)
+        logger.finish(result.summary, result.iter_requests(), exit_code)
         if status != "completed":
             log.error("run %s; partial results written to %s", status, output_dir)
     return result

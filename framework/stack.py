@@ -8,13 +8,15 @@ from dataclasses import dataclass
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from .clock import ModelledClock, WallClock
 from .cost_model import StepCostModel
 from .errors import ConfigError
 from .engine import Engine
 from .executor import Executor, LocalExecutor, WorkerConfig
-from .interfaces import EngineLimits
+from .interfaces import EngineLimits, TimeModel, TimeModelContext
 from .model.random_checkpoint import cached_random_checkpoint
-from .registry import Registry, default_registry
+from .registry import KINDS, Registry, default_registry
+from .shapes import DTYPE_BYTES, HardwareProfile, ModelShape
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +26,19 @@ class Stack:
     engine: Engine
     executor: Executor
     limits: EngineLimits
+    time_model: TimeModel | None = None
+    clock_kind: str = "wall"  # wall | virtual | custom (a clock handed in by the caller)
+
+    def describe_time(self) -> dict:
+        """What ``summary.json`` states about time: the clock, the time model, the hardware."""
+        if self.clock_kind == "virtual":  # a profile states the machine it measured, a roofline its spec sheet
+            hardware = getattr(self.time_model, "hardware_label", None) or self.time_model.context.hardware.name
+        else:
+            import platform  # noqa: PLC0415
+
+            hardware = f"this machine ({platform.machine()}, {self.executor.__class__.__name__})"
+        return {"clock": self.clock_kind, "time_model": self.time_model.describe() if self.time_model else None,
+                "hardware": hardware}
 
 
 def validate(cfg: DictConfig) -> None:
@@ -67,6 +82,9 @@ def validate(cfg: DictConfig) -> None:
 def model_path(cfg: DictConfig) -> str:
     """The checkpoint directory: ``model.path`` or the embedded tiny model (written once)."""
     m = cfg.model
+    if m.shape_only:
+        raise ConfigError(f"model={m.name} is a shape from the catalogue (no weights): run it with backend=sim, "
+                          "or give a real checkpoint with model=hf model.path=<dir>")
     if m.path is not None:
         return str(m.path)
     shape = {k: m[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -92,7 +110,35 @@ def worker_config(cfg: DictConfig) -> WorkerConfig:
     )
 
 
+def model_shape(cfg: DictConfig) -> ModelShape:
+    """The model's sizes without loading weights: ``model.path``'s config.json, else the config fields."""
+    m = cfg.model
+    if m.path is not None:
+        return ModelShape.from_config_json(m.path)
+    return ModelShape(num_layers=m.num_hidden_layers, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+                      num_heads=m.num_attention_heads, num_kv_heads=m.num_key_value_heads,
+                      head_dim=m.hidden_size // m.num_attention_heads, vocab_size=m.vocab_size,
+                      tie_word_embeddings=m.tie_word_embeddings, max_position_embeddings=m.max_position_embeddings)
+
+
+def hardware_profile(cfg: DictConfig) -> HardwareProfile:
+    return HardwareProfile.from_config(cfg.hardware)
+
+
+def build_sim_executor(cfg: DictConfig) -> Executor:
+    from .sim_executor import SimExecutor, plan_memory  # noqa: PLC0415
+
+    shape, hardware = model_shape(cfg), hardware_profile(cfg)
+    dtype_bytes = DTYPE_BYTES[_value(cfg.model.dtype)]
+    memory = plan_memory(shape, hardware, cfg.tensor_parallel_size, dtype_bytes, dtype_bytes, cfg.block_size,
+                         cfg.backend.gpu_memory_utilization, cfg.backend.activation_reserve_gb)
+    return SimExecutor(shape, hardware, memory, model_name=cfg.model.name, num_kv_blocks=cfg.num_kv_blocks,
+                       num_swap_blocks=cfg.backend.num_swap_blocks, swap_space_gb=cfg.backend.get("swap_space_gb"))
+
+
 def build_executor(cfg: DictConfig) -> Executor:
+    if cfg.backend.name == "sim":
+        return build_sim_executor(cfg)
     if cfg.backend.num_threads:
         torch.set_num_threads(cfg.backend.num_threads)
     wcfg = worker_config(cfg)
@@ -109,7 +155,8 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
     """Validate ``cfg``, build the executor (unless given) and the policies, and wire the engine."""
     validate(cfg)
     registry = registry or default_registry()
-    classes = {kind: registry.get(kind, cfg[kind].name) for kind in ("scheduler", "allocator", "preemption", "drafter")}
+    classes = {kind: registry.get(kind, cfg[kind].name) for kind in KINDS}
+    clock_kind = _clock_kind(cfg)
     executor = executor or build_executor(cfg)
     if executor.num_kv_blocks < 1:
         raise ConfigError("the KV pool has no blocks: raise backend.kv_cache_memory_gb or set num_kv_blocks")
@@ -129,9 +176,43 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
     drafter = classes["drafter"](_plugin_config(cfg.drafter), limits)
     if drafter.num_speculative_tokens:
         raise ConfigError(f"drafter={cfg.drafter.name!r}: speculative decoding is not supported by the engine yet")
-    engine = Engine(limits, scheduler, allocator, executor, cost_model, seed=cfg.seed,
-                    **({"clock": clock} if clock is not None else {}))
-    return Stack(engine, executor, limits)
+    try:
+        time_model = classes["time_model"](_plugin_config(cfg.time_model), time_model_context(cfg, executor))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if clock is None:
+        clock = ModelledClock(time_model) if clock_kind == "virtual" else WallClock()
+    else:
+        clock_kind = "custom"
+    engine = Engine(limits, scheduler, allocator, executor, cost_model, seed=cfg.seed, clock=clock)
+    return Stack(engine, executor, limits, time_model, clock_kind)
+
+
+def _clock_kind(cfg: DictConfig) -> str:
+    """``clock=auto`` resolved, and the combinations of clock, backend and time model checked."""
+    kind = _value(cfg.clock)
+    sim = cfg.backend.name == "sim"
+    if kind == "auto":
+        kind = "virtual" if sim else "wall"
+    tm = cfg.time_model.name
+    if sim and kind == "wall":
+        raise ConfigError("backend=sim has no wall time to measure: use clock=virtual (or clock=auto)")
+    if kind == "wall" and tm != "measured":
+        raise ConfigError(f"time_model={tm} prices steps on the virtual clock: add clock=virtual "
+                          "(on clock=wall steps are timed as they run: time_model=measured)")
+    if kind == "virtual" and tm == "measured":
+        raise ConfigError("clock=virtual needs a time model that predicts step times: time_model=roofline "
+                          "(hardware=<name>) or time_model=profile time_model.path=<profile.json>")
+    return kind
+
+
+def time_model_context(cfg: DictConfig, executor: Executor) -> TimeModelContext:
+    shape = getattr(executor, "shape", None) or ModelShape.from_spec(executor.spec)
+    dtype = _value(cfg.model.dtype)
+    name = cfg.model.name if cfg.model.path is None else str(cfg.model.path)
+    return TimeModelContext(shape=shape, hardware=hardware_profile(cfg), tensor_parallel_size=cfg.tensor_parallel_size,
+                            dtype=dtype, weight_dtype_bytes=DTYPE_BYTES[dtype], kv_dtype_bytes=DTYPE_BYTES[dtype],
+                            block_size=cfg.block_size, model_name=name)
 
 
 def _attach_swap_pool(cfg: DictConfig, executor: Executor, allocator, cost_model: StepCostModel) -> None:

@@ -27,6 +27,9 @@ class VirtualClock:
 
     sleep = advance
 
+    def end_step(self, work) -> None:
+        """The fake executor already advanced the clock."""
+
 
 @dataclass
 class StepTimeModel:

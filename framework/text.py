@@ -119,12 +119,25 @@ def checkpoint_text(cfg) -> CheckpointText:
     return CheckpointText(path, f"model={cfg.model.name} ({path})" if path else None)
 
 
-def attach_text(records: list[dict], sequences: dict, text: CheckpointText) -> None:
-    """Add ``prompt_text`` and ``output_text`` to each request record when the checkpoint has a tokenizer."""
+def text_decorator(text: CheckpointText):
+    """``decorate(record, seq)`` adding ``prompt_text`` / ``output_text`` to a request record, or
+    None when the checkpoint has no tokenizer (the records then carry token ids only)."""
     if not text.available:
+        return None
+
+    def decorate(rec: dict, seq) -> None:
+        rec["prompt_text"] = text.decode(seq.request.prompt_token_ids)
+        rec["output_text"] = text.decode(rec["output_token_ids"])
+
+    return decorate
+
+
+def attach_text(records: list[dict], sequences: dict, text: CheckpointText) -> None:
+    """Add ``prompt_text`` and ``output_text`` to each record whose sequence is in ``sequences``."""
+    decorate = text_decorator(text)
+    if decorate is None:
         return
     for rec in records:
         seq = sequences.get(rec["id"])
         if seq is not None:
-            rec["prompt_text"] = text.decode(seq.request.prompt_token_ids)
-        rec["output_text"] = text.decode(rec["output_token_ids"])
+            decorate(rec, seq)

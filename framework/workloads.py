@@ -14,6 +14,8 @@ import logging
 from datetime import datetime
 from pathlib import Path
 
+import functools
+
 import numpy as np
 
 from .errors import ServelabError
@@ -60,7 +62,14 @@ def _lengths(rng: np.random.Generator, spec, n: int, key: str) -> np.ndarray:
 
 
 def _random_prompt(rng: np.random.Generator, length: int, vocab_size: int) -> tuple[int, ...]:
-    return tuple(int(t) for t in rng.integers(0, vocab_size, size=length))
+    # Every prompt refers to one shared int object per token id: a whole trace's prompts (22M
+    # tokens for the Azure conversation trace) cost a pointer per token, not an int object each.
+    return tuple(map(_token_objects(vocab_size).__getitem__, rng.integers(0, vocab_size, size=length).tolist()))
+
+
+@functools.lru_cache(maxsize=4)
+def _token_objects(vocab_size: int) -> list[int]:
+    return list(range(vocab_size))
 
 
 def synthetic_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
@@ -78,9 +87,35 @@ def synthetic_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request
         arrivals -= arrivals[0] if n else 0
     else:
         arrivals = np.zeros(n)
-    return [Request(id=f"req-{i}", prompt_token_ids=_random_prompt(rng, int(prompts[i]), vocab_size),
-                    max_tokens=int(outputs[i]), arrival_time=float(arrivals[i]), ignore_eos=True)
-            for i in range(n)]
+    state = rng.bit_generator.state
+
+    def generate():  # prompts drawn in request order, as they are needed; the same on every pass
+        prompt_rng = np.random.default_rng()
+        prompt_rng.bit_generator.state = state
+        for i in range(n):
+            yield Request(id=f"req-{i}", prompt_token_ids=_random_prompt(prompt_rng, int(prompts[i]), vocab_size),
+                          max_tokens=int(outputs[i]), arrival_time=float(arrivals[i]), ignore_eos=True)
+
+    return InArrivalOrder(n, generate)
+
+
+class InArrivalOrder:
+    """Requests made one at a time, in arrival order, each time it is iterated (once per run):
+    a 100,000-request workload never holds more than the requests that have arrived."""
+
+    in_arrival_order = True
+
+    def __init__(self, count: int, generate) -> None:
+        self.count, self._generate = count, generate
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self):
+        return self._generate()
+
+    def __getitem__(self, index):
+        return list(self)[index]
 
 
 _JSONL_KEYS = {"id", "prompt", "prompt_token_ids", "prompt_len", "max_tokens", "arrival_time", "priority", "ttft_slo_ms",

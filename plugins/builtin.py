@@ -32,3 +32,10 @@ def servelab_register_drafters():
     from .drafters import BUILTIN
 
     return BUILTIN
+
+
+@hookimpl
+def servelab_register_time_models():
+    from .time_models import BUILTIN
+
+    return BUILTIN

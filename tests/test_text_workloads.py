@@ -124,7 +124,8 @@ def test_requests_jsonl_carries_output_text(tmp_path, text_checkpoint):
     tok = build_byte_tokenizer()
     for line in lines:
         assert line["output_text"] == tok.decode(line["output_token_ids"], skip_special_tokens=True)
-    assert lines[0]["prompt_text"] == "import os\n" and lines[1]["prompt_text"] == "#"
+    by_id = {line["id"]: line for line in lines}  # written as requests end
+    assert by_id["req-0"]["prompt_text"] == "import os\n" and by_id["req-1"]["prompt_text"] == "#"
     console = Console(record=True, width=100)
     print_samples(result.requests, console)
     out = console.export_text()

@@ -114,8 +114,9 @@ budget); worst gap {off['itl_max']:.0f} -> {on['itl_max']:.0f} ms. Long-document
 Reading: without chunking a long prompt occupies a whole step, and every running request waits
 for it: those steps are the ITL tail. Chunking bounds each step to the token budget, so the stall
 a decode sees shrinks with the budget, at the price of spreading a long prompt's prefill over
-more steps (its TTFT) and more steps overall. {doc_note} Timings on this shared 2-core machine are noisy
-(other jobs ran alongside); compare rows of one multirun.
+more steps (its TTFT) and more steps overall. {doc_note} On the virtual clock (the preset's default) the times
+are the profile's prices for the steps the real model ran, so they reproduce exactly; on the wall
+clock (`clock=wall time_model=measured`) they move with the machine's load.
 """
     (HERE / "README.md").write_text(text)
     print(text)

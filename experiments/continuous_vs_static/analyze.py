@@ -86,8 +86,10 @@ how much cheaper a token is in a bigger step: on this CPU a decode step's cost g
 batch (the torch attention gathers every sequence's context up to the longest one), so at large
 batches keeping seats full buys less (see the 64 row), and with the 256-wide default tiny model
 the gain is smaller still (about 1.3-1.7x in our trial runs). On a GPU, where a decode step costs
-about the same at batch 1 and 64, it grows with the batch. Timings on this shared 2-core machine
-are noisy (other jobs ran alongside); the ratios compare runs of one multirun.
+about the same at batch 1 and 64, the gain is larger: the simulator's figures for Llama-2-70B on
+4 x A100 (`experiment=continuous_vs_static_sim`) are in `experiments/capacity_search/README.md`. On the virtual clock (the preset's default) the times
+are the profile's prices for the steps the real model ran, so they reproduce exactly; on the wall
+clock (`clock=wall time_model=measured`) they move with the machine's load.
 """
     (HERE / "README.md").write_text(text)
     print(text)

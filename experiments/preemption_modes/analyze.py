@@ -29,8 +29,9 @@ def break_even_gb_s(summary: dict, tokens: int) -> float:
 
 
 def fastest_of_repeats(rows: list[dict]) -> list[dict]:
-    """Keep each (pool, prompt length, policy)'s fastest repeat: other jobs on the machine only
-    ever slow a run down, so the minimum is the least disturbed measurement."""
+    """Keep each (pool, prompt length, policy)'s fastest repeat: on the wall clock other jobs only
+    ever slow a run down, so the minimum is the least disturbed measurement; on the virtual clock
+    the repeats differ only in their seeds (token ids)."""
     best: dict[tuple, dict] = {}
     for r in rows:
         key = (r["kv_blocks"], r["prompt_len"], r["policy"])
@@ -52,12 +53,13 @@ def conclusion(rows: list[dict], verdicts: list[dict]) -> str:
             f"{even:.3g} GB/s for every prompt length here; the measured link is >= {link:.3g} GB/s, so there is no "
             f"crossover on this machine (it would take a link ~{link / even:.0f}x slower). Measured end to end, "
             f"swap/recompute throughput ranges {min(ratios):.2f}-{max(ratios):.2f}: the cost of either kind of "
-            f"preemption is small next to the rest of these runs, within the machine's noise.")
+            f"preemption is small next to the rest of these runs.")
     if same_work:
         gaps = [v["adaptive/best"] for v in same_work]
         text += (f" `adaptive` chose swap for every victim in {len(same_work)} of {len(verdicts)} configurations, "
                  f"i.e. it did exactly the work of `swap` there; its throughput relative to the better fixed policy "
-                 f"({min(gaps):.2f}-{max(gaps):.2f}) therefore also shows how noisy wall-clock runs (even the fastest of 3) are here.")
+                 f"({min(gaps):.2f}-{max(gaps):.2f}) is what the same work costs on another seed (on the wall clock it "
+                 f"also shows the machine's noise).")
     return text
 
 

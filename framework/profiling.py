@@ -1,0 +1,134 @@
+"""``servelab profile [overrides]``: fit a step-time profile of the real engine on this machine.
+
+It runs a standard probe workload through the configured stack on the wall clock (decode
+batches of 1 .. ``max_num_seqs`` over growing contexts, then a mixed Poisson load with chunked
+prefill), fits :mod:`servelab.step_profile`'s piecewise-linear model to the measured steps and
+writes ``profile.json`` with where it came from. ``time_model=profile time_model.path=<file>``
+then prices steps with it on the virtual clock.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from .errors import ConfigError
+from .request import Request
+from .runner import run_workload
+from .shapes import ModelShape
+from .stack import build_stack
+from .step_profile import feature_vector, fit_profile, machine_description
+
+log = logging.getLogger(__name__)
+USAGE = "usage: servelab profile [--out=PATH] [hydra overrides...]"
+
+
+def probe_requests(vocab_size: int, max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int,
+                   seed: int = 0) -> list[list[Request]]:
+    """Phases of the standard probe: one list of requests per phase, each run to the end."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    phases = []
+    length = 16
+    while length <= min(max_num_batched_tokens, max_model_len - 1):  # prefill alone, one prompt per step
+        phases.append([Request(f"p{length}-{r}", tuple(rng.integers(0, vocab_size, size=length).tolist()), 1,
+                               arrival_time=0.001 * r) for r in range(3)])
+        length *= 2
+    short, long_ = (16, 64), (256, max(257, min(1024, max_model_len // 2)))
+    batch = 1
+    while batch <= max_num_seqs:  # decode at every batch size, over short and long contexts
+        for lo, hi in (short, long_):
+            prompts = rng.integers(lo, hi, size=batch)
+            phases.append([Request(f"b{batch}-{lo}-{i}", tuple(rng.integers(0, vocab_size, size=int(p)).tolist()), 24)
+                           for i, p in enumerate(prompts)])
+        batch *= 2
+    n = max(8, max_num_seqs)
+    arrivals = np.cumsum(rng.exponential(0.02, size=n))
+    prompts = rng.integers(16, max(17, min(1024, max_model_len // 2)), size=n)
+    outputs = rng.integers(8, 64, size=n)
+    phases.append([Request(f"mix-{i}", tuple(rng.integers(0, vocab_size, size=int(p)).tolist()), int(o),
+                           arrival_time=float(a)) for i, (p, o, a) in enumerate(zip(prompts, outputs, arrivals))])
+    return phases
+
+
+def profile_main(argv: list[str]) -> int:
+    out = None
+    overrides = []
+    for arg in argv:
+        if arg in ("-h", "--help"):
+            print(USAGE + "\n\n" + (__doc__ or ""))
+            return 0
+        if arg.startswith("--out="):
+            out = Path(arg.split("=", 1)[1])
+        else:
+            overrides.append(arg)
+    from .api import compose
+
+    cfg = compose(overrides + ["clock=wall", "time_model=measured"], logger="none", progress=False)
+    if cfg.backend.name == "sim":
+        raise ConfigError("servelab profile measures the real engine: backend=sim has nothing to measure")
+    stack = build_stack(cfg)
+    try:
+        swap_bytes_per_s = stack.executor.measure_swap_bandwidth()
+        engine = stack.engine
+        works, seconds = [], []
+        warmup = 2  # lazy initialisation in the first steps
+        previous: list = [None]
+        idle = [False]
+        engine_sleep = engine.sleep
+
+        def sleep(s):  # an idle wait between two steps: the first one's interval is not a step's cost
+            idle[0] = True
+            engine_sleep(s)
+
+        def keep(record):
+            # A step's cost on a virtual clock is the interval from its start to the next step's
+            # start when they follow back to back: the engine's own work between steps counts.
+            prev = previous[0]
+            if prev is not None and prev.step >= warmup and not idle[0]:
+                works.append(prev.work)
+                seconds.append((record.time_s - record.duration_s) - (prev.time_s - prev.duration_s))
+            previous[0], idle[0] = record, False
+
+        engine.step_listeners.append(keep)
+        phases = probe_requests(stack.executor.spec.vocab_size, cfg.max_num_seqs, stack.limits.max_model_len,
+                                cfg.max_num_batched_tokens, cfg.seed)
+        for i, phase in enumerate(phases):
+            print(f"servelab profile: phase {i + 1}/{len(phases)}: {len(phase)} requests", file=sys.stderr)
+            run_workload(engine, phase, sleep=sleep)
+            previous[0] = None  # the next phase starts after a pause
+    finally:
+        stack.executor.shutdown()
+    source = {
+        "model": cfg.model.name if cfg.model.path is None else str(cfg.model.path),
+        "dtype": str(getattr(cfg.model.dtype, "value", cfg.model.dtype)),
+        "backend": cfg.backend.name, "device": str(getattr(stack.executor, "worker", None) and stack.executor.worker.device),
+        "attention_backend": str(getattr(cfg.attention_backend, "value", cfg.attention_backend)),
+        "num_threads": torch.get_num_threads(), "tensor_parallel_size": cfg.tensor_parallel_size,
+        "block_size": cfg.block_size, "max_num_seqs": cfg.max_num_seqs, "overrides": overrides,
+        "shape": asdict(ModelShape.from_spec(stack.executor.spec)),
+        "machine": machine_description(), "created": dt.datetime.now().isoformat(timespec="seconds"),
+    }
+    profile = fit_profile(works, seconds, source=source)
+    # The probe never preempts, so block copies are priced from a measured copy, not fitted: a
+    # swap moves a block over the host link, a copy-on-write a block within device memory.
+    per_block = stack.executor.bytes_per_block / max(swap_bytes_per_s, 1.0)
+    profile.set_coefficient("swap_blocks", per_block)
+    profile.set_coefficient("copy_blocks", per_block)
+    profile.source["swap_bytes_per_s"] = swap_bytes_per_s
+    profile.samples = [[*feature_vector(w, profile.knots), t] for w, t in zip(works, seconds)]
+    if out is None:
+        out = Path("profiles") / f"{Path(source['model']).name}-{source['dtype']}-{source['num_threads']}t.json"
+    profile.save(out)
+    fit = profile.fit
+    print(f"servelab profile: {fit['num_steps']} steps ({fit['total_s']:.1f} s) fitted: R^2 {fit['r2']:.3f}, "
+          f"mean |error| {fit['mean_abs_pct_error']:.1%} per step, {fit['total_time_error']:+.1%} in total")
+    print(f"wrote {out}\nuse it: python run.py clock=virtual time_model=profile time_model.path={out.resolve()} "
+          + " ".join(overrides))
+    return 0
