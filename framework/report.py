@@ -46,8 +46,8 @@ def print_samples(requests: Iterable[dict], console: Console | None = None, limi
     if not shown:
         return
     console = console or Console()
-    console.print("[bold]sample completions[/bold] ([dim]prompt[/dim] then [bold green]completion[/bold green]; "
-                  "every one is in requests.jsonl, output_text)")
+    console.print("[bold]sample completions[/bold] ([dim]prompt[/dim], [bold green]completion[/bold green]; "
+                  "all in requests.jsonl)")
     for r in shown:
         prompt = r.get("prompt_text") or ""
         if len(prompt) > prompt_chars:
