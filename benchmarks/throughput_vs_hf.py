@@ -40,7 +40,8 @@ def workload(seed: int = 0, n: int = 64) -> list[Request]:
 
 
 def servelab_config(extra=()):
-    overrides = [f"model.{k}={v}" for k, v in SHAPE.items()] + ["logger=none", "progress=false", *extra]
+    overrides = ["model=tiny", "workload=synthetic", *(f"model.{k}={v}" for k, v in SHAPE.items()),
+                 "logger=none", "progress=false", *extra]
     return compose(overrides)
 
 

@@ -55,7 +55,7 @@ def run_size(size: int, args: argparse.Namespace, model_path: str, out_dir: Path
     from servelab.api import compose
     from servelab.session import run_job
 
-    cfg = compose([f"model.path={model_path}", f"model.dtype={args.dtype}", f"tensor_parallel_size={size}",
+    cfg = compose(["model=hf", "workload=synthetic", f"model.path={model_path}", f"model.dtype={args.dtype}", f"tensor_parallel_size={size}",
                    f"backend.device={args.device}", "logger=none", "progress=false",
                    f"workload.num_requests={args.num_requests}", "workload.arrival=all_at_once",
                    f"workload.prompt_len.min={args.prompt_len // 2}", f"workload.prompt_len.max={args.prompt_len}",

@@ -24,6 +24,7 @@ from .request import Request, SamplingParams
 from .runner import run_workload
 from .session import RunResult, collect_results, run_job
 from .stack import Stack, build_stack
+from .text import attach_text, checkpoint_text
 
 
 def compose(overrides: Seq[str] = (), **values: Any) -> DictConfig:
@@ -55,15 +56,25 @@ class LLM:
         self.cfg = overrides if isinstance(overrides, DictConfig) else compose(overrides, **values)
         self.stack: Stack = build_stack(self.cfg)
         self.engine = self.stack.engine
+        self.text = checkpoint_text(self.cfg)  # the checkpoint's tokenizer (loaded on first use)
         self._counter = 0
 
-    def add_request(self, prompt_token_ids: Seq[int], max_tokens: int, *, id: str | None = None,
+    def add_request(self, prompt: str | Seq[int], max_tokens: int, *, id: str | None = None,
                     arrival_time: float = 0.0, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                    seed: int | None = None, ignore_eos: bool = True, priority: int = 0,
+                    seed: int | None = None, ignore_eos: bool | None = None, priority: int = 0,
                     ttft_slo_ms: float | None = None, tpot_slo_ms: float | None = None) -> str:
-        """Add one request now (it is rejected, with a reason in its result, if it can never run)."""
+        """Add one request now (it is rejected, with a reason in its result, if it can never run).
+
+        ``prompt`` is token ids, or a string tokenized with the checkpoint's tokenizer. Token ids
+        ignore EOS unless ``ignore_eos=False``; a string stops at EOS unless ``ignore_eos=True``."""
         rid = id or f"req-{self._counter}"
         self._counter += 1
+        if isinstance(prompt, str):
+            prompt_token_ids = self.text.encode(prompt, f"add_request(id={rid!r})")
+            ignore_eos = False if ignore_eos is None else ignore_eos
+        else:
+            prompt_token_ids = prompt
+            ignore_eos = True if ignore_eos is None else ignore_eos
         self.engine.add_request(Request(rid, tuple(prompt_token_ids), max_tokens, arrival_time,
                                         SamplingParams(temperature, top_p, top_k, seed), ignore_eos, priority,
                                         ttft_slo_ms, tpot_slo_ms))
@@ -78,7 +89,9 @@ class LLM:
 
     def results(self) -> RunResult:
         """Results of every request added so far (the objects the CLI writes)."""
-        return collect_results(self.engine, 1.0, "completed" if not self.has_unfinished() else "partial")
+        result = collect_results(self.engine, 1.0, "completed" if not self.has_unfinished() else "partial")
+        attach_text(result.requests, self.engine.sequences, self.text)
+        return result
 
     def generate(self, requests: Seq[Request]) -> RunResult:
         """Run ``requests`` to completion, honouring their arrival times."""

@@ -19,7 +19,7 @@ from .registry import PluginError
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> float | None:
-    from .report import print_summary
+    from .report import print_samples, print_summary
     from .session import run_job
 
     hydra_cfg = HydraConfig.get()
@@ -33,6 +33,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
             # launcher's workers) still run, and the sweep fails once they are done.
             raise
         sys.exit(2)
+    print_samples(result.iter_requests())
     print_summary(result.summary, output_dir)
     return result.summary.get("output_throughput_tok_s")
 
@@ -41,6 +42,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
 # called with the remaining arguments (Hydra overrides) and returning an exit code.
 SUBCOMMANDS: dict[str, str] = {
     "profile": "profiling:profile_main",
+    "eval-ppl": "eval_ppl:main",  # held-out perplexity of the configured checkpoint (ppl.json)
 }
 
 

@@ -11,13 +11,19 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from .registry import KINDS, Registry, default_registry
+
+# The trained checkpoints shipped inside the package (experiments/train_tiny made them).
+PACKAGED_CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
+PACKAGED_MODELS = ("tiny_code", "tiny_code_draft")
 
 
 class DType(enum.Enum):
@@ -53,6 +59,8 @@ class LengthDist(enum.Enum):
 class ModelConfig:
     """``path`` = an HF-format checkpoint directory; null = the embedded tiny model below, written
     once with random weights (seeded) to the cache folder and loaded through the same loader.
+    ``model=tiny_code`` / ``model=tiny_code_draft`` set ``path`` to a trained checkpoint shipped in
+    the package (the shape fields then do not apply: the checkpoint's config.json rules).
 
     ``shape_only`` entries (the catalogue: ``model=llama3_70b`` ...) are public ``config.json``
     shapes without weights, for ``backend=sim``. With ``backend=sim`` a ``path`` may also point
@@ -98,12 +106,53 @@ class SyntheticWorkload:
 
 @dataclass
 class JsonlWorkload:
-    """One JSON object per line: ``prompt_token_ids`` or ``prompt_len``, ``max_tokens``, optional
+    """One JSON object per line: ``prompt`` (text, tokenized with the checkpoint's tokenizer),
+    ``prompt_token_ids`` or ``prompt_len``, ``max_tokens``, optional
     ``arrival_time`` (s), ``id``, ``priority``, ``ttft_slo_ms``, ``tpot_slo_ms``, ``ignore_eos``,
     ``temperature``/``top_p``/``top_k``/``seed``."""
 
     name: str = "jsonl"
     path: str = MISSING
+    seed: int = "${seed}"  # type: ignore[assignment]
+    time_scale: float = 1.0
+
+
+@dataclass
+class PromptsWorkload:
+    """A plain text file, one prompt per line (``\\n`` and ``\\t`` escapes, ``\\\\`` for a backslash),
+    tokenized with the checkpoint's tokenizer; blank lines are skipped. Each request generates up
+    to ``max_tokens`` and stops at EOS unless ``ignore_eos``."""
+
+    name: str = "prompts"
+    path: str = MISSING
+    max_tokens: int = 128
+    ignore_eos: bool = False
+    arrival: Arrival = Arrival.all_at_once
+    rate: float = 1.0  # requests per second (poisson)
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = "${seed}"  # type: ignore[assignment]
+    time_scale: float = 1.0
+
+
+@dataclass
+class CorpusWorkload:
+    """Prompts from the held-out split of the stdlib corpus (``servelab.corpus``): the first
+    ``prefix_bytes`` bytes of a held-out document (a module header or a top-level definition,
+    longer than the prefix), drawn with a seed; each generates up to ``max_tokens`` and stops at
+    EOS unless ``ignore_eos``."""
+
+    name: str = "corpus"
+    num_requests: int = 100  # at rate 2/s: the default run is a ~1 min session far from saturating 2 cores
+    prefix_bytes: int = 96
+    max_tokens: int = 128
+    ignore_eos: bool = False
+    arrival: Arrival = Arrival.poisson
+    rate: float = 2.0  # requests per second (poisson)
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
     seed: int = "${seed}"  # type: ignore[assignment]
     time_scale: float = 1.0
 
@@ -204,6 +253,19 @@ class DebugConfig:
 
 
 @dataclass
+class EvalPPLConfig:
+    """``servelab eval-ppl``: held-out perplexity of the configured checkpoint through servelab's
+    model. ``window`` null = the model's context (``max_position_embeddings``, capped by
+    ``max_model_len``); ``max_tokens`` null = the whole held-out split; ``output_dir`` null =
+    ``outputs/eval-ppl/<date>/<time>``."""
+
+    window: Optional[int] = None
+    max_tokens: Optional[int] = None
+    batch_windows: int = 8
+    output_dir: Optional[str] = None
+
+
+@dataclass
 class ServelabConfig:
     """Top-level keys; groups are filled by the defaults list in ``conf/config.yaml``."""
 
@@ -229,6 +291,7 @@ class ServelabConfig:
     clock: Clock = Clock.auto
     slo: SLOConfig = field(default_factory=SLOConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
+    eval_ppl: EvalPPLConfig = field(default_factory=EvalPPLConfig)
     progress: bool = True
 
 
@@ -237,6 +300,19 @@ def plugin_node(cls: type) -> Any:
     node_cls = dataclasses.make_dataclass(
         f"{cls.__name__}Node", [("name", str, field(default=cls.name))], bases=(cls.Config,))
     return node_cls()
+
+
+def packaged_model_node(name: str) -> dict:
+    """``model=tiny_code`` and friends (global, like the catalogue models): the checkpoint's path,
+    ``max_model_len`` = its context, and one torch thread (these models gain nothing from a second
+    one, and on a shared box a descheduled second thread stalls every op: TPOT 4 ms -> 500 ms)."""
+    path = PACKAGED_CHECKPOINTS / name
+    try:
+        context = json.loads((path / "config.json").read_text())["max_position_embeddings"]
+    except (OSError, ValueError, KeyError):
+        context = 512
+    return {"model": ModelConfig(name=name, path=str(path)), "max_model_len": context,
+            "backend": {"num_threads": 1}}
 
 
 def register_configs(registry: Registry | None = None) -> None:
@@ -249,10 +325,14 @@ def register_configs(registry: Registry | None = None) -> None:
             cs.store(group=kind, name=name, node=plugin_node(registry.get(kind, name)))
     cs.store(group="model", name="tiny", node=ModelConfig())
     cs.store(group="model", name="hf", node=ModelConfig(name="hf", path=MISSING))
+    for name in PACKAGED_MODELS:
+        cs.store(group="model", name=name, node=packaged_model_node(name), package="_global_")
     cs.store(group="workload", name="synthetic", node=SyntheticWorkload)
     cs.store(group="workload", name="jsonl", node=JsonlWorkload)
     cs.store(group="workload", name="trace", node=TraceWorkload)
     cs.store(group="workload", name="hash_ids", node=HashIdsWorkload)
+    cs.store(group="workload", name="prompts", node=PromptsWorkload)
+    cs.store(group="workload", name="corpus", node=CorpusWorkload)
     cs.store(group="backend", name="torch", node=BackendConfig)
     cs.store(group="logger", name="wandb", node=LoggerConfig)
     cs.store(group="logger", name="none", node=LoggerConfig(name="none", mode="disabled"))

@@ -64,9 +64,13 @@ class WandbLogger(RunLogger):
             if self.cfg.log_requests_table:
                 cols = ["id", "prompt_len", "output_len", "arrival_s", "ttft_ms", "tpot_ms", "e2e_ms", "queue_ms",
                         "num_preemptions", "finish_reason", "rejected_reason", "met_slo"]
-                rows = [[r.get(c) for c in cols] for r in requests]  # any iterable of records
+                rows, text_cols = [], None
+                for r in requests:  # any iterable of records
+                    if text_cols is None:  # checkpoints with a tokenizer: the text too
+                        text_cols = [c for c in ("prompt_text", "output_text") if c in r]
+                    rows.append([r.get(c) for c in cols + text_cols])
                 if rows:
-                    self.run.log({"requests": wandb.Table(columns=cols, data=rows)})
+                    self.run.log({"requests": wandb.Table(columns=cols + text_cols, data=rows)})
         finally:
             self.run.finish(exit_code=exit_code)
             self.run = None

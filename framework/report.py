@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Iterable
+
 from rich.console import Console
 from rich.table import Table
 
@@ -22,3 +24,34 @@ def print_summary(summary: dict, output_dir: str, console: Console | None = None
         table.add_row(f"{key} mean / p50 / p99", " / ".join(fmt(s.get(k)) for k in ("mean", "p50", "p99")))
     console.print(table)
     console.print(f"results: {output_dir}/requests.jsonl, summary.json")
+
+
+def print_samples(requests: Iterable[dict], console: Console | None = None, limit: int = 3,
+                  prompt_chars: int = 240) -> None:
+    """A few prompt -> completion pairs (records with ``output_text``: checkpoints with a tokenizer),
+    those that ended by themselves (EOS) first: a whole definition reads best."""
+    from rich.text import Text
+
+    stopped, other = [], []
+    for r in requests:
+        if "output_text" not in r:
+            return  # no tokenizer: no record has text
+        if r.get("finish_reason") == "stop":
+            stopped.append(r)
+            if len(stopped) >= limit:
+                break
+        elif r.get("finish_reason") and len(other) < limit:
+            other.append(r)
+    shown = (stopped + other)[:limit]
+    if not shown:
+        return
+    console = console or Console()
+    console.print("[bold]sample completions[/bold] ([dim]prompt[/dim] then [bold green]completion[/bold green]; "
+                  "every one is in requests.jsonl, output_text)")
+    for r in shown:
+        prompt = r.get("prompt_text") or ""
+        if len(prompt) > prompt_chars:
+            prompt = "…" + prompt[-prompt_chars:]
+        console.rule(f"{r['id']}: {r['output_len']} tokens, finish={r['finish_reason']}", style="dim")
+        console.print(Text(prompt, style="dim") + Text(r["output_text"], style="bold green"), soft_wrap=True)
+    console.rule(style="dim")

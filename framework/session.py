@@ -18,6 +18,7 @@ from .metrics import RequestStats, request_record, summarize
 from .request import Request
 from .runner import run_workload
 from .stack import Stack, build_stack
+from .text import checkpoint_text, text_decorator
 from .workloads import build_requests
 
 log = logging.getLogger(__name__)
@@ -170,12 +171,15 @@ def run_job(cfg: DictConfig, output_dir: str | Path, requests: list[Request] | N
 def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | None, stack: Stack) -> RunResult:
     engine = stack.engine
     engine.keep_steps = bool(cfg.debug.log_steps)  # long runs: the summary comes from engine.totals
+    text = checkpoint_text(cfg)  # the checkpoint's tokenizer: text prompts in, output_text out
     if requests is None:
-        requests = build_requests(cfg.workload, stack.executor.spec.vocab_size, stack.limits.max_model_len)
+        requests = build_requests(cfg.workload, stack.executor.spec.vocab_size, stack.limits.max_model_len, text)
+    decorate = text_decorator(text)  # loads the tokenizer (if any) before the run starts
     logger = make_logger(cfg.logger)
     logger.start(cfg, output_dir)
     engine.step_listeners.append(logger.log_step)
-    writer = RequestWriter(output_dir / "requests.jsonl", engine, cfg.workload.time_scale)
+    writer = RequestWriter(output_dir / "requests.jsonl", engine, cfg.workload.time_scale,
+                           decorate=decorate)
     engine.end_listeners.append(writer.on_end)
     engine.forget_ended = True  # each ended request is on disk: memory holds only live ones
     status, exit_code = "completed", 0

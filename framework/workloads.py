@@ -1,5 +1,6 @@
-"""Workloads: synthetic, a jsonl file of requests, a CSV request trace, or a hash-id trace
-(``workload_hash_ids``), turned into Requests.
+"""Workloads: synthetic, a jsonl file of requests, a CSV request trace, a hash-id trace
+(``workload_hash_ids``), or text prompts (``workload_text``: a prompts file, the held-out
+corpus), turned into Requests.
 
 Trace transformations (sample N rows, scale lengths, clip to max_model_len, compress time) are
 explicit config values and every one applied is logged; no row is dropped silently.
@@ -27,12 +28,17 @@ class WorkloadError(ServelabError, ValueError):
     """A workload file or setting that cannot be used; the message names the file/line or key."""
 
 
-def build_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
-    """The requests of workload config ``cfg`` (its ``name`` picks the kind)."""
+def build_requests(cfg, vocab_size: int, max_model_len: int, text=None) -> list[Request]:
+    """The requests of workload config ``cfg`` (its ``name`` picks the kind). ``text`` is the
+    checkpoint's :class:`~servelab.text.CheckpointText` (text prompts need its tokenizer)."""
+    from .text import CheckpointText
     from .workload_hash_ids import hash_ids_requests
+    from .workload_text import corpus_requests, prompts_requests
 
-    kinds = {"synthetic": synthetic_requests, "jsonl": jsonl_requests, "trace": trace_requests,
-             "hash_ids": hash_ids_requests}
+    text = text if text is not None else CheckpointText(None)
+    kinds = {"synthetic": synthetic_requests, "jsonl": lambda c, v, m: jsonl_requests(c, v, m, text),
+             "trace": trace_requests, "hash_ids": hash_ids_requests,
+             "prompts": lambda c, v, m: prompts_requests(c, text), "corpus": lambda c, v, m: corpus_requests(c, text)}
     if cfg.name not in kinds:
         raise WorkloadError(f"workload.name={cfg.name!r} is not one of {sorted(kinds)}")
     return kinds[cfg.name](cfg, vocab_size, max_model_len)
@@ -112,13 +118,15 @@ class InArrivalOrder:
         return list(self)[index]
 
 
-_JSONL_KEYS = {"id", "prompt_token_ids", "prompt_len", "max_tokens", "arrival_time", "priority", "ttft_slo_ms",
+_JSONL_KEYS = {"id", "prompt", "prompt_token_ids", "prompt_len", "max_tokens", "arrival_time", "priority", "ttft_slo_ms",
                "tpot_slo_ms", "ignore_eos", "temperature", "top_p", "top_k", "seed"}
 
 
-def jsonl_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
-    """Requests from a jsonl file; they stop at ``max_tokens`` and ignore EOS unless
-    ``ignore_eos: false``. A ``prompt_len`` without token ids gets seeded random tokens."""
+def jsonl_requests(cfg, vocab_size: int, max_model_len: int, text=None) -> list[Request]:
+    """Requests from a jsonl file; they stop at ``max_tokens``. A ``prompt`` string is tokenized
+    with the checkpoint's tokenizer (``text``) and stops at EOS unless ``ignore_eos: true``; token
+    ids (``prompt_token_ids``, or seeded random ones for a ``prompt_len``) ignore EOS unless
+    ``ignore_eos: false``."""
     path = Path(cfg.path)
     if not path.is_file():
         raise WorkloadError(f"workload.path={str(path)!r}: no such file")
@@ -133,14 +141,14 @@ def jsonl_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise WorkloadError(f"{where}: not valid JSON ({exc.msg})") from None
-            requests.append(_jsonl_request(obj, where, len(requests), rng, vocab_size))
+            requests.append(_jsonl_request(obj, where, len(requests), rng, vocab_size, text))
             if requests[-1].id in ids:
                 raise WorkloadError(f"{where}: duplicate id {requests[-1].id!r}")
             ids.add(requests[-1].id)
     return requests
 
 
-def _jsonl_request(obj, where: str, index: int, rng, vocab_size: int) -> Request:
+def _jsonl_request(obj, where: str, index: int, rng, vocab_size: int, text=None) -> Request:
     if not isinstance(obj, dict):
         raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     unknown = set(obj) - _JSONL_KEYS
@@ -148,8 +156,18 @@ def _jsonl_request(obj, where: str, index: int, rng, vocab_size: int) -> Request
         raise WorkloadError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_JSONL_KEYS)}")
     if "max_tokens" not in obj:
         raise WorkloadError(f"{where}: missing 'max_tokens'")
+    if "prompt" in obj and ("prompt_token_ids" in obj or "prompt_len" in obj):
+        other = "prompt_token_ids" if "prompt_token_ids" in obj else "prompt_len"
+        raise WorkloadError(f"{where}: has both 'prompt' and {other!r}; give one of them")
     try:
-        if "prompt_token_ids" in obj:
+        if "prompt" in obj:
+            if not isinstance(obj["prompt"], str):
+                raise WorkloadError(f"{where}: 'prompt' must be a string (token ids go in 'prompt_token_ids')")
+            if text is None:
+                from .text import CheckpointText
+                text = CheckpointText(None)
+            prompt = text.encode(obj["prompt"], where)
+        elif "prompt_token_ids" in obj:
             tokens = obj["prompt_token_ids"]
             if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
                 raise WorkloadError(f"{where}: 'prompt_token_ids' must be a list of integers")
@@ -157,16 +175,16 @@ def _jsonl_request(obj, where: str, index: int, rng, vocab_size: int) -> Request
         elif "prompt_len" in obj:
             prompt = _random_prompt(rng, int(obj["prompt_len"]), vocab_size)
         else:
-            raise WorkloadError(f"{where}: needs 'prompt_token_ids' or 'prompt_len'")
+            raise WorkloadError(f"{where}: needs 'prompt', 'prompt_token_ids' or 'prompt_len'")
         sampling = SamplingParams(float(obj.get("temperature", 0.0)), float(obj.get("top_p", 1.0)),
                                   int(obj.get("top_k", 0)), obj.get("seed"))
         return Request(
             id=str(obj.get("id", f"req-{index}")), prompt_token_ids=prompt, max_tokens=int(obj["max_tokens"]),
             arrival_time=float(obj.get("arrival_time") or 0.0), sampling=sampling,
-            ignore_eos=bool(obj.get("ignore_eos", True)), priority=int(obj.get("priority", 0)),
+            ignore_eos=bool(obj.get("ignore_eos", "prompt" not in obj)), priority=int(obj.get("priority", 0)),
             ttft_slo_ms=_opt_float(obj.get("ttft_slo_ms")), tpot_slo_ms=_opt_float(obj.get("tpot_slo_ms")))
     except (TypeError, ValueError) as exc:
-        if isinstance(exc, WorkloadError):
+        if isinstance(exc, ServelabError):
             raise
         raise WorkloadError(f"{where}: bad value ({exc})") from None
 

@@ -49,12 +49,24 @@ def checkpoint_dir(tmp_path_factory):
     return get
 
 
+# The stack tests were written against the random-weight model and the synthetic workload (any
+# shape, any token id); the default config runs the trained model on corpus prompts instead.
+TEST_DEFAULTS = ("model=tiny", "workload=synthetic")
+
+
+def pin_test_defaults(overrides) -> list[str]:
+    """``overrides`` plus ``model=tiny`` / ``workload=synthetic`` where that group is not chosen."""
+    overrides = list(overrides)
+    chosen = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
+    return overrides + [d for d in TEST_DEFAULTS if d.split("=")[0] not in chosen]  # after any --flags
+
+
 def compose(*overrides: str, **values):
     from servelab.api import compose as api_compose
 
     values.setdefault("logger", "none")
     values.setdefault("progress", False)
-    return api_compose(list(overrides), **values)
+    return api_compose(pin_test_defaults(overrides), **values)
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from conftest import pin_test_defaults
 from servelab.api import compose
 from servelab.request import Request
 from servelab.runner import run_workload
@@ -17,7 +18,7 @@ VOCAB = 1000
 
 @lru_cache(maxsize=256)
 def _cfg(overrides: tuple[str, ...]):
-    return compose(list(overrides), logger="none", progress=False)
+    return compose(pin_test_defaults(overrides), logger="none", progress=False)
 
 
 def fake_stack(overrides: list[str], num_blocks: int, num_swap_blocks: int = 0) -> Stack:

@@ -12,7 +12,9 @@ from servelab.api import LLM
 
 def main() -> None:
     spec = json.loads(sys.argv[1])
-    lab = LLM(spec["overrides"] + ["logger=none", "progress=false"])
+    overrides = spec["overrides"]
+    pins = [p for p in ("model=tiny", "workload=synthetic") if not any(o.startswith(p.split("=")[0] + "=") for o in overrides)]
+    lab = LLM(pins + overrides + ["logger=none", "progress=false"])
     for prompt, n in zip(spec["prompts"], spec["max_tokens"]):
         lab.add_request(prompt, n)
     while lab.has_unfinished():

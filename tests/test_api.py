@@ -7,7 +7,7 @@ import json
 from conftest import compose
 from servelab.api import LLM
 
-SMALL = dict(model__hidden_size=64, model__num_hidden_layers=2, model__intermediate_size=128, logger="none",
+SMALL = dict(model="tiny", model__hidden_size=64, model__num_hidden_layers=2, model__intermediate_size=128, logger="none",
              progress=False)
 
 

@@ -11,15 +11,17 @@ import tempfile
 import time
 
 
-from conftest import REPO
+from conftest import REPO, pin_test_defaults
 
 SMALL = ["workload.num_requests=6", "workload.prompt_len.max=48", "workload.output_len.max=12",
          "model.hidden_size=64", "model.num_hidden_layers=2", "model.intermediate_size=128", "progress=false"]
 
 
-def run_cli(*args, env_extra=None, timeout=300):
-    """Run ``run.py`` from a scratch folder, so runs without hydra.run.dir leave nothing in the repo."""
+def run_cli(*args, env_extra=None, timeout=300, pin=True):
+    """Run ``run.py`` from a scratch folder, so runs without hydra.run.dir leave nothing in the repo.
+    ``pin``: the random-weight model and the synthetic workload unless ``args`` choose others."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env_extra or {})}
+    args = pin_test_defaults(args) if pin else list(args)
     return subprocess.run([sys.executable, str(REPO / "run.py"), *args], cwd=tempfile.mkdtemp(prefix="servelab-cli-"),
                           env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -88,7 +90,7 @@ def test_missing_checkpoint_weights_are_named(tmp_path):
 
 
 def test_ctrl_c_writes_partial_results_and_finishes_wandb(tmp_path):
-    args = [sys.executable, str(REPO / "run.py"), *SMALL, "workload.num_requests=400", "workload.rate=20",
+    args = [sys.executable, str(REPO / "run.py"), *pin_test_defaults(SMALL), "workload.num_requests=400", "workload.rate=20",
             f"hydra.run.dir={tmp_path}"]
     proc = subprocess.Popen(args, cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

@@ -34,7 +34,7 @@ def registry(tmp_path_factory):
 
 
 @pytest.mark.parametrize("backend", [["backend=sim", "model=llama3_8b"],
-                                     ["clock=virtual", "model.hidden_size=32", "model.intermediate_size=64",
+                                     ["clock=virtual", "model=tiny", "model.hidden_size=32", "model.intermediate_size=64",
                                       "model.num_hidden_layers=1", "model.num_attention_heads=2",
                                       "model.num_key_value_heads=1"]])
 def test_the_pages_time_model_prices_each_step(registry, backend):

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from servelab.api import compose
+from conftest import pin_test_defaults
+from servelab.api import compose as _compose
 from servelab.request import Request
 from servelab.runner import run_workload
 from servelab.session import collect_results, run_job
@@ -15,6 +16,10 @@ from servelab.stack import ConfigError, build_stack
 from servelab.testing import FakeExecutor, StepTimeModel, VirtualClock
 
 SCHEDULERS = ["fcfs", "static", "priority", "slo_aware"]
+
+
+def compose(overrides, **values):
+    return _compose(pin_test_defaults(overrides), **values)
 
 
 def fake_engine(scheduler: str, *overrides: str, num_kv_blocks: int = 1024, step_time: StepTimeModel | None = None):

@@ -177,7 +177,7 @@ def test_servelab_profile_fits_the_real_engine_and_a_virtual_run_uses_it(tmp_pat
     from servelab.profiling import profile_main
     from servelab.session import run_job
 
-    small = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=1",
+    small = ["model=tiny", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=1",
              "model.num_attention_heads=2", "model.num_key_value_heads=1", "model.vocab_size=256"]
     limits = ["max_num_seqs=4", "max_model_len=256", "max_num_batched_tokens=128", "backend.num_threads=1"]
     out = tmp_path / "profile.json"

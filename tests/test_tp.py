@@ -41,7 +41,7 @@ def checkpoints(tmp_path_factory):
 
 
 def tp_config(model_path: str, tp: int, *extra: str):
-    return compose([f"model.path={model_path}", f"tensor_parallel_size={tp}", "logger=none", "progress=false",
+    return compose(["model=hf", "workload=synthetic", f"model.path={model_path}", f"tensor_parallel_size={tp}", "logger=none", "progress=false",
                     "block_size=8", "max_num_seqs=4", "max_num_batched_tokens=32", "max_model_len=128",
                     "workload.num_requests=6", "workload.arrival=all_at_once",
                     "workload.prompt_len.min=8", "workload.prompt_len.max=40",

@@ -47,7 +47,7 @@ def test_jsonl_requests(tmp_path):
 @pytest.mark.parametrize("line,message", [
     ("{not json", r":1: not valid JSON"),
     ('{"prompt_len": 3}', r":1: missing 'max_tokens'"),
-    ('{"max_tokens": 3}', r":1: needs 'prompt_token_ids' or 'prompt_len'"),
+    ('{"max_tokens": 3}', r":1: needs 'prompt', 'prompt_token_ids' or 'prompt_len'"),
     ('{"prompt_token_ids": "abc", "max_tokens": 3}', r":1: 'prompt_token_ids' must be a list of integers"),
     ('{"prompt_len": 3, "max_tokens": 3, "colour": 1}', r":1: unknown keys \['colour'\]"),
     ('[1, 2]', r":1: expected a JSON object"),
