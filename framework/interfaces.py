@@ -325,6 +325,11 @@ class TimeModel(Plugin):
     def predict(self, work: "StepWork") -> float:
         """Seconds the step described by ``work`` takes (>= 0), swap/copy traffic included."""
 
+    def swap_bytes_per_s(self) -> float | None:
+        """The host link a swap crosses in this model's world, if it has one; on the virtual clock
+        the policies' cost model takes it instead of timing a copy on this machine."""
+        return None
+
     def describe(self) -> dict:
         """What ``summary.json`` records about this model (its name and coefficients)."""
         return {"name": self.name}

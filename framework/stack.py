@@ -170,16 +170,18 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
         ttft_slo_ms=cfg.slo.ttft_ms, tpot_slo_ms=cfg.slo.tpot_ms)
     cost_model = StepCostModel()
     allocator = classes["allocator"](_plugin_config(cfg.allocator), executor.num_kv_blocks, cfg.block_size, limits)
-    _attach_swap_pool(cfg, executor, allocator, cost_model)
+    try:
+        time_model = classes["time_model"](_plugin_config(cfg.time_model), time_model_context(cfg, executor))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    # On the virtual clock the host link is the time model's, not a copy timed now on this machine.
+    _attach_swap_pool(cfg, executor, allocator, cost_model,
+                      time_model.swap_bytes_per_s() if clock_kind == "virtual" and clock is None else None)
     preemption = classes["preemption"](_plugin_config(cfg.preemption), limits, allocator, cost_model)
     scheduler = classes["scheduler"](_plugin_config(cfg.scheduler), limits, allocator, preemption, cost_model)
     drafter = classes["drafter"](_plugin_config(cfg.drafter), limits)
     if drafter.num_speculative_tokens:
         raise ConfigError(f"drafter={cfg.drafter.name!r}: speculative decoding is not supported by the engine yet")
-    try:
-        time_model = classes["time_model"](_plugin_config(cfg.time_model), time_model_context(cfg, executor))
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
     if clock is None:
         clock = ModelledClock(time_model) if clock_kind == "virtual" else WallClock()
     else:
@@ -215,14 +217,18 @@ def time_model_context(cfg: DictConfig, executor: Executor) -> TimeModelContext:
                             block_size=cfg.block_size, model_name=name)
 
 
-def _attach_swap_pool(cfg: DictConfig, executor: Executor, allocator, cost_model: StepCostModel) -> None:
-    """Tell the allocator the host pool size and the cost model the host link's speed."""
+def _attach_swap_pool(cfg: DictConfig, executor: Executor, allocator, cost_model: StepCostModel,
+                      modelled_bytes_per_s: float | None = None) -> None:
+    """Tell the allocator the host pool size and the cost model the host link's speed (configured,
+    else the time model's on the virtual clock, else measured now)."""
     num_swap_blocks = getattr(executor, "num_swap_blocks", 0)
     allocator.attach_swap_pool(num_swap_blocks)
     cost_model.bytes_per_block = executor.bytes_per_block
     bandwidth = cfg.backend.get("swap_bandwidth_gb_s")
     if bandwidth is not None:
         cost_model.swap_bytes_per_s = bandwidth * 1e9
+    elif modelled_bytes_per_s:
+        cost_model.swap_bytes_per_s = modelled_bytes_per_s
     elif num_swap_blocks > 0:
         cost_model.swap_bytes_per_s = executor.measure_swap_bandwidth()
         log.info("swap bandwidth measured at start-up: %.2f GB/s", cost_model.swap_bytes_per_s / 1e9)

@@ -49,9 +49,12 @@ class StepProfile:
     fit: dict = field(default_factory=dict)  # num_steps, r2, mean_abs_pct_error
     samples: list = field(default_factory=list)  # the measured steps: feature vector + seconds
 
+    def feature_index(self, feature: str) -> int:
+        return feature_names(self.knots).index(feature)
+
     def set_coefficient(self, feature: str, seconds: float) -> None:
         """Price one feature directly (e.g. a block copy from a measured bandwidth)."""
-        self.coefficients[feature_names(self.knots).index(feature)] = float(seconds)
+        self.coefficients[self.feature_index(feature)] = float(seconds)
 
     def predict(self, work: StepWork) -> float:
         t = float(np.dot(self.coefficients, feature_vector(work, self.knots)))

@@ -159,10 +159,10 @@ at batch 1, ~6.4 ms at 8, ~11.7 ms at 16; prefill ~0.2 ms per prompt token), the
 {tpot:g} ms is ~2x a decode step at batch 16 and below the step at batch ~40, so admitting every
 arrival of a burst breaks it while a limited batch keeps it; the TTFT target {ttft:g} ms is ~15x the
 prefill of a median (144-token) prompt, room to queue a few requests but not a whole burst.
-Measured during these runs (decode-only steps, median by batch size): {dec_note}; prefill
-~{prefill:.2f} ms per prompt token. Other jobs shared the 2 cores and slowed some runs more than
-others, which tightens the targets for those runs: read the curves as "the load where fcfs starts
-missing most SLOs", not as absolute capacities.
+Step times in these runs (decode-only steps, median by batch size): {dec_note}; prefill
+~{prefill:.2f} ms per prompt token. On the virtual clock (the presets' default) these are the
+profile's prices, the same in every run; read the curves as "the load where fcfs starts missing
+most SLOs" on this CPU, not as absolute capacities.
 
 Workloads: `bursty.jsonl` has 160 requests, Gamma inter-arrival times with a coefficient of
 variation of 3 at a mean 8 req/s (24.6 s at time_scale 1), prompts 32-256, outputs 16-128 tokens,

@@ -52,5 +52,13 @@ class ProfileTime(TimeModel):
     def predict(self, work) -> float:
         return self.profile.predict(work)
 
+    def swap_bytes_per_s(self) -> float | None:
+        """The copy bandwidth measured with the profile, else what its swap price implies."""
+        measured = self.profile.source.get("swap_bytes_per_s")
+        if measured:
+            return float(measured)
+        per_block = self.profile.coefficients[self.profile.feature_index("swap_blocks")]
+        return self.context.bytes_per_block / per_block if per_block > 0 else None
+
     def describe(self) -> dict:
         return {"name": self.name, "path": self.config.path, "source": self.profile.source, "fit": self.profile.fit}

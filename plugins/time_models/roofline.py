@@ -107,6 +107,9 @@ class RooflineTime(TimeModel):
             t += 2 * work.copy_blocks * self._block / self._hbm
         return t
 
+    def swap_bytes_per_s(self) -> float:
+        return self._host
+
     def describe(self) -> dict:
         hw = self.context.hardware
         return {"name": self.name, **vars(self.config), "hardware": hw.name,
