@@ -1,39 +1,21 @@
 """The last code block of docs/write-a-scheduler.md is a working plugin: it registers through a
 pluggy PluginManager, composes as ``scheduler=spf`` and admits shortest prompts first."""
 
-import importlib.util
-import re
-from pathlib import Path
-
 import pytest
 
+from doc_plugins import page_code_blocks, register_page_plugin
 from servelab.api import compose
-from servelab.config import register_configs
-from servelab.plugins import builtin
-from servelab.registry import build_registry, plugin_manager
 from servelab.request import Request
 from servelab.runner import run_workload
 from servelab.stack import build_stack
 from servelab.testing import FakeExecutor, VirtualClock
 
-PAGE = Path(__file__).resolve().parent.parent / "docs" / "write-a-scheduler.md"
-
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
-    code = re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)[-1]
+    code = page_code_blocks("write-a-scheduler.md")[-1]
     assert len(code.strip().splitlines()) < 40, "the complete plugin should stay under ~40 lines"
-    path = tmp_path_factory.mktemp("doc_plugin") / "doc_spf.py"
-    path.write_text(code)
-    spec = importlib.util.spec_from_file_location("doc_spf", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    pm = plugin_manager(load_entry_points=False)
-    pm.register(builtin)
-    pm.register(module)
-    registry = build_registry(pm)
-    register_configs(registry)
-    return registry
+    return register_page_plugin(code, tmp_path_factory.mktemp("doc_plugin"), "doc_spf")
 
 
 @pytest.mark.parametrize("longest_first, expected", [(False, ["p10", "p30", "p50"]), (True, ["p50", "p30", "p10"])])

@@ -1,36 +1,17 @@
 """The plugin of docs/write-a-time-model.md registers, composes as ``time_model=linear`` and prices
 steps as the page says, in the simulator and on the real engine's virtual clock."""
 
-import importlib.util
-import re
-from pathlib import Path
-
 import pytest
 
+from doc_plugins import page_code_blocks, register_page_plugin
 from servelab.api import compose
-from servelab.config import register_configs
-from servelab.plugins import builtin
-from servelab.registry import build_registry, plugin_manager
 from servelab.request import Request
 from servelab.stack import build_stack
 
-PAGE = Path(__file__).resolve().parent.parent / "docs" / "write-a-time-model.md"
-
-
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
-    code = re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)[1]  # the complete example
-    path = tmp_path_factory.mktemp("doc_plugin") / "doc_linear_time.py"
-    path.write_text(code)
-    spec = importlib.util.spec_from_file_location("doc_linear_time", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    pm = plugin_manager(load_entry_points=False)
-    pm.register(builtin)
-    pm.register(module)
-    registry = build_registry(pm)
-    register_configs(registry)
-    return registry
+    code = page_code_blocks("write-a-time-model.md")[1]  # the complete example
+    return register_page_plugin(code, tmp_path_factory.mktemp("doc_plugin"), "doc_linear_time")
 
 
 @pytest.mark.parametrize("backend", [["backend=sim", "model=llama3_8b"],

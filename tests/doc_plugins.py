@@ -1,0 +1,33 @@
+"""Load a plugin written out in a docs page and register it beside the built-ins."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+from servelab.config import register_configs
+from servelab.plugins import builtin
+from servelab.registry import Registry, build_registry, plugin_manager
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def page_code_blocks(page: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", (DOCS / page).read_text(), flags=re.S)
+
+
+def register_page_plugin(code: str, folder: Path, module_name: str) -> Registry:
+    """Import ``code`` as ``module_name``, build a registry of it plus the built-ins, and put its
+    configs in Hydra's ConfigStore (so compose() can select it)."""
+    path = folder / f"{module_name}.py"
+    path.write_text(code)
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    pm = plugin_manager(load_entry_points=False)
+    pm.register(builtin)
+    pm.register(module)
+    registry = build_registry(pm)
+    register_configs(registry)
+    return registry
