@@ -22,7 +22,7 @@ import json
 import statistics
 from pathlib import Path
 
-COMMON = ["backend.num_threads=1", "logger=none", "progress=false"]
+COMMON = ["model=tiny", "workload=synthetic", "backend.num_threads=1", "logger=none", "progress=false"]
 WORKLOAD_B = ["workload.num_requests=48", "workload.rate=3", "workload.prompt_len.dist=lognormal",
               "workload.prompt_len.mean=200", "workload.prompt_len.max=1200", "workload.output_len.min=16",
               "workload.output_len.max=160", "scheduler=priority", "max_num_batched_tokens=256",
