@@ -35,7 +35,12 @@ class HardwareProfile:
 
     @classmethod
     def from_config(cls, node) -> "HardwareProfile":
-        return cls(**{f: node[f] for f in cls.__dataclass_fields__})
+        """From the ``hardware`` config node; a non-positive figure is an error naming its key."""
+        values = {f: node[f] for f in cls.__dataclass_fields__}
+        for key, value in values.items():
+            if key != "name" and not (value > 0 or (key == "link_latency_us" and value == 0)):
+                raise ConfigError(f"hardware.{key}={value} must be > 0 (hardware={values['name']})")
+        return cls(**values)
 
     @property
     def memory_bytes(self) -> float:

@@ -75,6 +75,8 @@ def validate(cfg: DictConfig) -> None:
         value = cfg.slo[key]
         if value is not None and value <= 0:
             raise ConfigError(f"slo.{key}={value} must be > 0")
+    if cfg.backend.get("activation_reserve_gb", 0) < 0:
+        raise ConfigError(f"backend.activation_reserve_gb={cfg.backend.activation_reserve_gb} must be >= 0")
     if cfg.backend.kv_cache_memory_gb <= 0:
         raise ConfigError(f"backend.kv_cache_memory_gb={cfg.backend.kv_cache_memory_gb} must be > 0")
 

@@ -137,6 +137,8 @@ def test_profile_of_another_model_warns_naming_both(tmp_path, caplog):
     (["time_model=roofline"], "add clock=virtual"),
     (["clock=virtual"], "clock=virtual needs a time model"),
     (["backend=sim", "clock=wall"], "backend=sim has no wall time"),
+    (["backend=sim", "hardware.hbm_bandwidth_gb_s=0"], r"hardware.hbm_bandwidth_gb_s=0.0 must be > 0"),
+    (["backend=sim", "backend.activation_reserve_gb=-1"], "backend.activation_reserve_gb=-1.0 must be >= 0"),
 ])
 def test_inconsistent_clock_and_time_model_fail_with_one_line(overrides, message):
     with pytest.raises(ConfigError, match=message):
