@@ -174,7 +174,8 @@ def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | N
     text = checkpoint_text(cfg)  # the checkpoint's tokenizer: text prompts in, output_text out
     if requests is None:
         requests = build_requests(cfg.workload, stack.executor.spec.vocab_size, stack.limits.max_model_len, text)
-    decorate = text_decorator(text)  # loads the tokenizer (if any) before the run starts
+    # loads the tokenizer (if any) before the run starts; the simulator's tokens are placeholders
+    decorate = text_decorator(text) if cfg.backend.name != "sim" else None
     logger = make_logger(cfg.logger)
     logger.start(cfg, output_dir)
     engine.step_listeners.append(logger.log_step)
