@@ -6,16 +6,21 @@ arrived and leave as soon as they finish.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
 from .clock import WallClock
 from .cost_model import StepCostModel, StepFeatures
 from .executor import Executor
-from .interfaces import BlockAllocator, EngineLimits, PreemptionDecision, Scheduler, SchedulePlan
+from .interfaces import (BlockAllocator, Drafts, EngineLimits, PreemptionDecision, Scheduler, SchedulePlan,
+                         SpeculativeDrafter)
 from .request import Request, Sequence, Status
 from .step_totals import StepTotals
 from .step_work import StepWork, step_work
+
+
+log = logging.getLogger(__name__)
 
 
 class PluginFailure(RuntimeError):
@@ -44,6 +49,8 @@ class StepRecord:
     swap_out_blocks: int = 0
     swap_in_blocks: int = 0
     work: StepWork | None = None  # the step's features, as time models see them
+    draft_tokens: int = 0  # speculative drafts verified this step
+    accepted_tokens: int = 0  # of which the target kept
 
 
 class Engine:
@@ -51,12 +58,14 @@ class Engine:
 
     def __init__(self, limits: EngineLimits, scheduler: Scheduler, allocator: BlockAllocator,
                  executor: Executor, cost_model: StepCostModel, seed: int = 0,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, drafter: SpeculativeDrafter | None = None) -> None:
         self.limits = limits
         self.scheduler = scheduler
         self.allocator = allocator
         self.executor = executor
         self.cost_model = cost_model
+        self.drafter = drafter if drafter is not None and drafter.num_speculative_tokens > 0 else None
+        self._drafter_warned: set[str] = set()
         self.seed = seed
         self.eos_token_ids = frozenset(executor.spec.eos_token_ids)
         self.clock = clock if clock is not None else WallClock()
@@ -138,30 +147,111 @@ class Engine:
         if self._end_step is not None:
             self._end_step(work)  # a virtual clock advances by the time model's prediction
         finished_at = self.now()
-        self._apply(plan, output.sampled, finished_at)
+        grew = self._apply(plan, output.sampled, finished_at, output.accepted)
         record = self._record(plan, work, start, finished_at, output.model_s, output.comm_s)
+        if output.accepted is not None:
+            record.draft_tokens = sum(len(e.draft_token_ids) for e in plan.scheduled)
+            record.accepted_tokens = sum(output.accepted)
         for listener in self.step_listeners:
             listener(record)
+        if self.drafter is not None and grew:
+            self._call_plugin("drafter", lambda: self._draft(grew))
         return record
 
-    def _apply(self, plan: SchedulePlan, sampled: list[int], now: float) -> None:
+    def _apply(self, plan: SchedulePlan, sampled: list[int], now: float,
+               accepted: list[int] | None = None) -> list[Sequence]:
+        """Append each sampled sequence's new tokens and finish those that are done; returns the
+        sequences that got tokens and still run (the next step's decode candidates)."""
         tokens = iter(sampled)
+        counts = iter(accepted) if accepted is not None else None
         on_tokens_computed = self.allocator.on_tokens_computed
+        grew: list[Sequence] = []
         for entry in plan.scheduled:
             seq = entry.seq
+            if entry.draft_token_ids:
+                self._apply_verified(entry, next(counts), tokens, now)
+                if seq.status is Status.RUNNING:
+                    grew.append(seq)
+                continue
             seq.num_computed_tokens += entry.num_tokens
             on_tokens_computed(seq)
             if seq.num_computed_tokens < len(seq.token_ids):
                 continue  # a prompt chunk: nothing sampled yet
+            if counts is not None:
+                next(counts)  # a plain decode in a verifying step: 0 drafts accepted
             token = next(tokens)
             seq.append_token(token, now)
-            reason = self._finish_reason(seq, token)
-            if reason:
-                seq.status, seq.finish_reason, seq.finish_time = Status.FINISHED, reason, now
-                self.scheduler.remove(seq)
-                self.allocator.free(seq)
-                seq.compact()
-                self._ended(seq)
+            if not self._finish_if_done(seq, token, now):
+                grew.append(seq)
+        return grew
+
+    def _apply_verified(self, entry, num_accepted: int, tokens, now: float) -> None:
+        """A verify entry: keep the accepted drafts and the target's token; roll the rest back
+        (the KV of rejected drafts is never read: the slots are released, or overwritten later)."""
+        seq, drafts = entry.seq, entry.draft_token_ids
+        new = [next(tokens) for _ in range(num_accepted + 1)]
+        seq.num_draft_tokens += len(drafts)
+        seq.num_accepted_tokens += num_accepted
+        seq.num_verify_steps += 1
+        drafted, kept = seq.drafted_by_position, seq.accepted_by_position
+        if len(drafted) < len(drafts):
+            drafted.extend([0] * (len(drafts) - len(drafted)))
+            kept.extend([0] * (len(drafts) - len(kept)))
+        for i in range(len(drafts)):
+            drafted[i] += 1
+            kept[i] += i < num_accepted
+        if self.drafter is not None:
+            self.drafter.on_verified(seq, len(drafts), num_accepted)
+        seq.num_computed_tokens = entry.start + 1 + num_accepted  # the last token + accepted drafts
+        self.allocator.release_slots(seq, seq.num_computed_tokens)
+        for token in new:
+            seq.append_token(token, now)
+            if self._finish_if_done(seq, token, now):
+                return
+        self.allocator.on_tokens_computed(seq)  # hashes cover verified tokens only
+
+    def _finish_if_done(self, seq: Sequence, token: int, now: float) -> bool:
+        reason = self._finish_reason(seq, token)
+        if not reason:
+            return False
+        seq.status, seq.finish_reason, seq.finish_time = Status.FINISHED, reason, now
+        self.scheduler.remove(seq)
+        self.allocator.free(seq)
+        seq.compact()
+        if self.drafter is not None:
+            self.drafter.forget(seq)
+        self._ended(seq)
+        return True
+
+    def _draft(self, seqs: list[Sequence]) -> None:
+        """Ask the drafter for the next step's drafts of ``seqs``; keep what is valid."""
+        k = self.drafter.num_speculative_tokens
+        proposal = self.drafter.propose(seqs, k)
+        drafts = proposal if isinstance(proposal, Drafts) else Drafts(list(proposal))
+        if len(drafts.token_ids) != len(seqs):
+            raise ValueError(f"propose() returned {len(drafts.token_ids)} proposals for {len(seqs)} sequences")
+        vocab, max_len = self.executor.spec.vocab_size, self.limits.max_model_len
+        for i, (seq, ids) in enumerate(zip(seqs, drafts.token_ids)):
+            # Room left: never draft past max_tokens or max_model_len (the target's token comes on top).
+            room = min(k, seq.request.max_tokens - seq.num_output_tokens - 1, max_len - seq.num_tokens - 1)
+            ids = list(ids[:max(room, 0)]) if len(ids) > room else list(ids)
+            if len(drafts.token_ids[i]) > k:
+                self._warn_drafter(f"proposed {len(drafts.token_ids[i])} drafts for {seq.id!r}, more than "
+                                   f"drafter.k={k}; truncated")
+            bad = next((j for j, t in enumerate(ids) if not (isinstance(t, int) and 0 <= t < vocab)), None)
+            if bad is not None:
+                self._warn_drafter(f"proposed token id {ids[bad]!r} for {seq.id!r}, outside the vocabulary "
+                                   f"[0, {vocab}); its drafts were cut there")
+                ids = ids[:bad]
+            seq.draft_token_ids = ids
+            seq.draft_probs = drafts.probs[i] if drafts.probs is not None and ids else None
+
+    def _warn_drafter(self, message: str) -> None:
+        """One warning per kind of fault, naming the drafter (a drafter bug must not flood the log)."""
+        kind = message.split(" ", 1)[0] + message.rsplit(";", 1)[-1]
+        if kind not in self._drafter_warned:
+            self._drafter_warned.add(kind)
+            log.warning("drafter %r %s", type(self.drafter).name, message)
 
     def _ended(self, seq: Sequence) -> None:
         self.num_ended += 1

@@ -20,7 +20,9 @@ from .model.llama import AttentionMetadata, local_heads
 from .model.loader import load_model
 from .model.spec import ModelSpec
 from .errors import ConfigError
-from .sampler import sample
+from .drafting import DraftBatch, draft_tables, scratch_blocks_per_seq
+from .interfaces import Drafts
+from .sampler import sample_and_verify, target_probs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -41,13 +43,20 @@ class WorkerConfig:
     num_swap_blocks: int
     seed: int
     swap_space_gb: float | None = None  # host pool in GiB; overrides num_swap_blocks when set
+    draft_model_path: str | None = None  # drafter=draft_model: a second checkpoint run beside the target
+    draft_scratch_blocks: int = 0  # draft KV blocks past the pool, for positions a draft runs ahead into
 
 
 @dataclass
 class StepOutput:
+    """``sampled``: the step's new tokens in plan order; a verify entry contributes its accepted
+    drafts plus one, and ``accepted`` (one count per sampled sequence) says how many it accepted
+    (``None`` when the step verified no drafts: one token per sampled sequence)."""
+
     sampled: list[int]
     model_s: float
     comm_s: float = 0.0
+    accepted: list[int] | None = None
 
 
 class ModelWorker:
@@ -73,12 +82,33 @@ class ModelWorker:
                 raise ConfigError(f"attention_backend=triton: {exc}") from None
         self.kv_cache: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.host_cache: torch.Tensor | None = None
+        self.draft_model = self.draft_host_cache = None
+        self.draft_kv_cache: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if cfg.draft_model_path is not None:
+            self._load_draft_model(cfg.draft_model_path)
+
+    def _load_draft_model(self, path: str) -> None:
+        draft = load_model(path, TPGroup(), self.dtype, self.device, self.cfg.max_model_len)
+        if draft.spec.vocab_size != self.spec.vocab_size:
+            raise ConfigError(f"drafter=draft_model: the draft model {path!r} has a vocabulary of "
+                              f"{draft.spec.vocab_size} tokens but the target model has {self.spec.vocab_size}")
+        self.draft_model = draft
 
     # ---- memory -------------------------------------------------------------------------
     def bytes_per_block(self) -> int:
+        """One KV block of this rank, the draft model's share included (it uses the same tables)."""
+        return self._target_bytes_per_block() + self._draft_bytes_per_block()
+
+    def _target_bytes_per_block(self) -> int:
         _, kv_heads = local_heads(self.spec, self.tp)
         elem = torch.tensor([], dtype=self.dtype).element_size()
         return 2 * self.spec.num_layers * self.cfg.block_size * kv_heads * self.spec.head_dim * elem
+
+    def _draft_bytes_per_block(self) -> int:
+        if self.draft_model is None:
+            return 0
+        spec, elem = self.draft_model.spec, torch.tensor([], dtype=self.dtype).element_size()
+        return 2 * spec.num_layers * self.cfg.block_size * spec.num_kv_heads * spec.head_dim * elem
 
     def available_kv_blocks(self) -> int:
         """Blocks this rank could hold: ``num_kv_blocks`` if set, else from the memory budget."""
@@ -89,6 +119,7 @@ class ModelWorker:
             budget = free - (1 - self.cfg.gpu_memory_utilization) * total
         else:
             budget = self.cfg.kv_cache_memory_gb * 2**30
+        budget -= self.cfg.draft_scratch_blocks * self._draft_bytes_per_block()
         return max(0, int(budget // self.bytes_per_block()))
 
     def swap_pool_blocks(self) -> int:
@@ -119,10 +150,20 @@ class ModelWorker:
         self.kv_cache = [(cache[i, 0], cache[i, 1]) for i in range(self.spec.num_layers)]
         self._device_pool = cache
         num_swap_blocks = self.swap_pool_blocks()
+        pin = self.device.type == "cuda"
         if num_swap_blocks > 0:
             host_shape = shape[:2] + (num_swap_blocks,) + shape[3:]
-            pin = self.device.type == "cuda"
             self.host_cache = torch.zeros(host_shape, dtype=self.dtype, pin_memory=pin)
+        if self.draft_model is not None:
+            d = self.draft_model.spec
+            shape = (d.num_layers, 2, num_blocks + self.cfg.draft_scratch_blocks, self.cfg.block_size,
+                     d.num_kv_heads, d.head_dim)
+            self._draft_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            self.draft_kv_cache = [(self._draft_pool[i, 0], self._draft_pool[i, 1]) for i in range(d.num_layers)]
+            self.num_pool_blocks = num_blocks
+            if num_swap_blocks > 0:
+                self.draft_host_cache = torch.zeros(shape[:2] + (num_swap_blocks,) + shape[3:], dtype=self.dtype,
+                                                    pin_memory=pin)
 
     # ---- running a step -----------------------------------------------------------------
     @torch.inference_mode()
@@ -141,23 +182,67 @@ class ModelWorker:
             max_query_len=batch.max_query_len,
             max_context_len=batch.max_context_len,
         )
-        hidden = self.model(batch.input_ids.to(dev), batch.positions.to(dev), self.kv_cache, meta, self.ops)
+        input_ids, positions = batch.input_ids.to(dev), batch.positions.to(dev)
+        hidden = self.model(input_ids, positions, self.kv_cache, meta, self.ops)
+        if self.draft_model is not None:  # the mirror pass: draft KV wherever the target's is written
+            self.draft_model(input_ids, positions, self.draft_kv_cache, meta, self.ops)
         if batch.sample_rows.numel() == 0:
             return StepOutput([], time.perf_counter() - start)
         logits = self.model.compute_logits(hidden[batch.sample_rows.to(dev)])
-        tokens = sample(logits, batch.sampling, batch.sample_seeds)
-        return StepOutput(tokens, time.perf_counter() - start)
+        tokens, accepted = sample_and_verify(logits, batch)
+        return StepOutput(tokens, time.perf_counter() - start, accepted=accepted)
+
+    @torch.inference_mode()
+    def draft(self, batch: DraftBatch) -> Drafts:
+        """``batch.k`` draft tokens per sequence from the draft model, one batched step per draft."""
+        per_seq = scratch_blocks_per_seq(batch.k, self.cfg.block_size)
+        room = max(1, self.cfg.draft_scratch_blocks // per_seq)
+        if len(batch.positions) > room:  # more sequences than scratch: draft them in slices
+            parts = [self.draft(_slice(batch, i, i + room)) for i in range(0, len(batch.positions), room)]
+            return Drafts([t for p in parts for t in p.token_ids], [q for p in parts for q in p.probs])
+        dev, bs, n = self.device, self.cfg.block_size, len(batch.positions)
+        tables = torch.from_numpy(draft_tables(batch, bs, self.num_pool_blocks, per_seq)).to(dev)
+        rows = torch.arange(n, device=dev)
+        tokens = torch.tensor(batch.last_token_ids, dtype=torch.long, device=dev)
+        base = torch.tensor(batch.positions, dtype=torch.long, device=dev)
+        drafted, probs = [], [[] for _ in range(n)]
+        for j in range(batch.k):
+            pos = base + j
+            meta = AttentionMetadata(
+                slot_mapping=tables[rows, pos // bs] * bs + pos % bs, block_tables=tables.to(torch.int32),
+                cu_seqlens_q=torch.arange(n + 1, dtype=torch.int32, device=dev), context_lens=(pos + 1).to(torch.int32),
+                max_query_len=1, max_context_len=max(batch.positions) + j + 1)
+            logits = self.draft_model.compute_logits(self.draft_model(tokens, pos, self.draft_kv_cache, meta, self.ops))
+            choice = logits.argmax(dim=-1).tolist()
+            for i, params in enumerate(batch.sampling):
+                if params is not None:
+                    q = target_probs(logits[i], params)
+                    generator = torch.Generator(device="cpu").manual_seed(batch.seeds[i][j])
+                    choice[i] = int(torch.multinomial(q, 1, generator=generator))
+                    probs[i].append(q)
+            drafted.append(choice)
+            tokens = torch.tensor(choice, dtype=torch.long, device=dev)
+        token_ids = [list(col) for col in zip(*drafted)]
+        return Drafts(token_ids, [torch.stack(p) if p else None for p in probs])
 
     def _move_blocks(self, batch: StepBatch) -> None:
-        pool, host = self.__dict__.get("_device_pool"), self.host_cache
-        for src, dst in batch.swap_out:
-            host[:, :, dst].copy_(pool[:, :, src], non_blocking=True)
-        for src, dst in batch.swap_in:
-            pool[:, :, dst].copy_(host[:, :, src], non_blocking=True)
-        for src, dst in batch.copy_blocks:
-            pool[:, :, dst].copy_(pool[:, :, src])
+        pairs = [(self.__dict__.get("_device_pool"), self.host_cache)]
+        if self.draft_model is not None:
+            pairs.append((self._draft_pool, self.draft_host_cache))
+        for pool, host in pairs:
+            for src, dst in batch.swap_out:
+                host[:, :, dst].copy_(pool[:, :, src], non_blocking=True)
+            for src, dst in batch.swap_in:
+                pool[:, :, dst].copy_(host[:, :, src], non_blocking=True)
+            for src, dst in batch.copy_blocks:
+                pool[:, :, dst].copy_(pool[:, :, src])
         if batch.swap_out and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+def _slice(batch: DraftBatch, start: int, stop: int) -> DraftBatch:
+    return DraftBatch(batch.last_token_ids[start:stop], batch.positions[start:stop], batch.block_tables[start:stop],
+                      batch.sampling[start:stop], batch.seeds[start:stop], batch.k)
 
 
 class Executor(ABC):
@@ -189,6 +274,10 @@ class Executor(ABC):
         dst.copy_(src)
         return src.numel() * src.element_size() / max(time.perf_counter() - start, 1e-9)
 
+    def draft(self, batch: DraftBatch) -> Drafts:
+        """Draft ``batch.k`` tokens per sequence with the draft model loaded beside the target."""
+        raise ConfigError(f"drafter=draft_model: executor {type(self).__name__} runs no draft model")
+
     def shutdown(self) -> None:
         """Release workers and resources (idempotent)."""
 
@@ -206,6 +295,11 @@ class LocalExecutor(Executor):
 
     def execute(self, batch: StepBatch) -> StepOutput:
         return self.worker.execute(batch)
+
+    def draft(self, batch: DraftBatch) -> Drafts:
+        if self.worker.draft_model is None:
+            return super().draft(batch)
+        return self.worker.draft(batch)
 
     def measure_swap_bandwidth(self) -> float:
         return self.worker.measure_swap_bandwidth()

@@ -50,12 +50,15 @@ class ScheduledSeq:
     """One entry of a plan: ``seq`` computes ``num_tokens`` tokens starting at ``start``.
 
     ``start`` is ``seq.num_computed_tokens`` when the plan was made; the chunk is
-    ``seq.token_ids[start:start + num_tokens]``.
+    ``seq.token_ids[start:start + num_tokens]``. A *verify* entry (speculative decoding) is a
+    decode that also carries drafts: its ``num_tokens`` is ``1 + len(draft_token_ids)`` and its
+    chunk is the sequence's last token followed by the drafts.
     """
 
     seq: Sequence
     num_tokens: int
     start: int
+    draft_token_ids: tuple[int, ...] = ()
 
 
 @dataclass
@@ -158,6 +161,12 @@ class BlockAllocator(Plugin):
     def on_tokens_computed(self, seq: Sequence) -> None:
         """Called after a step computed tokens of ``seq`` (e.g. to hash newly full blocks)."""
 
+    def release_slots(self, seq: Sequence, num_tokens: int) -> None:
+        """Shrink ``seq``'s reservation to its first ``num_tokens`` slots (``num_tokens`` <= what
+        :meth:`allocate_slots` last made room for): called after speculative decoding rejected
+        drafts whose slots were reserved. Blocks wholly past the new end go back to the pool.
+        Default: keep them (correct, but the pool holds the rejected slots until ``free``)."""
+
     def leaked_blocks(self) -> int:
         """With no live sequences: blocks still referenced (should be 0)."""
         return self.num_used_blocks()
@@ -255,8 +264,37 @@ class Scheduler(Plugin):
         return {}
 
 
+@dataclass
+class Drafts:
+    """A drafter's proposal for a batch of sequences, in the order they were given.
+
+    ``token_ids[i]`` follows ``seqs[i].token_ids``; ``probs[i]`` (optional) is the drafter's
+    distribution each draft was drawn from, a float tensor ``[len(token_ids[i]), vocab]``; without
+    it a draft counts as certain (one-hot), which is what rejection sampling assumes of ngram drafts.
+    """
+
+    token_ids: list[list[int]]
+    probs: list | None = None
+
+
 class SpeculativeDrafter(Plugin):
-    """Proposes draft tokens that the target model then verifies in one step."""
+    """Proposes draft tokens that the target model verifies in one step (speculative decoding).
+
+    The engine calls :meth:`propose` once per step, after applying it, with every running
+    sequence that just got a token (the next step's decode candidates), and stores each
+    proposal on ``seq.draft_token_ids``. The scheduler decides how many of them a decode
+    verifies (token budget and blocks permitting; drafts never preempt anyone). Verification
+    keeps the longest prefix the target agrees with plus one token of the target's own, so
+    outputs never depend on the drafter — only speed does. The engine truncates a proposal
+    longer than ``k`` or holding ids outside the vocabulary (and warns, naming the drafter).
+
+    A drafter may keep per-sequence state (keyed by ``seq.id``); :meth:`on_verified` reports
+    each verification, :meth:`forget` a sequence that ended. ``self.executor`` is set by the
+    stack before the run (a drafter that runs a second model asks the executor to:
+    :meth:`model_path` names the checkpoint it must load beside the target).
+    """
+
+    executor = None
 
     def __init__(self, config, limits: EngineLimits) -> None:
         self.config = config
@@ -264,12 +302,25 @@ class SpeculativeDrafter(Plugin):
 
     @property
     def num_speculative_tokens(self) -> int:
-        """Upper bound on drafts per step (0 = speculative decoding off)."""
+        """Upper bound ``k`` on drafts per sequence per step (0 = speculative decoding off)."""
         return 0
 
+    @classmethod
+    def model_path(cls, config, target_path: str | None) -> str | None:
+        """A draft checkpoint the executor must load beside the target model (default: none)."""
+        return None
+
     @abstractmethod
-    def propose(self, seq: Sequence) -> list[int]:
-        """Return up to ``num_speculative_tokens`` draft token ids to follow ``seq.token_ids``."""
+    def propose(self, seqs: Seq[Sequence], k: int) -> "Drafts | list[list[int]]":
+        """Up to ``k`` draft ids to follow each ``seqs[i].token_ids`` (an empty list drafts
+        nothing for that sequence); a plain list of lists means no probabilities."""
+
+    def on_verified(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
+        """``num_accepted`` of the ``num_drafts`` drafts verified for ``seq`` were kept (adaptive
+        ``k`` hooks here). Default: nothing."""
+
+    def forget(self, seq: Sequence) -> None:
+        """``seq`` ended (finished or aborted): drop any state kept for it. Default: nothing."""
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,8 @@ class WandbLogger(RunLogger):
                 "step/duration_ms": record.duration_s * 1e3, "step/model_ms": record.model_s * 1e3,
                 "step/comm_ms": record.comm_s * 1e3, "step/kv_utilization": record.kv_utilization,
                 "step/num_preempted": len(record.preempted), "time_s": record.time_s}
+        if record.draft_tokens:
+            data.update({"step/draft_tokens": record.draft_tokens, "step/accepted_tokens": record.accepted_tokens})
         data.update({f"queue/{k}": v for k, v in record.queues.items()})
         self.run.log(data, step=record.step)
 

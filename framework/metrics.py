@@ -31,6 +31,12 @@ def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
         "priority": req.priority,
         "num_preemptions": seq.num_preemptions,
         "num_cached_prompt_tokens": seq.num_cached_prompt_tokens,
+        "num_draft_tokens": seq.num_draft_tokens,
+        "num_accepted_tokens": seq.num_accepted_tokens,
+        "spec_acceptance_rate": seq.num_accepted_tokens / seq.num_draft_tokens if seq.num_draft_tokens else None,
+        "num_verify_steps": seq.num_verify_steps,
+        "spec_drafted_by_position": list(seq.drafted_by_position),
+        "spec_accepted_by_position": list(seq.accepted_by_position),
         "finish_reason": seq.finish_reason,
         "rejected_reason": seq.rejected_reason,
         "ttft_ms": None, "tpot_ms": None, "e2e_ms": None, "queue_ms": None, "itl_ms": [],
@@ -75,10 +81,14 @@ class RequestStats:
         self.output_tokens = self.prompt_tokens = self.cached_prompt_tokens = 0
         self.met = self.met_ttft = self.met_tpot = 0
         self.ttft, self.tpot, self.e2e, self.queue, self.itl = (array("d") for _ in range(5))
+        self.draft_tokens = self.accepted_tokens = self.verify_steps = 0
+        self.drafted_by_position: list[int] = []  # [i]: verify steps that had a draft at position i
+        self.accepted_by_position: list[int] = []  # [i]: of which kept it
 
     def add(self, rec: dict) -> None:
         self.num_requests += 1
         self.output_tokens += rec["output_len"]
+        self._add_speculation(rec)
         if rec["rejected_reason"] is not None:
             self.num_rejected += 1
             return
@@ -96,6 +106,37 @@ class RequestStats:
         if rec["output_len"] > 1 and rec["tpot_ms"] is not None:
             self.tpot.append(rec["tpot_ms"])
         self.itl.extend(rec["itl_ms"])
+
+    def _add_speculation(self, rec: dict) -> None:
+        if not rec.get("num_draft_tokens"):
+            return
+        self.draft_tokens += rec["num_draft_tokens"]
+        self.accepted_tokens += rec["num_accepted_tokens"]
+        self.verify_steps += rec["num_verify_steps"]
+        for i, (drafted, kept) in enumerate(zip(rec["spec_drafted_by_position"], rec["spec_accepted_by_position"])):
+            if i == len(self.drafted_by_position):
+                self.drafted_by_position.append(0)
+                self.accepted_by_position.append(0)
+            self.drafted_by_position[i] += drafted
+            self.accepted_by_position[i] += kept
+
+    def speculation(self) -> dict:
+        """Speculative decoding, over every request that verified drafts (``None`` when none did).
+
+        ``spec_mean_tokens_per_verify`` counts the target's own token too (1 = no draft ever kept);
+        ``spec_accepted_by_position[i]`` is the fraction of drafts at position i (0 = the first
+        draft of a step) that were kept.
+        """
+        if not self.verify_steps:
+            return {"num_draft_tokens": 0, "num_accepted_tokens": 0, "spec_acceptance_rate": None,
+                    "spec_mean_tokens_per_verify": None, "spec_accepted_by_position": []}
+        return {
+            "num_draft_tokens": self.draft_tokens,
+            "num_accepted_tokens": self.accepted_tokens,
+            "spec_acceptance_rate": self.accepted_tokens / self.draft_tokens,
+            "spec_mean_tokens_per_verify": (self.accepted_tokens + self.verify_steps) / self.verify_steps,
+            "spec_accepted_by_position": [k / d for k, d in zip(self.accepted_by_position, self.drafted_by_position)],
+        }
 
     @classmethod
     def of(cls, records) -> "RequestStats":
@@ -137,6 +178,7 @@ def summarize(requests: RequestStats, totals: StepTotals, duration_s: float, lea
         "kv_utilization_mean": totals.kv_utilization_mean,
         "kv_utilization_max": totals.kv_utilization_max,
         "leaked_blocks": leaked_blocks,
+        **r.speculation(),
     }
     summary.update(extra or {})
     return summary

@@ -69,6 +69,16 @@ class Sequence:
     finish_time: float | None = None
     finish_reason: str | None = None  # "length" | "stop"
     rejected_reason: str | None = None
+    # Speculative decoding: the drafter's proposal to follow ``token_ids`` (empty = none; the
+    # engine clears it whenever ``token_ids`` grows), the drafter's probabilities for it
+    # (``[len(drafts), vocab]`` or None = one-hot), and what verification made of past drafts.
+    draft_token_ids: list[int] = field(default_factory=list)
+    draft_probs: object = None
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_verify_steps: int = 0
+    drafted_by_position: list[int] = field(default_factory=list)  # [i]: verify steps with a draft at position i
+    accepted_by_position: list[int] = field(default_factory=list)  # [i]: of which kept
     _token_ids: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -113,6 +123,7 @@ class Sequence:
         prompt + outputs, dropping the working copy (a long simulated run keeps every finished
         sequence until its results are written)."""
         self.token_times = array("d", self.token_times)
+        self.draft_token_ids, self.draft_probs = [], None
         self._token_ids = _Joined(self.request.prompt_token_ids, self.output_token_ids)  # type: ignore[assignment]
 
     def append_token(self, token_id: int, now: float) -> None:

@@ -8,7 +8,8 @@ running sequences not yet scheduled this step. A policy is a subclass overriding
 methods: :meth:`waiting_key` (or :meth:`make_waiting_queue`), :meth:`running_order`,
 :meth:`may_admit`, :meth:`may_preempt_for`, :meth:`prefill_token_cap`.
 
-A chunk is a *decode* when it is the one last token of a sequence whose prompt is computed;
+A chunk is a *decode* when it is the one last token of a sequence whose prompt is computed
+(speculative decoding: plus the sequence's drafts, a *verify*, bounded by :meth:`draft_token_cap`);
 everything else (prompt chunks, recomputation after preemption) is *prefill* and counts against
 :meth:`prefill_token_cap` as well as the step's token budget.
 """
@@ -85,6 +86,7 @@ class QueueScheduler(Scheduler):
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
         self._prefill_left = self._prefill_cap = 0  # prefill tokens this step may (still) take
+        self._drafts_left = 0  # draft tokens this step may (still) verify
 
     # ---- policy hooks -------------------------------------------------------------------
     def waiting_key(self):
@@ -115,6 +117,12 @@ class QueueScheduler(Scheduler):
         prefill off a prompt larger than what is left waits for a later step."""
         return self.limits.max_num_batched_tokens
 
+    def draft_token_cap(self, now: float) -> int:
+        """How many draft tokens (speculative decoding) this step may verify in all. Default: no
+        cap beyond the token budget, which running decodes and their drafts take first; a policy
+        that protects prefill under load returns less (0 = verify nothing this step)."""
+        return self.limits.max_num_batched_tokens
+
     def step_stats(self) -> dict[str, float]:
         """Numbers about the last :meth:`schedule` call for the step log (``steps.jsonl``)."""
         return {"prefill_cap": self._prefill_cap}
@@ -137,6 +145,7 @@ class QueueScheduler(Scheduler):
         plan = SchedulePlan()
         budget = self.limits.max_num_batched_tokens
         self._prefill_left = self._prefill_cap = max(0, self.prefill_token_cap(now))
+        self._drafts_left = max(0, self.draft_token_cap(now))
         self.running = self.running_order(self.running, now)
         scheduled: list[Sequence] = []
 
@@ -148,6 +157,11 @@ class QueueScheduler(Scheduler):
             computed = seq.num_computed_tokens
             if seq.num_tokens - computed == 1 and computed >= seq.request.prompt_len:
                 n = 1  # a decode: the common case, kept free of calls
+                if seq.draft_token_ids and budget > 1 and self._verify(seq, budget, plan):
+                    scheduled.append(seq)
+                    budget -= plan.scheduled[-1].num_tokens
+                    i += 1
+                    continue
                 if allocator.allocate_slots(seq, 1):
                     plan.scheduled.append(ScheduledSeq(seq, 1, computed))
                     scheduled.append(seq)
@@ -185,6 +199,16 @@ class QueueScheduler(Scheduler):
         return plan
 
     # ---- mechanics ----------------------------------------------------------------------
+    def _verify(self, seq: Sequence, budget: int, plan: SchedulePlan) -> bool:
+        """Schedule decode ``seq`` with as many of its drafts as the budget, :meth:`draft_token_cap`
+        and free blocks allow (drafts never preempt anyone); False if none fit."""
+        n = min(len(seq.draft_token_ids), budget - 1, self._drafts_left)
+        if n <= 0 or not self.allocator.allocate_slots(seq, 1 + n):
+            return False
+        self._drafts_left -= n
+        plan.scheduled.append(ScheduledSeq(seq, 1 + n, seq.num_computed_tokens, tuple(seq.draft_token_ids[:n])))
+        return True
+
     def _chunk(self, seq: Sequence, budget: int) -> int:
         """Tokens ``seq`` computes now: all it has, or a chunk when chunked prefill is on."""
         n = seq.num_uncomputed_tokens

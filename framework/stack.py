@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -10,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .clock import ModelledClock, WallClock
 from .cost_model import StepCostModel
+from .drafting import MAX_DRAFT_TOKENS, scratch_blocks_per_seq
 from .errors import ConfigError
 from .engine import Engine
 from .executor import Executor, LocalExecutor, WorkerConfig
@@ -138,12 +140,17 @@ def build_sim_executor(cfg: DictConfig) -> Executor:
                        num_swap_blocks=cfg.backend.num_swap_blocks, swap_space_gb=cfg.backend.get("swap_space_gb"))
 
 
-def build_executor(cfg: DictConfig) -> Executor:
+def build_executor(cfg: DictConfig, draft_model_path: str | None = None) -> Executor:
+    """The executor ``cfg`` asks for; ``draft_model_path``: a draft checkpoint to load beside the target."""
     if cfg.backend.name == "sim":
         return build_sim_executor(cfg)
     if cfg.backend.num_threads:
         torch.set_num_threads(cfg.backend.num_threads)
     wcfg = worker_config(cfg)
+    if draft_model_path is not None:
+        k = cfg.drafter.get("k", MAX_DRAFT_TOKENS)
+        wcfg = dataclasses.replace(wcfg, draft_model_path=draft_model_path,
+                                   draft_scratch_blocks=cfg.max_num_seqs * scratch_blocks_per_seq(k, cfg.block_size))
     if cfg.tensor_parallel_size > 1:
         from .tp import TPExecutor  # noqa: PLC0415 - optional, heavier
 
@@ -159,7 +166,9 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
     registry = registry or default_registry()
     classes = {kind: registry.get(kind, cfg[kind].name) for kind in KINDS}
     clock_kind = _clock_kind(cfg)
-    executor = executor or build_executor(cfg)
+    drafter_config = _plugin_config(cfg.drafter)
+    if executor is None:
+        executor = build_executor(cfg, _draft_model_path(cfg, classes["drafter"], drafter_config))
     if executor.num_kv_blocks < 1:
         raise ConfigError("the KV pool has no blocks: raise backend.kv_cache_memory_gb or set num_kv_blocks")
     max_model_len = min(cfg.max_model_len, executor.spec.max_position_embeddings)
@@ -181,15 +190,25 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
                       time_model.swap_bytes_per_s() if clock_kind == "virtual" and clock is None else None)
     preemption = classes["preemption"](_plugin_config(cfg.preemption), limits, allocator, cost_model)
     scheduler = classes["scheduler"](_plugin_config(cfg.scheduler), limits, allocator, preemption, cost_model)
-    drafter = classes["drafter"](_plugin_config(cfg.drafter), limits)
+    drafter = classes["drafter"](drafter_config, limits)
     if drafter.num_speculative_tokens:
-        raise ConfigError(f"drafter={cfg.drafter.name!r}: speculative decoding is not supported by the engine yet")
+        if cfg.backend.name == "sim":
+            raise ConfigError(f"drafter={cfg.drafter.name}: backend=sim computes no tokens, so there is nothing "
+                              "to verify drafts against; use drafter=none with backend=sim")
+        drafter.executor, drafter.allocator, drafter.seed = executor, allocator, cfg.seed
     if clock is None:
         clock = ModelledClock(time_model) if clock_kind == "virtual" else WallClock()
     else:
         clock_kind = "custom"
-    engine = Engine(limits, scheduler, allocator, executor, cost_model, seed=cfg.seed, clock=clock)
+    engine = Engine(limits, scheduler, allocator, executor, cost_model, seed=cfg.seed, clock=clock, drafter=drafter)
     return Stack(engine, executor, limits, time_model, clock_kind)
+
+
+def _draft_model_path(cfg: DictConfig, drafter_class, drafter_config) -> str | None:
+    """The draft checkpoint the drafter needs loaded beside the target, if any (never in the sim)."""
+    if cfg.backend.name == "sim":
+        return None
+    return drafter_class.model_path(drafter_config, model_path(cfg))
 
 
 def _clock_kind(cfg: DictConfig) -> str:

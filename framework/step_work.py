@@ -14,6 +14,8 @@ class StepWork:
     ``attended`` is the attention work: the sum over computed tokens of the context each attends to
     (causal). ``context_tokens`` is the KV each scheduled sequence reads once per layer (its context
     after the step). Block counts are per rank; the time model knows the bytes per block.
+    A verify entry (speculative decoding) counts as one decode sequence plus ``draft_tokens``:
+    its drafts are computed like a short prompt chunk but are not prefill.
     """
 
     num_tokens: int = 0
@@ -26,6 +28,7 @@ class StepWork:
     swap_out_blocks: int = 0
     swap_in_blocks: int = 0
     copy_blocks: int = 0
+    draft_tokens: int = 0
 
     @property
     def swap_blocks(self) -> int:
@@ -34,12 +37,19 @@ class StepWork:
 
 def step_work(plan: SchedulePlan) -> StepWork:
     """Count what ``plan`` computes (one pass over its entries)."""
-    tokens = prefill = decode = sampled = attended = context = 0
+    tokens = prefill = decode = sampled = attended = context = drafts = 0
     for e in plan.scheduled:  # runs once per step: attribute lookups kept to a minimum
         n, start, seq = e.num_tokens, e.start, e.seq
         end = start + n
         tokens += n
         context += end
+        if e.draft_token_ids:
+            d = len(e.draft_token_ids)
+            drafts += d
+            decode += 1
+            sampled += d + 1  # logit rows: the last token and every draft
+            attended += n * start + n * (n + 1) // 2
+            continue
         if n == 1:
             attended += end
             if start >= len(seq.request.prompt_token_ids):
@@ -52,4 +62,4 @@ def step_work(plan: SchedulePlan) -> StepWork:
         if end == len(seq.token_ids):
             sampled += 1
     return StepWork(tokens, len(plan.scheduled), prefill, decode, sampled, attended, context,
-                    len(plan.swap_out), len(plan.swap_in), len(plan.copy_blocks))
+                    len(plan.swap_out), len(plan.swap_in), len(plan.copy_blocks), drafts)

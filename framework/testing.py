@@ -6,11 +6,13 @@ be tested on hand-made scenarios in milliseconds (also by plugin authors in thei
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from .batch import StepBatch
 from .executor import Executor, StepOutput
 from .model.spec import ModelSpec
+from .sampler import verify_row_tokens
 
 
 class VirtualClock:
@@ -76,7 +78,8 @@ class FakeExecutor(Executor):
         rows = batch.sample_rows.tolist()
         ids, pos = batch.input_ids.tolist(), batch.positions.tolist()
         tokens = [(ids[r] * 31 + pos[r] * 17 + 7) % self.spec.vocab_size for r in rows]
-        return StepOutput(tokens, seconds)
+        tokens, accepted = verify_row_tokens(tokens, batch)
+        return StepOutput(tokens, seconds, accepted=accepted)
 
 
 class KVCheckingExecutor(FakeExecutor):
@@ -119,14 +122,14 @@ class KVCheckingExecutor(FakeExecutor):
                 raise AssertionError(f"slot {slot} outside the pool")
             self.device_kv[slot] = (token, p)
         cu, tables = batch.cu_seqlens_q.tolist(), batch.block_tables.tolist()
-        row_seq = {cu[i + 1] - 1: i for i in range(len(cu) - 1)}
         tokens = []
         for row in batch.sample_rows.tolist():
-            table, ctx = tables[row_seq[row]], pos[row] + 1
+            table, ctx = tables[bisect.bisect_right(cu, row) - 1], pos[row] + 1
             read = [self.device_kv.get(table[q // self.block_size] * self.block_size + q % self.block_size)
                     for q in range(ctx)]
             bad = next((q for q, v in enumerate(read) if v is None or v[1] != q), None)
             if bad is not None:
                 raise AssertionError(f"KV slot for position {bad} holds {read[bad]} (context of {ctx})")
             tokens.append(hash(tuple(t for t, _ in read)) % self.spec.vocab_size)
-        return StepOutput(tokens, out.model_s)
+        tokens, accepted = verify_row_tokens(tokens, batch)
+        return StepOutput(tokens, out.model_s, accepted=accepted)

@@ -20,6 +20,7 @@ path has not been run on GPUs yet.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import signal
@@ -128,6 +129,12 @@ class TPExecutor(Executor):
         """Process ids of ranks 1..N-1."""
         return [p.pid for p in self.procs]
 
+    def draft(self, batch):
+        """Rank 0 holds the draft model (if any) and drafts alone."""
+        if self.worker.draft_model is None:
+            return super().draft(batch)
+        return self.worker.draft(batch)
+
     def measure_swap_bandwidth(self) -> float:
         """Rank 0's device <-> host copy bandwidth (every rank copies its own shard in parallel)."""
         return self.worker.measure_swap_bandwidth()
@@ -145,7 +152,8 @@ class TPExecutor(Executor):
         self._in_step = True
         comm.comm_s = 0.0
         try:
-            comm.send_plan(seq, batch)
+            # Only rank 0 verifies drafts: the drafter's probabilities need not travel.
+            comm.send_plan(seq, dataclasses.replace(batch, draft_probs=[]) if batch.draft_probs else batch)
             plan_s = comm.comm_s
             out = self.worker.execute(batch)
         except Exception as exc:
@@ -157,7 +165,7 @@ class TPExecutor(Executor):
         self._in_step = False
         self._seq += 1
         forward_comm_s = comm.comm_s - plan_s
-        return StepOutput(out.sampled, max(0.0, out.model_s - forward_comm_s), comm.comm_s)
+        return StepOutput(out.sampled, max(0.0, out.model_s - forward_comm_s), comm.comm_s, out.accepted)
 
     def shutdown(self) -> None:
         """Stop every worker (a stop message if the group is healthy, else kill) and free the group."""

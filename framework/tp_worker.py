@@ -24,7 +24,10 @@ STORE_CONNECT_TIMEOUT = timedelta(seconds=60)
 
 
 def rank_config(cfg: WorkerConfig, rank: int) -> WorkerConfig:
-    """One GPU per rank: rank r runs on ``cuda:r``; CPU ranks share the CPU."""
+    """One GPU per rank: rank r runs on ``cuda:r``; CPU ranks share the CPU. A draft model runs
+    on rank 0 only (drafting is rank 0's business)."""
+    if rank > 0:
+        cfg = dataclasses.replace(cfg, draft_model_path=None, draft_scratch_blocks=0)
     if resolve_device(cfg.device).type == "cuda":
         return dataclasses.replace(cfg, device=f"cuda:{rank}")
     return dataclasses.replace(cfg, device="cpu")

@@ -143,13 +143,13 @@ def _logits_by_rank(path, size: int) -> dict[int, list[torch.Tensor]]:
             errors.append(exc)
             group.barrier.abort()
 
-    original = executor_module.sample
+    original = executor_module.sample_and_verify
 
-    def recording_sample(rows, params, seeds):
+    def recording_sample(rows, batch):
         logits[int(threading.current_thread().name)].append(rows.clone())
-        return original(rows, params, seeds)
+        return original(rows, batch)
 
-    executor_module.sample = recording_sample
+    executor_module.sample_and_verify = recording_sample
     try:
         threads = [threading.Thread(target=run, args=(r,), name=str(r)) for r in range(size)]
         for t in threads:
@@ -157,7 +157,7 @@ def _logits_by_rank(path, size: int) -> dict[int, list[torch.Tensor]]:
         for t in threads:
             t.join()
     finally:
-        executor_module.sample = original
+        executor_module.sample_and_verify = original
     if errors:
         raise errors[0]
     return logits

@@ -72,6 +72,10 @@ class ContiguousAllocator(BlockAllocator):
         self.slots_used[seq.id] = total
         return True
 
+    def release_slots(self, seq: Sequence, num_tokens: int) -> None:
+        if seq.id in self.slots_used:  # the reservation itself stays: that is this policy
+            self.slots_used[seq.id] = num_tokens
+
     def free(self, seq: Sequence) -> None:
         run = self.reserved.pop(seq.id, None)
         self.slots_used.pop(seq.id, None)

@@ -77,12 +77,17 @@ class PagedAllocator(BlockAllocator):
         self.hashes.pop(seq.id, None)
         self._total_slots_used -= self.slots_used.pop(seq.id, 0)
         for block in reversed(table or ()):  # tail blocks end up evicted first
-            self.ref_counts[block] -= 1
-            if self.ref_counts[block] == 0:
-                if self.block_hash[block] is None:
-                    self.free_plain.append(block)
-                else:
-                    self.free_cached[block] = None
+            self._release(block)
+
+    def release_slots(self, seq: Sequence, num_tokens: int) -> None:
+        table = self.tables.get(seq.id)
+        if table is None:
+            return
+        keep = -(-num_tokens // self.block_size)
+        while len(table) > keep:  # blocks past the end hold only rejected drafts: never hashed
+            self._release(table.pop())
+        self._total_slots_used += num_tokens - self.slots_used.get(seq.id, 0)
+        self.slots_used[seq.id] = num_tokens
 
     def block_table(self, seq_id: str) -> list[int]:
         return self.tables.get(seq_id, [])
@@ -172,6 +177,14 @@ class PagedAllocator(BlockAllocator):
         return {"kv_waste_fraction": waste}
 
     # ---- helpers ------------------------------------------------------------------------
+    def _release(self, block: int) -> None:
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            if self.block_hash[block] is None:
+                self.free_plain.append(block)
+            else:
+                self.free_cached[block] = None
+
     def _take_block(self) -> int:
         if self.free_plain:
             block = self.free_plain.popleft()

@@ -8,5 +8,5 @@ class NoDrafter(SpeculativeDrafter):
 
     name = "none"
 
-    def propose(self, seq):
-        return []
+    def propose(self, seqs, k):
+        return [[] for _ in seqs]
