@@ -50,6 +50,7 @@ class StepRecord:
     swap_in_blocks: int = 0
     work: StepWork | None = None  # the step's features, as time models see them
     draft_tokens: int = 0  # speculative drafts verified this step
+    draft_s: float = 0.0  # drafting the next step's tokens (in duration_s; 0 on the virtual clock)
     accepted_tokens: int = 0  # of which the target kept
 
 
@@ -148,14 +149,17 @@ class Engine:
             self._end_step(work)  # a virtual clock advances by the time model's prediction
         finished_at = self.now()
         grew = self._apply(plan, output.sampled, finished_at, output.accepted)
-        record = self._record(plan, work, start, finished_at, output.model_s, output.comm_s)
+        end = finished_at
+        if self.drafter is not None and grew:  # the next step's drafts are part of this step's time
+            self._call_plugin("drafter", lambda: self._draft(grew))
+            end = self.now()
+        record = self._record(plan, work, start, end, output.model_s, output.comm_s)
+        record.draft_s = end - finished_at
         if output.accepted is not None:
             record.draft_tokens = sum(len(e.draft_token_ids) for e in plan.scheduled)
             record.accepted_tokens = sum(output.accepted)
         for listener in self.step_listeners:
             listener(record)
-        if self.drafter is not None and grew:
-            self._call_plugin("drafter", lambda: self._draft(grew))
         return record
 
     def _apply(self, plan: SchedulePlan, sampled: list[int], now: float,

@@ -393,3 +393,25 @@ def test_the_simulator_refuses_drafts():
     with pytest.raises(ConfigError, match="backend=sim computes no tokens"):
         build_stack(compose("backend=sim", "model=llama3_8b", "hardware=h100", "drafter=ngram"))
 
+
+
+def test_the_ngram_drafter_keeps_its_tables_in_step_with_the_sequences():
+    """Incremental rows and keys (one token, several, rows reused after forget) give the same
+    proposals as a search from scratch."""
+    from servelab.plugins.drafters.ngram import NgramConfig, NgramDrafter
+    from servelab.request import Sequence
+
+    rng = random.Random(5)
+    for min_n, max_n in ((1, 3), (2, 4), (3, 5), (4, 4)):
+        drafter = NgramDrafter(NgramConfig(k=3, min_n=min_n, max_n=max_n), None)
+        seqs = [Sequence(Request(f"s{i}", tuple(rng.randrange(4) for _ in range(rng.randint(1, 30))), 99))
+                for i in range(5)]
+        for step in range(40):
+            for seq in seqs:
+                for _ in range(rng.choice([1, 1, 1, 3])):
+                    seq.append_token(rng.randrange(4), 0.0)
+            if step % 10 == 9:  # one ends, a new one takes its row
+                drafter.forget(seqs[0])
+                seqs[0] = Sequence(Request(f"n{step}", tuple(rng.randrange(4) for _ in range(7)), 99))
+            got = drafter.propose(seqs, 3)
+            assert got == [_lookup_reference(list(s.token_ids), min_n, max_n, 3) for s in seqs]

@@ -2,7 +2,7 @@
 occurrence of a sequence's last n tokens (n from ``max_n`` down to ``min_n``) in its own prompt
 and output. No model, no probabilities: drafts are one-hot for rejection sampling.
 
-Each sequence's tokens are kept as a numpy buffer that grows by what is new each step; one
+Each live sequence owns a row of one int32 table that grows by what is new each step; one
 batched search serves every sequence: candidates are the positions holding the last token,
 and each longer match is checked by gathering one earlier column.
 """
@@ -35,50 +35,107 @@ class NgramDrafter(BuiltinDrafter):
         if not 1 <= config.min_n <= config.max_n:
             raise ConfigError(f"drafter.min_n={config.min_n} and drafter.max_n={config.max_n} must satisfy "
                               "1 <= min_n <= max_n")
-        self._buffers: dict[str, np.ndarray] = {}
+        # One row per live sequence, padded with -1; rows are reused after forget().
+        self._table = np.full((8, 256), -1, dtype=np.int32)
+        self._keys = np.full((8, 256), -1, dtype=np.int64)  # ngram_keys of the table, kept in step
+        self._key_len = key_length(config.min_n)
+        self._rows: dict[str, int] = {}
+        self._free_rows: list[int] = []
         self._lengths: dict[str, int] = {}
 
     def propose(self, seqs, k):
         if not seqs or self.disabled_for(len(seqs)):
             return [[] for _ in seqs]
+        rows = np.fromiter((self._sync(s) for s in seqs), dtype=np.int64, count=len(seqs))
         lens = np.fromiter((s.num_tokens for s in seqs), dtype=np.int64, count=len(seqs))
-        table = np.full((len(seqs), int(lens.max())), -1, dtype=np.int64)
-        for row, seq in enumerate(seqs):
-            table[row, :lens[row]] = self._tokens(seq)
-        return prompt_lookup(table, lens, self.config.min_n, self.config.max_n, k)
+        width = int(lens.max())
+        return prompt_lookup(self._table[rows, :width], lens, self.config.min_n, self.config.max_n, k,
+                             keys=self._keys[rows, :width])
 
     def forget(self, seq) -> None:
-        self._buffers.pop(seq.id, None)
-        self._lengths.pop(seq.id, None)
+        row = self._rows.pop(seq.id, None)
+        if row is not None:
+            n = self._lengths.pop(seq.id)
+            self._table[row, :n] = -1
+            self._keys[row, :n] = -1
+            self._free_rows.append(row)
 
-    def _tokens(self, seq) -> np.ndarray:
-        """``seq.token_ids`` as numpy, converting only what is new since the last call."""
-        buf, have = self._buffers.get(seq.id), self._lengths.get(seq.id, 0)
-        n = seq.num_tokens
-        if buf is None or n > len(buf):
-            grown = np.empty(max(2 * n, 64), dtype=np.int64)
-            if buf is not None:
-                grown[:have] = buf[:have]
-            buf = self._buffers[seq.id] = grown
-        if n > have:
-            buf[have:n] = seq.token_ids[have:n]
-            self._lengths[seq.id] = n
-        return buf[:n]
+    def _sync(self, seq) -> int:
+        """``seq``'s row, holding its tokens: only what is new since the last call is written."""
+        row = self._rows.get(seq.id)
+        if row is None:
+            row = self._rows[seq.id] = self._free_rows.pop() if self._free_rows else len(self._rows)
+            self._lengths[seq.id] = 0
+        tokens = seq.token_ids
+        have, n = self._lengths[seq.id], len(tokens)
+        rows, cols = self._table.shape
+        if row >= rows or n > cols:
+            shape = (max(rows, 2 * row + 1), max(cols, 2 * n))
+            self._table, self._keys = (_grown(t, shape) for t in (self._table, self._keys))
+        table, keys, key_len = self._table, self._keys, self._key_len
+        if n - have == 1:  # the common case: one new token, one new key
+            table[row, have] = tokens[have]
+            if have >= key_len - 1:
+                key = 0
+                for j in range(key_len):
+                    key |= int(table[row, have - j]) << (KEY_BITS * j)
+                keys[row, have] = key
+        elif n > have:
+            table[row, have:n] = tokens[have:n]
+            lo = max(0, have - key_len + 1)
+            keys[row, have:n] = ngram_keys(table[row:row + 1, lo:n], key_len)[0, have - lo:]
+        self._lengths[seq.id] = n
+        return row
 
 
-def prompt_lookup(table: np.ndarray, lens: np.ndarray, min_n: int, max_n: int, k: int) -> list[list[int]]:
+def _grown(array: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    grown = np.full(shape, -1, dtype=array.dtype)
+    grown[:array.shape[0], :array.shape[1]] = array
+    return grown
+
+
+KEY_BITS = 21  # token ids below 2**21 (every vocabulary we know): three of them pack into one int64
+
+
+def key_length(min_n: int) -> int:
+    """How many trailing tokens a position's key packs: the shortest allowed match, at most 3."""
+    return min(min_n, 3)
+
+
+def ngram_keys(table: np.ndarray, key_len: int) -> np.ndarray:
+    """``keys[r, p]``: tokens ``p - key_len + 1 .. p`` of row ``r`` packed into one int64 (-1 where
+    the row has fewer tokens or a pad is involved)."""
+    keys = table.astype(np.int64)
+    for j in range(1, key_len):
+        shifted = np.full_like(keys, -1)
+        shifted[:, j:] = table[:, :-j]
+        keys = np.where((keys >= 0) & (shifted >= 0), keys | (shifted << (KEY_BITS * j)), -1)
+    return keys
+
+
+def prompt_lookup(table: np.ndarray, lens: np.ndarray, min_n: int, max_n: int, k: int,
+                  keys: np.ndarray | None = None) -> list[list[int]]:
     """For each row of ``table`` (``lens[row]`` tokens, padded with -1): the up-to-``k`` tokens
-    after the latest earlier occurrence of the longest matching suffix (``min_n``..``max_n`` tokens)."""
+    after the latest earlier occurrence of the longest matching suffix (``min_n``..``max_n`` tokens).
+
+    ``keys`` (from :func:`ngram_keys` with :func:`key_length`; computed when not given) makes the
+    first pass compare whole short n-grams, so few candidates survive to be extended."""
+    key_len = key_length(min_n)
+    if keys is None:
+        keys = ngram_keys(table, key_len)
     rows_n = len(lens)
-    row_ids = np.arange(rows_n)
-    last = table[row_ids, lens - 1]
-    # Candidate ends p of an earlier occurrence: table[p] == last token, p < len - 1 (something follows).
-    rows, ends = np.nonzero(table[:, :-1] == last[:, None]) if table.shape[1] > 1 else (np.empty(0, int),) * 2
+    last = keys[np.arange(rows_n), lens - 1]
+    # Candidate ends p of an earlier occurrence: key[p] == the suffix's key, p < len - 1 (something follows).
+    width = table.shape[1] - 1
+    if width:
+        rows, ends = np.divmod(np.flatnonzero(keys[:, :-1] == np.where(last >= 0, last, -2)[:, None]), width)
+    else:
+        rows = ends = np.empty(0, dtype=np.int64)
     keep = ends < lens[rows] - 1
     rows, ends = rows[keep], ends[keep]
-    matched = np.ones(len(rows), dtype=np.int64)  # suffix length matched so far
+    matched = np.full(len(rows), key_len, dtype=np.int64)  # suffix length matched so far
     alive = np.ones(len(rows), dtype=bool)
-    for j in range(1, max_n):
+    for j in range(key_len, max_n):
         ok = alive & (ends - j >= 0) & (lens[rows] - 1 - j >= 0)
         ok[ok] = table[rows[ok], ends[ok] - j] == table[rows[ok], lens[rows[ok]] - 1 - j]
         matched += ok
