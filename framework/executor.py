@@ -11,6 +11,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .batch import StepBatch, build_batch
@@ -22,7 +23,7 @@ from .model.spec import ModelSpec
 from .errors import ConfigError
 from .drafting import DraftBatch, draft_tables, scratch_blocks_per_seq
 from .interfaces import Drafts
-from .sampler import sample_and_verify, target_probs
+from .sampler import sample_and_verify, sample_from, seeded_uniforms, target_probs_batch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -206,6 +207,8 @@ class ModelWorker:
         tokens = torch.tensor(batch.last_token_ids, dtype=torch.long, device=dev)
         base = torch.tensor(batch.positions, dtype=torch.long, device=dev)
         drafted, probs = [], [[] for _ in range(n)]
+        sampled = [i for i, params in enumerate(batch.sampling) if params is not None]
+        sampled_rows = torch.tensor(sampled, dtype=torch.long, device=dev)
         for j in range(batch.k):
             pos = base + j
             meta = AttentionMetadata(
@@ -214,12 +217,12 @@ class ModelWorker:
                 max_query_len=1, max_context_len=max(batch.positions) + j + 1)
             logits = self.draft_model.compute_logits(self.draft_model(tokens, pos, self.draft_kv_cache, meta, self.ops))
             choice = logits.argmax(dim=-1).tolist()
-            for i, params in enumerate(batch.sampling):
-                if params is not None:
-                    q = target_probs(logits[i], params)
-                    generator = torch.Generator(device="cpu").manual_seed(batch.seeds[i][j])
-                    choice[i] = int(torch.multinomial(q, 1, generator=generator))
-                    probs[i].append(q)
+            if sampled:  # drawn from the draft's distribution, which travels with the drafts
+                q = target_probs_batch(logits[sampled_rows], [batch.sampling[i] for i in sampled])
+                drawn = sample_from(q, seeded_uniforms(np.array([batch.seeds[i][j] for i in sampled], dtype=np.uint64), 1))
+                for n, (i, token) in enumerate(zip(sampled, drawn)):
+                    choice[i] = token
+                    probs[i].append(q[n])
             drafted.append(choice)
             tokens = torch.tensor(choice, dtype=torch.long, device=dev)
         token_ids = [list(col) for col in zip(*drafted)]
