@@ -19,6 +19,9 @@ def print_summary(summary: dict, output_dir: str, console: Console | None = None
                 "prefix_cache_hit_rate", "slo_attainment", "goodput_req_s", "leaked_blocks"):
         if key in summary:
             table.add_row(key, fmt(summary[key]))
+    if summary.get("spec_acceptance_rate") is not None:  # speculative decoding ran
+        for key in ("spec_acceptance_rate", "spec_mean_tokens_per_verify"):
+            table.add_row(key, fmt(summary[key]))
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         s = summary.get(key) or {}
         table.add_row(f"{key} mean / p50 / p99", " / ".join(fmt(s.get(k)) for k in ("mean", "p50", "p99")))
