@@ -1,9 +1,9 @@
 """Speculative decoding: speed-up over plain decoding by drafter, k, sampling and load.
 
     python run.py -m experiment=speculative_decoding
-    python experiments/speculative_decoding/analyze.py [MULTIRUN_DIR] [--write-readme]
+    python experiments/speculative_decoding/analyze.py [MULTIRUN_DIR] [--update-readme]
 
-Writes results.md and speedup.png into the multirun folder; ``--write-readme`` also regenerates
+Writes results.md and speedup.png into ``<sweep>/analysis``; ``--update-readme`` also regenerates
 this experiment's committed README.md and speedup.png. Every configuration ran twice
 (``+repeat``): the tables show the mean and the spread (max - min) of the throughput ratio.
 """
@@ -36,7 +36,7 @@ def _tokens(run) -> dict[str, list[int]]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("sweep", nargs="?", type=Path)
-    parser.add_argument("--write-readme", action="store_true", help="regenerate the committed README.md and plot")
+    parser.add_argument("--update-readme", action="store_true", help="regenerate the committed README.md and plot")
     args = parser.parse_args()
     sweep = args.sweep or latest_sweep("speculative_decoding")
     groups = defaultdict(list)  # (load, temperature, spec) -> runs
@@ -95,10 +95,12 @@ def main() -> None:
 
     body = "\n\n".join(sections)
     text = README.format(machine=machine_note(sweep), tables=body, sweep=sweep.name, reading=_reading(plot_data))
-    (sweep / "results.md").write_text(text)
-    fig.savefig(sweep / "speedup.png", dpi=120)
-    print(f"wrote {sweep / 'results.md'} and {sweep / 'speedup.png'}")
-    if args.write_readme:
+    out = sweep / "analysis"
+    out.mkdir(exist_ok=True)
+    (out / "results.md").write_text(text)
+    fig.savefig(out / "speedup.png", dpi=120)
+    print(f"wrote {out / 'results.md'} and {out / 'speedup.png'}")
+    if args.update_readme:
         (HERE / "README.md").write_text(text)
         fig.savefig(HERE / "speedup.png", dpi=120)
         print(f"wrote {HERE / 'README.md'} and {HERE / 'speedup.png'}")
@@ -146,8 +148,8 @@ ratios).
 
 ```bash
 python run.py -m experiment=speculative_decoding
-python experiments/speculative_decoding/analyze.py            # tables + plot into the multirun folder
-python experiments/speculative_decoding/analyze.py --write-readme   # and regenerate this page
+python experiments/speculative_decoding/analyze.py            # tables + plot into <sweep>/analysis
+python experiments/speculative_decoding/analyze.py --update-readme   # and regenerate this page
 ```
 
 Sweep `{sweep}`.
