@@ -293,6 +293,7 @@ class ServelabConfig:
     debug: DebugConfig = field(default_factory=DebugConfig)
     eval_ppl: EvalPPLConfig = field(default_factory=EvalPPLConfig)
     progress: bool = True
+    strict_requests: bool = False  # a request the engine would reject is a start-up error (not a rejection)
 
 
 def plugin_node(cls: type) -> Any:
