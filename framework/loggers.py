@@ -19,6 +19,10 @@ class RunLogger:
     def start(self, cfg: DictConfig, output_dir: Path) -> None:
         """Open the run with the resolved config."""
 
+    def where(self) -> str:
+        """Where the run's log goes (the start-up banner shows it)."""
+        return "off (logger=none)"
+
     def log_step(self, record: StepRecord) -> None:
         """Record per-step series (batch size, tokens, KV utilisation, queue lengths)."""
 
@@ -42,6 +46,13 @@ class WandbLogger(RunLogger):
             dir=str(output_dir), config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
             name=output_dir.name, settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
         )
+
+    def where(self) -> str:
+        if self.run is None:
+            return "not started"
+        if self.cfg.mode == "online":
+            return f"online, {self.run.url}"
+        return f"{self.cfg.mode}, {Path(self.run.dir).parent} (wandb sync uploads it)"
 
     def log_step(self, record: StepRecord) -> None:
         if self.run is None or not _should_log(record.step, self.cfg.get("step_interval")):

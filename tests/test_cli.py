@@ -99,13 +99,26 @@ def test_ctrl_c_writes_partial_results_and_finishes_wandb(tmp_path):
         time.sleep(0.5)
     time.sleep(3)
     proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode != 0
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1] == f"interrupted; partial results written to {tmp_path}", stderr
+    assert "Traceback" not in stderr and "Traceback" not in stdout
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "interrupted"
     assert 0 < summary["num_requests"] < 400 or summary["num_unfinished"] > 0
     run_dirs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert run_dirs and list(run_dirs[0].glob("run-*.wandb"))
+
+
+def test_banner_then_a_run_whose_every_request_is_rejected_exits_2(tmp_path):
+    proc = run_cli(*SMALL, "logger=none", "num_kv_blocks=1", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 2, proc.stderr
+    assert "servelab: error: every request (6) was rejected, e.g. request 'req-0': needs" in proc.stderr
+    for label in ("model", "device", "KV pool", "stack", "results", "W&B"):
+        assert f"{label}  " in proc.stdout, label
+    assert "1 blocks x 16 = 16 tokens" in proc.stdout and f"results  {tmp_path}\n" in proc.stdout
+    assert "rejected requests: 6" in proc.stdout
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed: every request was rejected"
 
 
 def test_external_plugin_package_is_selectable_by_name(tmp_path):
