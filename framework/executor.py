@@ -122,7 +122,9 @@ class ModelWorker:
         if num_swap_blocks > 0:
             host_shape = shape[:2] + (num_swap_blocks,) + shape[3:]
             pin = self.device.type == "cuda"
-            self.host_cache = torch.zeros(host_shape, dtype=self.dtype, pin_memory=pin)
+            # empty, not zeros: a host block is only read after a swap-out wrote all of it, and an
+            # untouched CPU pool (the default is GiBs) then costs no memory
+            self.host_cache = torch.empty(host_shape, dtype=self.dtype, pin_memory=pin)
 
     # ---- running a step -----------------------------------------------------------------
     @torch.inference_mode()
