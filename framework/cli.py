@@ -61,6 +61,7 @@ def _interrupted() -> None:
 SUBCOMMANDS: dict[str, str] = {
     "profile": "profiling:profile_main",
     "eval-ppl": "eval_ppl:main",  # held-out perplexity of the configured checkpoint (ppl.json)
+    "compare": "compare:main",  # runs side by side: a table of metrics and the keys that differ, a plot
 }
 
 

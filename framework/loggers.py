@@ -42,7 +42,7 @@ class WandbLogger(RunLogger):
 
         lc = self.cfg
         self.run = wandb.init(
-            project=lc.project, entity=lc.entity, group=lc.group, tags=list(lc.tags), mode=lc.mode,
+            project=lc.project, entity=lc.entity, group=lc.group or sweep_group(), tags=list(lc.tags), mode=lc.mode,
             dir=str(output_dir), config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
             name=output_dir.name, settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
         )
@@ -85,6 +85,18 @@ class WandbLogger(RunLogger):
         finally:
             self.run.finish(exit_code=exit_code)
             self.run = None
+
+
+def sweep_group() -> str | None:
+    """In a Hydra multirun, the sweep folder: the W&B group every job of the sweep shares."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hydra_cfg = HydraConfig.get()
+    except (ImportError, ValueError):  # not under Hydra (the Python API)
+        return None
+    return str(hydra_cfg.sweep.dir) if hydra_cfg.mode == RunMode.MULTIRUN else None
 
 
 def _should_log(step: int, interval: int | None) -> bool:

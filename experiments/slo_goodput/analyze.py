@@ -22,9 +22,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import latest_sweep, load_runs, machine_note, table  # noqa: E402
+from common import latest_sweep, load_runs, machine_note, table, output_dir, sweep_arg  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+OUT = HERE  # where outputs go: set by main() (common.output_dir)
 SCHEDULERS = ["fcfs", "priority", "slo_aware"]
 
 
@@ -103,16 +104,18 @@ def plot(all_curves: dict[str, dict], key: str, ylabel: str, filename: str) -> N
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(HERE / filename, dpi=120)
+    fig.savefig(OUT / filename, dpi=120)
 
 
 def main() -> None:
-    bursty_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else latest_sweep("slo_goodput")
+    bursty_dir = sweep_arg() or latest_sweep("slo_goodput")
+    global OUT
+    OUT = output_dir(HERE, bursty_dir, "slo_goodput")
     bursty = load_runs(bursty_dir)
     sections, all_curves = [], {}
     text, all_curves["bursty synthetic (Gamma CV 3)"] = section("Bursty synthetic stream", bursty, True)
     sections.append(text)
-    trace_dir = Path(sys.argv[2]) if len(sys.argv) > 2 else None
+    trace_dir = sweep_arg(1)
     if trace_dir is None:
         try:
             trace_dir = latest_sweep("slo_goodput_trace")
@@ -189,7 +192,7 @@ between those two curves is a direct reading of the run-to-run noise on this sha
 The cost model is fitted online from this machine's measured step times, which other
 jobs on the 2 shared cores disturb; compare rows of one multirun.
 """
-    (HERE / "README.md").write_text(text)
+    (OUT / "README.md").write_text(text)
     print(text)
 
 
