@@ -72,6 +72,11 @@ def main() -> None:
     except PluginError as exc:
         print(f"servelab: plugin error: {exc}", file=sys.stderr)
         sys.exit(2)
+    if any(a in ("--help", "-h") for a in sys.argv[1:2]):
+        from .usage import usage_text
+
+        print(usage_text(), end="")
+        sys.exit(0)
     if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
         import importlib
 

@@ -135,3 +135,15 @@ def test_external_plugin_package_is_selectable_by_name(tmp_path):
     assert "longest_first: true" in (tmp_path / "out" / "config.yaml").read_text()
     bad = run_cli("scheduler=spf", "scheduler.longest_first=sometimes", env_extra=env)
     assert bad.returncode != 0 and "longest_first" in bad.stderr
+
+
+def test_help_is_servelabs_own_usage():
+    proc = run_cli("--help", pin=False)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.startswith("usage: servelab") and "Hydra" not in out.splitlines()[0]
+    for expected in ("scheduler  (default: fcfs)", "slo_aware: margin: float = 0.9",
+                     "paged: prefix_caching: bool = false", "adaptive: victim: last|",
+                     "jsonl: path: str = ???", "num_swap_blocks: int | None = null",
+                     "strict_requests: bool = false", "slo: SLOConfig = {ttft_ms: float | None = null"):
+        assert expected in out, expected
