@@ -92,8 +92,10 @@ def test_missing_checkpoint_weights_are_named(tmp_path):
 def test_ctrl_c_writes_partial_results_and_finishes_wandb(tmp_path):
     args = [sys.executable, str(REPO / "run.py"), *pin_test_defaults(SMALL), "workload.num_requests=400", "workload.rate=20",
             f"hydra.run.dir={tmp_path}"]
+    # SIG_DFL in the child: a shell's background job (nohup ... &) inherits SIGINT ignored
     proc = subprocess.Popen(args, cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 240
     while not (tmp_path / "wandb").exists() and time.time() < deadline:
         time.sleep(0.5)

@@ -111,7 +111,8 @@ def test_the_70b_tp8_trace_command_writes_the_usual_results(tmp_path):
 
     proc = run_cli("backend=sim", "hardware=h100", "model=llama3_70b", "tensor_parallel_size=8", "workload=trace",
                    f"workload.path={TRACES / 'AzureLLMInferenceTrace_conv.csv'}", "workload.num_requests=300",
-                   "scheduler=slo_aware", "logger=none", f"hydra.run.dir={tmp_path}")
+                   "scheduler=slo_aware", "slo.ttft_ms=2000", "slo.tpot_ms=100", "logger=none",
+                   f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["num_finished"] == 300 and summary["leaked_blocks"] == 0
