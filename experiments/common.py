@@ -8,6 +8,7 @@ import datetime as dt
 import json
 import os
 import platform
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,3 +105,31 @@ def table(headers: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+UPDATE_FLAG = "--update-readme"
+
+
+def sweep_arg(index: int = 0) -> Path | None:
+    """The ``index``-th sweep folder named on the command line (``--update-readme`` aside), if any."""
+    args = [a for a in sys.argv[1:] if a != UPDATE_FLAG]
+    return Path(args[index]) if len(args) > index else None
+
+
+def output_dir(here: Path, sweep: Path | None, name: str) -> Path:
+    """Where an analysis writes. Only with ``--update-readme`` the experiment's folder (its
+    committed README and plots); otherwise ``<sweep>/analysis`` (``multirun/<name>/analysis``
+    without a sweep), which also gets ``servelab compare``'s table of the sweep (compare.md/.csv)."""
+    if UPDATE_FLAG in sys.argv[1:]:
+        return here
+    out = (sweep if sweep is not None else REPO / "multirun" / name) / "analysis"
+    out.mkdir(parents=True, exist_ok=True)
+    if sweep is not None:
+        from servelab.compare import DEFAULT_METRICS, comparison, find_runs, load_run, write_table
+
+        runs = [load_run(r) for r in find_runs([sweep])]
+        header, rows = comparison(runs, [m for m in DEFAULT_METRICS if any(m in r["summary"] for r in runs)])
+        for suffix in (".md", ".csv"):
+            write_table(header, rows, out / f"compare{suffix}")
+    print(f"analysis written to {out} (the committed README and plots: rerun with {UPDATE_FLAG})", flush=True)
+    return out

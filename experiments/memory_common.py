@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import platform
 import subprocess
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -66,12 +67,20 @@ def markdown_table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _shown(path: Path) -> str:
+    """Relative to the repo when inside it (the committed README), else absolute."""
+    path = path.resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
 def write_readme(folder: Path, title: str, command: str, sweep: Path, body: str) -> None:
+    """``folder/README.md``: the experiment's (``--update-readme``) or the sweep's analysis folder."""
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    script = Path(sys.argv[0]).resolve()
     text = (f"# {title}\n\n"
-            f"Reproduce: `{command}` then `python {folder.relative_to(REPO)}/analyze.py` "
+            f"Reproduce: `{command}` then `python {_shown(script)} --update-readme` "
             f"(reads the newest `multirun/{sweep.parent.name}/` folder).\n\n"
-            f"Generated {now} on {machine()} (commit {git_commit()}, runs `{sweep.relative_to(REPO)}`).\n"
+            f"Generated {now} on {machine()} (commit {git_commit()}, runs `{_shown(sweep)}`).\n"
             f"{clock_note(sweep)} Counts (steps, concurrency, waste, preemptions, tokens) do not depend on "
             f"the clock when all requests arrive at once.\n\n"
             f"{body}\n")

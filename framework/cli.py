@@ -17,25 +17,43 @@ from .errors import ServelabError
 from .registry import PluginError
 
 
+_current_output_dir: str | None = None  # the running job's folder, for the Ctrl-C line
+
+
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> float | None:
-    from .report import print_samples, print_summary
+    from .report import all_rejected_error, print_samples, print_summary
     from .session import run_job
 
+    global _current_output_dir
     hydra_cfg = HydraConfig.get()
-    output_dir = hydra_cfg.runtime.output_dir
+    output_dir = _current_output_dir = hydra_cfg.runtime.output_dir
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
     try:
-        result = run_job(cfg, output_dir)
+        result = run_job(cfg, output_dir, banner=True)
+        print_samples(result.iter_requests())
+        print_summary(result.summary, output_dir)
+        error = all_rejected_error(result.summary)
+        if error:
+            raise ServelabError(error)
     except ServelabError as exc:
         print(f"servelab: error: {exc}", file=sys.stderr)
-        if hydra_cfg.mode == RunMode.MULTIRUN:
+        if multirun:
             # Let Hydra mark this job failed: the other jobs of the sweep (in this process or in a
             # launcher's workers) still run, and the sweep fails once they are done.
             raise
         sys.exit(2)
-    print_samples(result.iter_requests())
-    print_summary(result.summary, output_dir)
     return result.summary.get("output_throughput_tok_s")
+
+
+def _interrupted() -> None:
+    """Ctrl-C: one line saying what was kept (the session wrote the partial results), exit 130."""
+    done = _current_output_dir and os.path.isfile(os.path.join(_current_output_dir, "summary.json"))
+    if done:
+        print(f"interrupted; partial results written to {_current_output_dir}", file=sys.stderr)
+    else:
+        print("interrupted before the run started; nothing written", file=sys.stderr)
+    sys.exit(130)
 
 
 # ``servelab <subcommand> [hydra overrides]``: each entry is "module:function" under servelab,
@@ -43,6 +61,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
 SUBCOMMANDS: dict[str, str] = {
     "profile": "profiling:profile_main",
     "eval-ppl": "eval_ppl:main",  # held-out perplexity of the configured checkpoint (ppl.json)
+    "compare": "compare:main",  # runs side by side: a table of metrics and the keys that differ, a plot
 }
 
 
@@ -53,6 +72,11 @@ def main() -> None:
     except PluginError as exc:
         print(f"servelab: plugin error: {exc}", file=sys.stderr)
         sys.exit(2)
+    if any(a in ("--help", "-h") for a in sys.argv[1:2]):
+        from .usage import usage_text
+
+        print(usage_text(), end="")
+        sys.exit(0)
     if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
         import importlib
 
@@ -62,6 +86,12 @@ def main() -> None:
         except ServelabError as exc:
             print(f"servelab {sys.argv[1]}: error: {exc}", file=sys.stderr)
             code = 2
+        except KeyboardInterrupt:
+            print(f"servelab {sys.argv[1]}: interrupted", file=sys.stderr)
+            code = 130
         sys.exit(code)
-    _hydra_main()
+    try:
+        _hydra_main()
+    except KeyboardInterrupt:
+        _interrupted()
 

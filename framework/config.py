@@ -187,7 +187,7 @@ class HashIdsWorkload:
     scaled ``input_length``."""
 
     name: str = "hash_ids"
-    path: str = "../shared/traces/conversation_trace.jsonl"
+    path: str = "experiments/traces/conversation_trace.jsonl"
     num_requests: Optional[int] = 200  # null = every row
     start_row: int = 0
     trace_block_tokens: int = 512
@@ -206,8 +206,10 @@ class BackendConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     kv_cache_memory_gb: float = 0.5  # CPU: KV pool budget when num_kv_blocks is null
     gpu_memory_utilization: float = 0.9  # CUDA: fraction of device memory the run may use
-    num_swap_blocks: int = 0  # host swap pool (blocks); preemption=swap|adaptive needs > 0
-    swap_space_gb: Optional[float] = None  # host swap pool in GiB (instead of num_swap_blocks)
+    # host swap pool: num_swap_blocks (blocks) or swap_space_gb (GiB), not both; both null = none,
+    # except preemption=swap|adaptive: 4 GiB capped at half the free host memory (servelab/swap_pool.py)
+    num_swap_blocks: Optional[int] = None
+    swap_space_gb: Optional[float] = None
     swap_bandwidth_gb_s: Optional[float] = None  # device<->host link; null = measured at start-up
     num_threads: Optional[int] = None  # torch intra-op threads (per rank); null = torch's default (TP: cores / ranks)
     tp_step_timeout_s: float = 120.0  # tensor parallel: longest wait on another rank in a step before the run fails
@@ -293,6 +295,7 @@ class ServelabConfig:
     debug: DebugConfig = field(default_factory=DebugConfig)
     eval_ppl: EvalPPLConfig = field(default_factory=EvalPPLConfig)
     progress: bool = True
+    strict_requests: bool = False  # a request the engine would reject is a start-up error (not a rejection)
 
 
 def plugin_node(cls: type) -> Any:

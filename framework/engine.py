@@ -115,6 +115,10 @@ class Engine:
             self.scheduler.add(seq)
         return seq
 
+    def rejection_reason(self, request: Request) -> str | None:
+        """Why ``request`` would be rejected on arrival, or None (``strict_requests`` asks up front)."""
+        return self._rejection_reason(request)
+
     def _rejection_reason(self, request: Request) -> str | None:
         if request.prompt_len == 0:
             return "empty prompt"

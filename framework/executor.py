@@ -154,7 +154,9 @@ class ModelWorker:
         pin = self.device.type == "cuda"
         if num_swap_blocks > 0:
             host_shape = shape[:2] + (num_swap_blocks,) + shape[3:]
-            self.host_cache = torch.zeros(host_shape, dtype=self.dtype, pin_memory=pin)
+            # empty, not zeros: a host block is only read after a swap-out wrote all of it, and an
+            # untouched CPU pool (the default is GiBs) then costs no memory
+            self.host_cache = torch.empty(host_shape, dtype=self.dtype, pin_memory=pin)
         if self.draft_model is not None:
             d = self.draft_model.spec
             shape = (d.num_layers, 2, num_blocks + self.cfg.draft_scratch_blocks, self.cfg.block_size,
@@ -163,7 +165,7 @@ class ModelWorker:
             self.draft_kv_cache = [(self._draft_pool[i, 0], self._draft_pool[i, 1]) for i in range(d.num_layers)]
             self.num_pool_blocks = num_blocks
             if num_swap_blocks > 0:
-                self.draft_host_cache = torch.zeros(shape[:2] + (num_swap_blocks,) + shape[3:], dtype=self.dtype,
+                self.draft_host_cache = torch.empty(shape[:2] + (num_swap_blocks,) + shape[3:], dtype=self.dtype,
                                                     pin_memory=pin)
 
     # ---- running a step -----------------------------------------------------------------

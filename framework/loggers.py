@@ -19,6 +19,10 @@ class RunLogger:
     def start(self, cfg: DictConfig, output_dir: Path) -> None:
         """Open the run with the resolved config."""
 
+    def where(self) -> str:
+        """Where the run's log goes (the start-up banner shows it)."""
+        return "off (logger=none)"
+
     def log_step(self, record: StepRecord) -> None:
         """Record per-step series (batch size, tokens, KV utilisation, queue lengths)."""
 
@@ -38,10 +42,17 @@ class WandbLogger(RunLogger):
 
         lc = self.cfg
         self.run = wandb.init(
-            project=lc.project, entity=lc.entity, group=lc.group, tags=list(lc.tags), mode=lc.mode,
+            project=lc.project, entity=lc.entity, group=lc.group or sweep_group(), tags=list(lc.tags), mode=lc.mode,
             dir=str(output_dir), config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
             name=output_dir.name, settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
         )
+
+    def where(self) -> str:
+        if self.run is None:
+            return "not started"
+        if self.cfg.mode == "online":
+            return f"online, {self.run.url}"
+        return f"{self.cfg.mode}, {Path(self.run.dir).parent} (wandb sync uploads it)"
 
     def log_step(self, record: StepRecord) -> None:
         if self.run is None or not _should_log(record.step, self.cfg.get("step_interval")):
@@ -76,6 +87,18 @@ class WandbLogger(RunLogger):
         finally:
             self.run.finish(exit_code=exit_code)
             self.run = None
+
+
+def sweep_group() -> str | None:
+    """In a Hydra multirun, the sweep folder: the W&B group every job of the sweep shares."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hydra_cfg = HydraConfig.get()
+    except (ImportError, ValueError):  # not under Hydra (the Python API)
+        return None
+    return str(hydra_cfg.sweep.dir) if hydra_cfg.mode == RunMode.MULTIRUN else None
 
 
 def _should_log(step: int, interval: int | None) -> bool:

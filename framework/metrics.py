@@ -2,11 +2,15 @@
 
 TTFT = first token - arrival; TPOT = (e2e - TTFT) / (output tokens - 1); ITL = gaps between
 consecutive tokens; queueing delay = first scheduled - arrival; goodput = requests meeting every
-SLO per second.
+SLO per second. A request without any target (its own or the run's ``slo.*``) neither meets nor
+misses an SLO: attainment and goodput cover only requests with targets and are ``None`` when no
+request has one (a 1.0 there would read as "every SLO met"). Every key is documented in
+``docs/metrics.md``.
 """
 
 from __future__ import annotations
 
+import re
 from array import array
 from typing import Iterable
 
@@ -53,13 +57,24 @@ def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
         rec["queue_ms"] = (seq.first_scheduled_time - arrival) * 1e3
     ttft_target = req.ttft_slo_ms if req.ttft_slo_ms is not None else ttft_slo_ms
     tpot_target = req.tpot_slo_ms if req.tpot_slo_ms is not None else tpot_slo_ms
-    if seq.status == Status.FINISHED:
-        rec["met_ttft_slo"] = ttft_target is None or rec["ttft_ms"] <= ttft_target
-        rec["met_tpot_slo"] = tpot_target is None or rec["tpot_ms"] <= tpot_target
+    finished = seq.status == Status.FINISHED
+    # None = no target of that kind; an unfinished request with a target misses it
+    rec["met_ttft_slo"] = None if ttft_target is None else finished and rec["ttft_ms"] <= ttft_target
+    rec["met_tpot_slo"] = None if tpot_target is None else finished and rec["tpot_ms"] <= tpot_target
+    if ttft_target is None and tpot_target is None:
+        rec["met_slo"] = None
     else:
-        rec["met_ttft_slo"] = rec["met_tpot_slo"] = False
-    rec["met_slo"] = rec["met_ttft_slo"] and rec["met_tpot_slo"]
+        rec["met_slo"] = rec["met_ttft_slo"] is not False and rec["met_tpot_slo"] is not False
     return rec
+
+
+def rejection_kind(reason: str) -> str:
+    """A rejection reason with its numbers replaced by N, so reasons group by kind ("needs N KV
+    slots (N blocks of N) but the whole pool has N blocks")."""
+    return _NUMBER.sub("N", reason)
+
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 def stats(values: Iterable[float]) -> dict[str, float | None]:
@@ -80,6 +95,8 @@ class RequestStats:
         self.num_requests = self.num_finished = self.num_rejected = 0
         self.output_tokens = self.prompt_tokens = self.cached_prompt_tokens = 0
         self.met = self.met_ttft = self.met_tpot = 0
+        self.with_slo = self.with_ttft = self.with_tpot = 0  # requests (not rejected) with such a target
+        self.rejections: dict[str, list] = {}  # reason -> [count, first request id]
         self.ttft, self.tpot, self.e2e, self.queue, self.itl = (array("d") for _ in range(5))
         self.draft_tokens = self.accepted_tokens = self.verify_steps = 0
         self.drafted_by_position: list[int] = []  # [i]: verify steps that had a draft at position i
@@ -91,15 +108,20 @@ class RequestStats:
         self._add_speculation(rec)
         if rec["rejected_reason"] is not None:
             self.num_rejected += 1
+            reason = rec["rejected_reason"]
+            entry = self.rejections.setdefault(rejection_kind(reason), [0, rec["id"], reason])
+            entry[0] += 1
             return
         self.prompt_tokens += rec["prompt_len"]
         self.cached_prompt_tokens += rec["num_cached_prompt_tokens"]
+        for flag, count, met in (("met_slo", "with_slo", "met"), ("met_ttft_slo", "with_ttft", "met_ttft"),
+                                 ("met_tpot_slo", "with_tpot", "met_tpot")):
+            if rec[flag] is not None:
+                setattr(self, count, getattr(self, count) + 1)
+                setattr(self, met, getattr(self, met) + bool(rec[flag]))
         if rec["finish_reason"] is None:
             return
         self.num_finished += 1
-        self.met += bool(rec["met_slo"])
-        self.met_ttft += bool(rec["met_ttft_slo"])
-        self.met_tpot += bool(rec["met_tpot_slo"])
         for values, key in ((self.ttft, "ttft_ms"), (self.e2e, "e2e_ms"), (self.queue, "queue_ms")):
             if rec[key] is not None:
                 values.append(rec[key])
@@ -152,7 +174,6 @@ def summarize(requests: RequestStats, totals: StepTotals, duration_s: float, lea
     r = requests
     duration = max(duration_s, 1e-9)
     preemptions = dict(totals.preemptions)
-    n_considered = r.num_requests - r.num_rejected
     summary = {
         "num_requests": r.num_requests,
         "num_finished": r.num_finished,
@@ -169,15 +190,19 @@ def summarize(requests: RequestStats, totals: StepTotals, duration_s: float, lea
         "itl_ms": stats(r.itl),
         "e2e_ms": stats(r.e2e),
         "queue_ms": stats(r.queue),
-        "slo_attainment": r.met / n_considered if n_considered else None,
-        "ttft_slo_attainment": r.met_ttft / n_considered if n_considered else None,
-        "tpot_slo_attainment": r.met_tpot / n_considered if n_considered else None,
-        "goodput_req_s": r.met / duration,
+        "num_requests_with_slo": r.with_slo,
+        "slo_attainment": r.met / r.with_slo if r.with_slo else None,
+        "ttft_slo_attainment": r.met_ttft / r.with_ttft if r.with_ttft else None,
+        "tpot_slo_attainment": r.met_tpot / r.with_tpot if r.with_tpot else None,
+        "goodput_req_s": r.met / duration if r.with_slo else None,
         "num_preemptions": sum(preemptions.values()),
         "num_preemptions_by_kind": preemptions,
         "kv_utilization_mean": totals.kv_utilization_mean,
         "kv_utilization_max": totals.kv_utilization_max,
         "leaked_blocks": leaked_blocks,
+        # kind of reason -> {count, example_id, example_reason}, most frequent first
+        "rejections": {kind: {"count": n, "example_id": rid, "example_reason": reason} for kind, (n, rid, reason)
+                       in sorted(r.rejections.items(), key=lambda kv: -kv[1][0])},
         **r.speculation(),
     }
     summary.update(extra or {})

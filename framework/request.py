@@ -22,7 +22,9 @@ class Request:
     """One generation request as it arrives; never mutated by the engine.
 
     ``arrival_time`` is seconds from the start of the run (0 = at start). ``ttft_slo_ms`` and
-    ``tpot_slo_ms`` are per-request targets (``None`` = use the run's defaults).
+    ``tpot_slo_ms`` are per-request targets (``None`` = use the run's defaults). Requests share
+    prefix-cache blocks only when their ``cache_salt`` is equal (``None``: the unsalted pool), so
+    tenants with different salts cannot probe each other's prompts through cache-hit timing.
     """
 
     id: str
@@ -34,6 +36,7 @@ class Request:
     priority: int = 0
     ttft_slo_ms: float | None = None
     tpot_slo_ms: float | None = None
+    cache_salt: str | None = None
 
     @property
     def prompt_len(self) -> int:

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from .engine import Engine, StepRecord
 from .loggers import make_logger
 from .metrics import RequestStats, request_record, summarize
+from .preflight import check_requests
 from .request import Request
 from .runner import run_workload
 from .stack import Stack, build_stack
@@ -125,6 +126,7 @@ def collect_results(engine: Engine, time_scale: float, status: str = "completed"
         "kv_waste_fraction": totals.gauge_mean("kv_waste_fraction"),
         **_memory_metrics(engine),
         "num_kv_blocks": engine.allocator.num_blocks,
+        "num_swap_blocks": getattr(engine.executor, "num_swap_blocks", 0),
         "block_size": limits.block_size,
         "cost_model": engine.cost_model.coefficients,
         "model_time_s": totals.model_s,
@@ -151,33 +153,40 @@ def _memory_metrics(engine: Engine) -> dict:
 
 
 def run_job(cfg: DictConfig, output_dir: str | Path, requests: list[Request] | None = None,
-            stack: Stack | None = None) -> RunResult:
+            stack: Stack | None = None, banner: bool = False) -> RunResult:
     """Run the workload of ``cfg`` (or ``requests``) and write the result files to ``output_dir``.
 
     Without ``stack`` the stack is built here and its executor shut down at the end (error or not);
-    a given ``stack`` stays open (its owner shuts it down).
+    a given ``stack`` stays open (its owner shuts it down). ``banner``: print what runs and where
+    its results go before the first step (the command line does).
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     if stack is not None:
-        return _run_on_stack(cfg, output_dir, requests, stack)
+        return _run_on_stack(cfg, output_dir, requests, stack, banner)
     stack = build_stack(cfg)
     try:
-        return _run_on_stack(cfg, output_dir, requests, stack)
+        return _run_on_stack(cfg, output_dir, requests, stack, banner)
     finally:
         stack.executor.shutdown()  # we built it, so we release its workers (TP processes), error or not
 
 
-def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | None, stack: Stack) -> RunResult:
+def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | None, stack: Stack,
+                  banner: bool = False) -> RunResult:
     engine = stack.engine
     engine.keep_steps = bool(cfg.debug.log_steps)  # long runs: the summary comes from engine.totals
     text = checkpoint_text(cfg)  # the checkpoint's tokenizer: text prompts in, output_text out
     if requests is None:
         requests = build_requests(cfg.workload, stack.executor.spec.vocab_size, stack.limits.max_model_len, text)
+    check_requests(cfg, engine, requests)
     # loads the tokenizer (if any) before the run starts; the simulator's tokens are placeholders
     decorate = text_decorator(text) if cfg.backend.name != "sim" else None
     logger = make_logger(cfg.logger)
     logger.start(cfg, output_dir)
+    if banner:
+        from .banner import print_banner  # noqa: PLC0415
+
+        print_banner(cfg, stack, output_dir, logger.where())
     engine.step_listeners.append(logger.log_step)
     writer = RequestWriter(output_dir / "requests.jsonl", engine, cfg.workload.time_scale,
                            decorate=decorate)
@@ -187,6 +196,8 @@ def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | N
     progress = _progress_bar(len(requests), cfg.get("progress", True))
     try:
         run_workload(engine, requests, cfg.workload.time_scale, on_progress=progress.update if progress else None)
+        if writer.stats.num_requests and writer.stats.num_rejected == writer.stats.num_requests:
+            status, exit_code = "failed: every request was rejected", 2
     except KeyboardInterrupt:
         status, exit_code = "interrupted", 130
         raise
@@ -203,7 +214,7 @@ def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | N
         result.write(output_dir, cfg.debug.log_steps)
         OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
         logger.finish(result.summary, result.iter_requests(), exit_code)
-        if status != "completed":
+        if exit_code == 1:  # an error; the command line reports an interrupt or all-rejected run itself
             log.error("run %s; partial results written to %s", status, output_dir)
     return result
 

@@ -19,6 +19,7 @@ from .interfaces import EngineLimits, TimeModel, TimeModelContext
 from .model.random_checkpoint import cached_random_checkpoint
 from .registry import KINDS, Registry, default_registry
 from .shapes import DTYPE_BYTES, HardwareProfile, ModelShape
+from .swap_pool import swap_pool_config
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +65,13 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"tensor_parallel_size={cfg.tensor_parallel_size} must be >= 1")
     if cfg.backend.tp_step_timeout_s <= 0:
         raise ConfigError(f"backend.tp_step_timeout_s={cfg.backend.tp_step_timeout_s} must be > 0")
-    if cfg.backend.num_swap_blocks < 0:
-        raise ConfigError(f"backend.num_swap_blocks={cfg.backend.num_swap_blocks} must be >= 0")
+    swap_blocks = cfg.backend.get("num_swap_blocks")
+    if swap_blocks is not None and swap_blocks < 0:
+        raise ConfigError(f"backend.num_swap_blocks={swap_blocks} must be >= 0")
     swap_gb = cfg.backend.get("swap_space_gb")
-    if swap_gb is not None and (swap_gb < 0 or cfg.backend.num_swap_blocks):
+    if swap_gb is not None and (swap_gb < 0 or swap_blocks is not None):
         raise ConfigError(f"backend.swap_space_gb={swap_gb} must be >= 0 and is exclusive with "
-                          f"backend.num_swap_blocks={cfg.backend.num_swap_blocks} (set one of them)")
+                          f"backend.num_swap_blocks={swap_blocks} (set one of them)")
     bandwidth = cfg.backend.get("swap_bandwidth_gb_s")
     if bandwidth is not None and bandwidth <= 0:
         raise ConfigError(f"backend.swap_bandwidth_gb_s={bandwidth} must be > 0 (or null to measure it)")
@@ -97,7 +99,14 @@ def model_path(cfg: DictConfig) -> str:
     return str(cached_random_checkpoint(m.architecture, m.weights_seed, shape))
 
 
+def _swap_pool(cfg: DictConfig) -> tuple[int, float | None]:
+    """(num_swap_blocks, swap_space_gb): configured, or the default pool of a policy that swaps."""
+    policy = default_registry().get("preemption", cfg.preemption.name)
+    return swap_pool_config(cfg, getattr(policy, "uses_host_pool", False))
+
+
 def worker_config(cfg: DictConfig) -> WorkerConfig:
+    num_swap_blocks, swap_space_gb = _swap_pool(cfg)
     return WorkerConfig(
         model_path=model_path(cfg),
         dtype=_value(cfg.model.dtype),
@@ -108,9 +117,9 @@ def worker_config(cfg: DictConfig) -> WorkerConfig:
         num_kv_blocks=cfg.num_kv_blocks,
         kv_cache_memory_gb=cfg.backend.kv_cache_memory_gb,
         gpu_memory_utilization=cfg.backend.gpu_memory_utilization,
-        num_swap_blocks=cfg.backend.num_swap_blocks,
+        num_swap_blocks=num_swap_blocks,
         seed=cfg.seed,
-        swap_space_gb=cfg.backend.get("swap_space_gb"),
+        swap_space_gb=swap_space_gb,
     )
 
 
@@ -136,8 +145,9 @@ def build_sim_executor(cfg: DictConfig) -> Executor:
     dtype_bytes = DTYPE_BYTES[_value(cfg.model.dtype)]
     memory = plan_memory(shape, hardware, cfg.tensor_parallel_size, dtype_bytes, dtype_bytes, cfg.block_size,
                          cfg.backend.gpu_memory_utilization, cfg.backend.activation_reserve_gb)
+    num_swap_blocks, swap_space_gb = _swap_pool(cfg)
     return SimExecutor(shape, hardware, memory, model_name=cfg.model.name, num_kv_blocks=cfg.num_kv_blocks,
-                       num_swap_blocks=cfg.backend.num_swap_blocks, swap_space_gb=cfg.backend.get("swap_space_gb"))
+                       num_swap_blocks=num_swap_blocks, swap_space_gb=swap_space_gb)
 
 
 def build_executor(cfg: DictConfig, draft_model_path: str | None = None) -> Executor:

@@ -119,7 +119,7 @@ class InArrivalOrder:
 
 
 _JSONL_KEYS = {"id", "prompt", "prompt_token_ids", "prompt_len", "max_tokens", "arrival_time", "priority", "ttft_slo_ms",
-               "tpot_slo_ms", "ignore_eos", "temperature", "top_p", "top_k", "seed"}
+               "tpot_slo_ms", "ignore_eos", "temperature", "top_p", "top_k", "seed", "cache_salt"}
 
 
 def jsonl_requests(cfg, vocab_size: int, max_model_len: int, text=None) -> list[Request]:
@@ -182,7 +182,8 @@ def _jsonl_request(obj, where: str, index: int, rng, vocab_size: int, text=None)
             id=str(obj.get("id", f"req-{index}")), prompt_token_ids=prompt, max_tokens=int(obj["max_tokens"]),
             arrival_time=float(obj.get("arrival_time") or 0.0), sampling=sampling,
             ignore_eos=bool(obj.get("ignore_eos", "prompt" not in obj)), priority=int(obj.get("priority", 0)),
-            ttft_slo_ms=_opt_float(obj.get("ttft_slo_ms")), tpot_slo_ms=_opt_float(obj.get("tpot_slo_ms")))
+            ttft_slo_ms=_opt_float(obj.get("ttft_slo_ms")), tpot_slo_ms=_opt_float(obj.get("tpot_slo_ms")),
+            cache_salt=_opt_salt(obj.get("cache_salt"), where))
     except (TypeError, ValueError) as exc:
         if isinstance(exc, ServelabError):
             raise
@@ -191,6 +192,12 @@ def _jsonl_request(obj, where: str, index: int, rng, vocab_size: int, text=None)
 
 def _opt_float(v):
     return None if v is None else float(v)
+
+
+def _opt_salt(v, where: str) -> str | None:
+    if v is not None and not isinstance(v, str):
+        raise WorkloadError(f"{where}: 'cache_salt' must be a string, got {type(v).__name__}")
+    return v
 
 
 _TRACE_FORMATS = {

@@ -15,16 +15,23 @@ PYTHON=${PYTHON:-python3}
 VENV=.venv
 STAMP=$VENV/.servelab-installed
 
+say() { echo "servelab set-up: $*" >&2; }
+
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
+  say "creating $VENV (once; again when pyproject.toml changes) - a few minutes"
   if "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-    echo "servelab: using this Python's CUDA torch" >&2
+    say "using this Python's CUDA torch ($("$PYTHON" -c 'import torch; print(torch.__version__)'))"
     "$PYTHON" -m venv --system-site-packages "$VENV"
   else
     "$PYTHON" -m venv "$VENV"
+    say "1/2 installing torch 2.13.0${SERVELAB_TORCH_INDEX:+ from $SERVELAB_TORCH_INDEX} (the largest download)"
     "$VENV/bin/python" -m pip install --quiet torch==2.13.0 ${SERVELAB_TORCH_INDEX:+--index-url "$SERVELAB_TORCH_INDEX"}
   fi
+  say "2/2 installing servelab[dev] in editable mode: hydra-core, omegaconf, pluggy, wandb, transformers," \
+      "rich, matplotlib, triton, pytest, pytest-benchmark, hypothesis, Hydra launchers"
   "$VENV/bin/python" -m pip install --quiet -e '.[dev]'
   touch "$STAMP"
+  say "done: $VENV"
 fi
 
 cmd=${1:-run}

@@ -92,20 +92,35 @@ def test_missing_checkpoint_weights_are_named(tmp_path):
 def test_ctrl_c_writes_partial_results_and_finishes_wandb(tmp_path):
     args = [sys.executable, str(REPO / "run.py"), *pin_test_defaults(SMALL), "workload.num_requests=400", "workload.rate=20",
             f"hydra.run.dir={tmp_path}"]
+    # SIG_DFL in the child: a shell's background job (nohup ... &) inherits SIGINT ignored
     proc = subprocess.Popen(args, cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 240
     while not (tmp_path / "wandb").exists() and time.time() < deadline:
         time.sleep(0.5)
     time.sleep(3)
     proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode != 0
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1] == f"interrupted; partial results written to {tmp_path}", stderr
+    assert "Traceback" not in stderr and "Traceback" not in stdout
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "interrupted"
     assert 0 < summary["num_requests"] < 400 or summary["num_unfinished"] > 0
     run_dirs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert run_dirs and list(run_dirs[0].glob("run-*.wandb"))
+
+
+def test_banner_then_a_run_whose_every_request_is_rejected_exits_2(tmp_path):
+    proc = run_cli(*SMALL, "logger=none", "num_kv_blocks=1", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 2, proc.stderr
+    assert "servelab: error: every request (6) was rejected, e.g. request 'req-0': needs" in proc.stderr
+    for label in ("model", "device", "KV pool", "stack", "results", "W&B"):
+        assert f"{label}  " in proc.stdout, label
+    assert "1 blocks x 16 = 16 tokens" in proc.stdout and f"results  {tmp_path}\n" in proc.stdout
+    assert "rejected requests: 6" in proc.stdout
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed: every request was rejected"
 
 
 def test_external_plugin_package_is_selectable_by_name(tmp_path):
@@ -122,3 +137,15 @@ def test_external_plugin_package_is_selectable_by_name(tmp_path):
     assert "longest_first: true" in (tmp_path / "out" / "config.yaml").read_text()
     bad = run_cli("scheduler=spf", "scheduler.longest_first=sometimes", env_extra=env)
     assert bad.returncode != 0 and "longest_first" in bad.stderr
+
+
+def test_help_is_servelabs_own_usage():
+    proc = run_cli("--help", pin=False)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.startswith("usage: servelab") and "Hydra" not in out.splitlines()[0]
+    for expected in ("scheduler  (default: fcfs)", "slo_aware: margin: float = 0.9",
+                     "paged: prefix_caching: bool = false", "adaptive: victim: last|",
+                     "jsonl: path: str = ???", "num_swap_blocks: int | None = null",
+                     "strict_requests: bool = false", "slo: SLOConfig = {ttft_ms: float | None = null"):
+        assert expected in out, expected

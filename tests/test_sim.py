@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import SHARED_TRACES, compose
+from conftest import TRACES, compose
 from servelab.errors import ConfigError
 from servelab.session import run_job
 from servelab.stack import build_stack
@@ -106,14 +106,13 @@ def test_virtual_clock_results_do_not_depend_on_the_machine_load(tmp_path):
     assert (tmp_path / "quiet" / "requests.jsonl").read_text() == (tmp_path / "loaded" / "requests.jsonl").read_text()
 
 
-@pytest.mark.skipif(not (SHARED_TRACES / "AzureLLMInferenceTrace_conv.csv").is_file(),
-                    reason="needs ../shared/traces (the public traces beside the checkout)")
 def test_the_70b_tp8_trace_command_writes_the_usual_results(tmp_path):
     from test_cli import run_cli
 
     proc = run_cli("backend=sim", "hardware=h100", "model=llama3_70b", "tensor_parallel_size=8", "workload=trace",
-                   f"workload.path={SHARED_TRACES / 'AzureLLMInferenceTrace_conv.csv'}", "workload.num_requests=300",
-                   "scheduler=slo_aware", "logger=none", f"hydra.run.dir={tmp_path}")
+                   f"workload.path={TRACES / 'AzureLLMInferenceTrace_conv.csv'}", "workload.num_requests=300",
+                   "scheduler=slo_aware", "slo.ttft_ms=2000", "slo.tpot_ms=100", "logger=none",
+                   f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["num_finished"] == 300 and summary["leaked_blocks"] == 0

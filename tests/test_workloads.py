@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import REPO, SHARED_TRACES, compose
+from conftest import REPO, TRACES, compose
 from servelab.workloads import WorkloadError, build_requests
 
 DATA = REPO / "tests" / "data"
@@ -90,9 +90,8 @@ def test_unrecognised_trace_columns(tmp_path):
         _reqs("workload=trace", f"workload.path={path}")
 
 
-@pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="../shared/traces is not beside this checkout")
 def test_real_azure_conversation_trace_loads():
-    reqs = _reqs("workload=trace", f"workload.path={SHARED_TRACES / 'AzureLLMInferenceTrace_conv.csv'}",
+    reqs = _reqs("workload=trace", f"workload.path={TRACES / 'AzureLLMInferenceTrace_conv.csv'}",
                  "workload.num_requests=100", "workload.length_scale=0.1", max_model_len=512)
     assert len(reqs) == 100 and all(r.prompt_len + r.max_tokens <= 512 for r in reqs)
     assert reqs[-1].arrival_time > 0

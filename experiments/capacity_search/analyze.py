@@ -22,9 +22,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import latest_sweep, load_runs, table  # noqa: E402
+from common import latest_sweep, load_runs, table, output_dir, sweep_arg  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+OUT = HERE  # where outputs go: set by main() (common.output_dir)
 CPU_README = HERE.parent / "continuous_vs_static" / "README.md"
 
 
@@ -66,7 +67,7 @@ def plot_capacity(series: list[tuple[str, dict]], stacks: list[str], title: str)
     ax.set(xlabel="highest request rate within the SLOs (req/s)", title=title)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=1, frameon=False)
     fig.tight_layout()
-    fig.savefig(HERE / "capacity.png", dpi=120)
+    fig.savefig(OUT / "capacity.png", dpi=120)
     plt.close(fig)
 
 
@@ -292,7 +293,7 @@ def cvs_section(sweep: Path | None, steps: dict | None) -> str:
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(HERE / "continuous_vs_static_sim.png", dpi=120)
+    fig.savefig(OUT / "continuous_vs_static_sim.png", dpi=120)
     plt.close(fig)
 
     cfg = runs[0].config
@@ -372,16 +373,18 @@ def main() -> None:
     res = json.loads((HERE / "results.json").read_text())
     tight_file = HERE / "results_memory_tight.json"
     tight = json.loads(tight_file.read_text()) if tight_file.is_file() else None
-    sweep = Path(sys.argv[1]) if len(sys.argv) > 1 else None
+    sweep = sweep_arg()
     if sweep is None:
         try:
             sweep = latest_sweep("continuous_vs_static_sim")
         except SystemExit:
             sweep = None
+    global OUT
+    OUT = output_dir(HERE, sweep, "capacity_search")
     steps_file = HERE / "step_times.json"
     steps = json.loads(steps_file.read_text()) if steps_file.is_file() else None
     text = capacity_section(res, tight) + "\n" + cvs_section(sweep, steps)
-    (HERE / "README.md").write_text(text)
+    (OUT / "README.md").write_text(text)
     print(text)
 
 

@@ -18,9 +18,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import latest_sweep, load_runs, machine_note, table  # noqa: E402
+from common import latest_sweep, load_runs, machine_note, table, output_dir, sweep_arg  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+OUT = HERE  # where outputs go: set by main() (common.output_dir)
 ORDER = ["whole", "chunk512", "chunk256", "chunk128"]
 
 
@@ -30,7 +31,9 @@ def pct(values, q):
 
 
 def main() -> None:
-    sweep = Path(sys.argv[1]) if len(sys.argv) > 1 else latest_sweep("chunked_prefill")
+    sweep = sweep_arg() or latest_sweep("chunked_prefill")
+    global OUT
+    OUT = output_dir(HERE, sweep, "chunked_prefill")
     runs = {r.overrides["experiment/prefill"]: r for r in load_runs(sweep)}
     modes = [m for m in ORDER if m in runs]
     label = {m: ("off (whole prompts)" if m == "whole" else f"on, {m[5:]}-token budget") for m in modes}
@@ -67,7 +70,7 @@ def main() -> None:
         ax.set_xticks(x, [m if m != "whole" else "off" for m in modes])
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(HERE / "latency.png", dpi=120)
+    fig.savefig(OUT / "latency.png", dpi=120)
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for m in modes:
@@ -77,7 +80,7 @@ def main() -> None:
            ylabel="fraction of gaps >= x", title="ITL tail")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(HERE / "itl_cdf.png", dpi=120)
+    fig.savefig(OUT / "itl_cdf.png", dpi=120)
 
     off, on = stats["whole"], stats.get("chunk256", stats[modes[-1]])
     if on["ttft_doc_p99"] < off["ttft_doc_p99"]:
@@ -118,7 +121,7 @@ more steps (its TTFT) and more steps overall. {doc_note} On the virtual clock (t
 are the profile's prices for the steps the real model ran, so they reproduce exactly; on the wall
 clock (`clock=wall time_model=measured`) they move with the machine's load.
 """
-    (HERE / "README.md").write_text(text)
+    (OUT / "README.md").write_text(text)
     print(text)
 
 

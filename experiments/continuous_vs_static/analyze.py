@@ -17,13 +17,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import latest_sweep, load_runs, machine_note, table  # noqa: E402
+from common import latest_sweep, load_runs, machine_note, table, output_dir, sweep_arg  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+OUT = HERE  # where outputs go: set by main() (common.output_dir)
 
 
 def main() -> None:
-    sweep = Path(sys.argv[1]) if len(sys.argv) > 1 else latest_sweep("continuous_vs_static")
+    sweep = sweep_arg() or latest_sweep("continuous_vs_static")
+    global OUT
+    OUT = output_dir(HERE, sweep, "continuous_vs_static")
     runs = load_runs(sweep)
     by = {(r.config["scheduler"]["name"], r.config["max_num_seqs"]): r.summary for r in runs}
     seats = sorted({k[1] for k in by})
@@ -43,7 +46,7 @@ def main() -> None:
     ax.set_xscale("log", base=2)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(HERE / "throughput.png", dpi=120)
+    fig.savefig(OUT / "throughput.png", dpi=120)
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for name, label in (("fcfs", "continuous (fcfs)"), ("static", "static")):
@@ -53,7 +56,7 @@ def main() -> None:
     ax.set_xscale("log", base=2)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(HERE / "latency.png", dpi=120)
+    fig.savefig(OUT / "latency.png", dpi=120)
 
     cfg = runs[0].config
     wl = cfg["workload"]
@@ -91,7 +94,7 @@ about the same at batch 1 and 64, the gain is larger: the simulator's figures fo
 are the profile's prices for the steps the real model ran, so they reproduce exactly; on the wall
 clock (`clock=wall time_model=measured`) they move with the machine's load.
 """
-    (HERE / "README.md").write_text(text)
+    (OUT / "README.md").write_text(text)
     print(text)
 
 

@@ -11,7 +11,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+OUT = HERE  # where outputs go: set by main() (common.output_dir)
 sys.path.insert(0, str(HERE.parent))
+from common import output_dir, sweep_arg  # noqa: E402
 from memory_common import latest_sweep, load_runs, markdown_table, write_readme  # noqa: E402
 
 
@@ -34,6 +36,8 @@ def ideal_hit_rate(cfg: dict) -> tuple[int, int]:
 
 def main(sweep: Path | None = None) -> None:
     sweep = sweep or latest_sweep("prefix_caching_trace")
+    global OUT
+    OUT = output_dir(HERE, sweep, "prefix_caching_trace")
     rows = []
     for run in load_runs(sweep):
         s, c = run["summary"], run["config"]
@@ -60,9 +64,9 @@ def main(sweep: Path | None = None) -> None:
         ax.set_xlabel("prefix caching")
         ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
-    fig.savefig(HERE / "prefix_caching_trace.png", dpi=120)
+    fig.savefig(OUT / "prefix_caching_trace.png", dpi=120)
     cols = list(rows[0])
-    body = ("Mooncake conversation trace (`../shared/traces/conversation_trace.jsonl`, first 400 requests): each "
+    body = ("Mooncake conversation trace (`experiments/traces/conversation_trace.jsonl`, first 400 requests): each "
             "512-token trace block becomes 8 token ids generated from its hash id, so prompts share tokens exactly "
             "where the trace shares blocks; block size 8; all 400 arrive at once (FCFS admits them in trace order); "
             "small tiny model; 8192 KV blocks.\n\n"
@@ -73,10 +77,10 @@ def main(sweep: Path | None = None) -> None:
             f"({saved / off['prefill_computed']:.1%}); TTFT p50 {off['ttft_p50_ms'] / 1e3:.2f} s -> "
             f"{on['ttft_p50_ms'] / 1e3:.2f} s; throughput x{on['out_tok_s'] / off['out_tok_s']:.2f}.\n\n"
             "![prefix caching](prefix_caching_trace.png)\n")
-    write_readme(HERE, "Prefix caching on a real shared-prefix trace", "python run.py -m experiment=prefix_caching_trace",
+    write_readme(OUT, "Prefix caching on a real shared-prefix trace", "python run.py -m experiment=prefix_caching_trace",
                  sweep, body)
     print(markdown_table(rows, cols))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else None)
+    main(sweep_arg())

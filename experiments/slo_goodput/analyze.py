@@ -22,9 +22,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import latest_sweep, load_runs, machine_note, table  # noqa: E402
+from common import latest_sweep, load_runs, machine_note, table, output_dir, sweep_arg  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+OUT = HERE  # where outputs go: set by main() (common.output_dir)
 SCHEDULERS = ["fcfs", "priority", "slo_aware"]
 
 
@@ -103,16 +104,18 @@ def plot(all_curves: dict[str, dict], key: str, ylabel: str, filename: str) -> N
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(HERE / filename, dpi=120)
+    fig.savefig(OUT / filename, dpi=120)
 
 
 def main() -> None:
-    bursty_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else latest_sweep("slo_goodput")
+    bursty_dir = sweep_arg() or latest_sweep("slo_goodput")
+    global OUT
+    OUT = output_dir(HERE, bursty_dir, "slo_goodput")
     bursty = load_runs(bursty_dir)
     sections, all_curves = [], {}
     text, all_curves["bursty synthetic (Gamma CV 3)"] = section("Bursty synthetic stream", bursty, True)
     sections.append(text)
-    trace_dir = Path(sys.argv[2]) if len(sys.argv) > 2 else None
+    trace_dir = sweep_arg(1)
     if trace_dir is None:
         try:
             trace_dir = latest_sweep("slo_goodput_trace")
@@ -167,7 +170,7 @@ most SLOs" on this CPU, not as absolute capacities.
 Workloads: `bursty.jsonl` has 160 requests, Gamma inter-arrival times with a coefficient of
 variation of 3 at a mean 8 req/s (24.6 s at time_scale 1), prompts 32-256, outputs 16-128 tokens,
 a quarter of them urgent (`priority` 0). The trace replay takes the first 150 rows of
-`../shared/traces/AzureLLMInferenceTrace_conv.csv` (Azure LLM inference trace, conversation, Nov
+`experiments/traces/AzureLLMInferenceTrace_conv.csv` (Azure LLM inference trace, conversation, Nov
 2023, CC-BY-4.0; Patel et al., Splitwise, ISCA 2024), lengths x0.1, arrival gaps as recorded,
 compressed x0.4 / x0.2 / x0.1 / x0.05; its requests all have priority 0.
 
@@ -189,7 +192,7 @@ between those two curves is a direct reading of the run-to-run noise on this sha
 The cost model is fitted online from this machine's measured step times, which other
 jobs on the 2 shared cores disturb; compare rows of one multirun.
 """
-    (HERE / "README.md").write_text(text)
+    (OUT / "README.md").write_text(text)
     print(text)
 
 

@@ -1,7 +1,10 @@
 """Paged KV-cache allocation (vLLM's PagedAttention) with optional prefix caching.
 
 Blocks are ref-counted. With ``prefix_caching`` on, each *full* block is identified by a chained
-hash ``hash((parent_hash, block_token_ids))``; an admitted sequence reuses every cached full block
+digest :func:`block_digest` (BLAKE2b of the parent block's digest and the block's token ids, so
+identity never rests on Python's 64-bit ``hash()``, where two different prefixes can collide and
+a request would read another's KV); a request's ``cache_salt`` seeds the chain, so requests with
+different salts (tenants) never share a block. An admitted sequence reuses every cached full block
 of its prefix (ref + 1) and computes only the rest. A freed block that has a hash stays cached in
 an LRU list and is evicted (oldest first) only when the pool needs room; blocks without a hash
 are reused first. Only full blocks are ever shared, so copy-on-write is never needed: a partial
@@ -16,11 +19,25 @@ re-registers the hashes of its full blocks when no other block holds them.
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from servelab.interfaces import BlockAllocator
 from servelab.request import Sequence
+
+
+def block_digest(parent: bytes, tokens) -> bytes:
+    """The identity of a full block: BLAKE2b-128 over the parent's digest and the token ids
+    (8 bytes each). Collision-resistant, unlike ``hash()``: equal digests mean equal prefixes."""
+    return hashlib.blake2b(parent + array("q", tokens).tobytes(), digest_size=16).digest()
+
+
+def root_digest(seq: Sequence) -> bytes:
+    """The chain's start: empty, or a digest of the request's ``cache_salt`` (its tenant)."""
+    salt = seq.request.cache_salt
+    return b"" if salt is None else hashlib.blake2b(b"salt\0" + salt.encode(), digest_size=16).digest()
 
 
 @dataclass
@@ -37,12 +54,12 @@ class PagedAllocator(BlockAllocator):
     def __init__(self, config, num_blocks, block_size, limits) -> None:
         super().__init__(config, num_blocks, block_size, limits)
         self.ref_counts = [0] * num_blocks
-        self.block_hash: list[int | None] = [None] * num_blocks
+        self.block_hash: list[bytes | None] = [None] * num_blocks
         self.free_plain: deque[int] = deque(range(num_blocks))
         self.free_cached: OrderedDict[int, None] = OrderedDict()  # LRU: oldest first
-        self.cached: dict[int, int] = {}  # block hash -> block id
+        self.cached: dict[bytes, int] = {}  # block digest -> block id
         self.tables: dict[str, list[int]] = {}
-        self.hashes: dict[str, list[int]] = {}  # hashes of each sequence's full computed blocks
+        self.hashes: dict[str, list[bytes]] = {}  # digests of each sequence's full computed blocks
         self.slots_used: dict[str, int] = {}
         self._total_slots_used = 0
         self.free_host: deque[int] = deque()
@@ -101,9 +118,9 @@ class PagedAllocator(BlockAllocator):
         table = self.tables.setdefault(seq.id, [])
         hashes = self.hashes.setdefault(seq.id, [])
         tokens = seq.token_ids
-        parent = None
+        parent = root_digest(seq)
         for j in range((seq.num_tokens - 1) // self.block_size):  # the last token is always computed
-            h = hash((parent, tuple(tokens[j * self.block_size:(j + 1) * self.block_size])))
+            h = block_digest(parent, tokens[j * self.block_size:(j + 1) * self.block_size])
             block = self.cached.get(h)
             if block is None:
                 break
@@ -123,9 +140,9 @@ class PagedAllocator(BlockAllocator):
             return
         table, hashes = self.tables[seq.id], self.hashes.setdefault(seq.id, [])
         tokens, bs = seq.token_ids, self.block_size
-        parent = hashes[-1] if hashes else None
+        parent = hashes[-1] if hashes else root_digest(seq)
         for j in range(len(hashes), seq.num_computed_tokens // bs):
-            h = hash((parent, tuple(tokens[j * bs:(j + 1) * bs])))
+            h = block_digest(parent, tokens[j * bs:(j + 1) * bs])
             hashes.append(h)
             block = table[j]
             if self.block_hash[block] is None and h not in self.cached:

@@ -23,6 +23,7 @@ class AdaptivePreemption(VictimRulePolicy):
     """Pick the cheaper of swap and recompute for each victim."""
 
     name = "adaptive"
+    uses_host_pool = True  # gets the default host pool (servelab.swap_pool) unless one is configured
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -22,7 +22,7 @@ def swap_fallback_reason(allocator, victim) -> str | None:
         return None
     need = len(allocator.block_table(victim.id))
     if allocator.num_swap_blocks == 0:
-        return "fallback to recompute: no host swap pool (backend.num_swap_blocks=0)"
+        return "fallback to recompute: no host swap pool (backend.num_swap_blocks / swap_space_gb = 0)"
     if need > allocator.num_swap_blocks:
         return (f"fallback to recompute: the victim holds {need} blocks but the whole host swap pool has "
                 f"{allocator.num_swap_blocks}")
@@ -31,14 +31,15 @@ def swap_fallback_reason(allocator, victim) -> str | None:
 
 def warn_without_pool(policy: PreemptionPolicy) -> None:
     if policy.allocator.num_swap_blocks == 0:
-        log.warning("preemption=%s without a host swap pool (backend.num_swap_blocks=0, swap_space_gb unset): "
-                    "every preemption falls back to recompute", policy.name)
+        log.warning("preemption=%s with a host swap pool of 0 blocks (backend.num_swap_blocks / swap_space_gb): "
+                    "every preemption falls back to recompute; leave both null for the default pool", policy.name)
 
 
 class SwapPreemption(VictimRulePolicy):
     """Swap whenever the host pool has room, else recompute."""
 
     name = "swap"
+    uses_host_pool = True  # gets the default host pool (servelab.swap_pool) unless one is configured
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -1,0 +1,48 @@
+"""The start-up banner: what is about to run and where its results go, before the first step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+from rich.console import Console
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def banner_lines(cfg: DictConfig, stack, output_dir: Path, logger_where: str) -> list[tuple[str, str]]:
+    """(label, text) rows: model, dtype, device/backend, KV pool, the stack, results, W&B."""
+    executor, limits = stack.executor, stack.limits
+    worker = getattr(executor, "worker", None)
+    dtype = getattr(cfg.model.dtype, "value", cfg.model.dtype)
+    if cfg.backend.name == "sim":
+        device = f"sim (no tensors) priced as {cfg.hardware.name}"
+    else:
+        dev = getattr(worker, "device", None) or cfg.backend.device
+        ops = getattr(getattr(worker, "ops", None), "name", getattr(cfg.attention_backend, "value", "auto"))
+        device = f"{cfg.backend.name} on {dev}, attention {ops}"
+    if cfg.tensor_parallel_size > 1:
+        device += f", tensor parallel x{cfg.tensor_parallel_size}"
+    blocks, bpb = executor.num_kv_blocks, executor.bytes_per_block
+    pool = f"{blocks:,} blocks x {limits.block_size} = {blocks * limits.block_size:,} tokens, {_gib(blocks * bpb)}"
+    swap = getattr(executor, "num_swap_blocks", 0)
+    if swap:
+        pool += f"; host swap pool {swap:,} blocks ({_gib(swap * bpb)})"
+    prefix = cfg.allocator.get("prefix_caching")
+    stack_text = (f"scheduler={cfg.scheduler.name} allocator={cfg.allocator.name}"
+                  + (f" (prefix_caching={str(prefix).lower()})" if prefix is not None else "")
+                  + f" preemption={cfg.preemption.name} drafter={cfg.drafter.name}"
+                  + f" chunked_prefill={str(cfg.chunked_prefill).lower()}"
+                  + f" clock={stack.clock_kind} time_model={cfg.time_model.name}")
+    model = cfg.model.name + (f" ({cfg.model.path})" if cfg.model.path else "")
+    return [("model", f"{model}, {dtype}"), ("device", device), ("KV pool", pool), ("stack", stack_text),
+            ("workload", f"{cfg.workload.name}"), ("results", str(output_dir)), ("W&B", logger_where)]
+
+
+def print_banner(cfg: DictConfig, stack, output_dir: Path, logger_where: str, console: Console | None = None) -> None:
+    # soft_wrap: paths stay on one line (copyable) whatever the terminal width
+    console = console or Console(soft_wrap=True, highlight=False)
+    for label, text in banner_lines(cfg, stack, output_dir, logger_where):
+        console.print(f"[bold]{label:>8}[/bold]  {text}", soft_wrap=True)
