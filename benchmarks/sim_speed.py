@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-TRACE = Path(__file__).resolve().parents[1] / "experiments" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 CASES = {
     "trace": ["backend=sim", "hardware=h100", "model=llama3_70b", "tensor_parallel_size=8", "workload=trace",
               f"workload.path={TRACE}", "scheduler=slo_aware"],

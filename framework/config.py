@@ -187,7 +187,7 @@ class HashIdsWorkload:
     scaled ``input_length``."""
 
     name: str = "hash_ids"
-    path: str = "experiments/traces/conversation_trace.jsonl"
+    path: str = "../shared/traces/conversation_trace.jsonl"
     num_requests: Optional[int] = 200  # null = every row
     start_row: int = 0
     trace_block_tokens: int = 512

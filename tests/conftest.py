@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or os.curdir).resolve() != REPO]
 sys.path.insert(0, str(Path(__file__).parent))
 
-TRACES = REPO / "experiments" / "traces"  # the public traces shipped in the repo
+TRACES = REPO.parent / "shared" / "traces"  # the public traces beside the checkout (not copied into it)
 
 # Small shapes, one per property the model code must get right.
 CHECKPOINTS = {

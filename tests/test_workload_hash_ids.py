@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from servelab.config import HashIdsWorkload
 from servelab.workloads import WorkloadError, build_requests
 
-TRACE = Path(__file__).resolve().parents[1] / "experiments" / "traces" / "conversation_trace.jsonl"
+TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "conversation_trace.jsonl"
 
 
 def cfg(path, **kw):
@@ -59,6 +59,7 @@ def test_clipped_to_max_model_len(tmp_path):
     assert req.prompt_len + req.max_tokens <= 256 and req.prompt_len == 255
 
 
+@pytest.mark.skipif(not TRACE.is_file(), reason=f"{TRACE} not present (the shared traces folder beside the checkout)")
 def test_the_mooncake_trace_shares_first_blocks():
     reqs = build_requests(cfg(TRACE, num_requests=20, block_tokens=8), 4096, 4096)
     rows = [json.loads(line) for line in TRACE.open().readlines()[:20]]

@@ -90,6 +90,7 @@ def test_unrecognised_trace_columns(tmp_path):
         _reqs("workload=trace", f"workload.path={path}")
 
 
+@pytest.mark.skipif(not TRACES.is_dir(), reason="../shared/traces is not beside this checkout (see the README)")
 def test_real_azure_conversation_trace_loads():
     reqs = _reqs("workload=trace", f"workload.path={TRACES / 'AzureLLMInferenceTrace_conv.csv'}",
                  "workload.num_requests=100", "workload.length_scale=0.1", max_model_len=512)

@@ -39,7 +39,7 @@ from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-DEFAULT_TRACE = REPO / "experiments" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+DEFAULT_TRACE = REPO.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 
 
 # ---------------------------------------------------------------- the bisection (no servelab here)
