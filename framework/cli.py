@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from .config import register_configs
 from .errors import ServelabError
-from .registry import PluginError
+from .registry import PluginError, check_selection
 
 
 _current_output_dir: str | None = None  # the running job's folder, for the Ctrl-C line
@@ -69,6 +69,7 @@ def main() -> None:
     """Register every plugin's config with Hydra, then run a subcommand or compose and run a job."""
     try:
         register_configs()
+        check_selection(sys.argv[1:])  # a plugin of a package that failed to import: say so
     except PluginError as exc:
         print(f"servelab: plugin error: {exc}", file=sys.stderr)
         sys.exit(2)
