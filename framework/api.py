@@ -20,6 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from omegaconf import DictConfig
 
 from .config import register_configs
+from .registry import check_selection
 from .request import Request, SamplingParams
 from .runner import run_workload
 from .session import RunResult, collect_results, run_job
@@ -37,6 +38,7 @@ def compose(overrides: Seq[str] = (), **values: Any) -> DictConfig:
 
     register_configs()
     extra = [f"{k.replace('__', '.')}={_render(v)}" for k, v in values.items()]
+    check_selection(list(overrides) + extra)
     with initialize_config_module("servelab.conf", version_base="1.3"):
         return hydra_compose("config", overrides=list(overrides) + extra)
 

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from .config import register_configs
 from .errors import ServelabError
-from .registry import PluginError
+from .registry import PluginError, check_selection
 
 
 _current_output_dir: str | None = None  # the running job's folder, for the Ctrl-C line
@@ -62,6 +62,7 @@ SUBCOMMANDS: dict[str, str] = {
     "profile": "profiling:profile_main",
     "eval-ppl": "eval_ppl:main",  # held-out perplexity of the configured checkpoint (ppl.json)
     "compare": "compare:main",  # runs side by side: a table of metrics and the keys that differ, a plot
+    "check-plugin": "conformance:main",  # a plugin through the conformance kit: exit 0 only when it passes
 }
 
 
@@ -69,6 +70,7 @@ def main() -> None:
     """Register every plugin's config with Hydra, then run a subcommand or compose and run a job."""
     try:
         register_configs()
+        check_selection(sys.argv[1:])  # a plugin of a package that failed to import: say so
     except PluginError as exc:
         print(f"servelab: plugin error: {exc}", file=sys.stderr)
         sys.exit(2)

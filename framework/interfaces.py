@@ -205,7 +205,9 @@ class PreemptionPolicy(Plugin):
 
     def select_victim(self, candidates: Seq[Sequence]) -> Sequence:
         """Pick one of ``candidates`` (non-empty, in the scheduler's order, most important
-        first). Default: the last one, i.e. the scheduler's own order decides."""
+        first) and return that very object. When a running sequence needs blocks, the candidates
+        include that requester itself (choosing it makes it wait). Default: the last one, i.e.
+        the scheduler's own order decides."""
         return candidates[-1]
 
     @abstractmethod

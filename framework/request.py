@@ -21,7 +21,10 @@ class SamplingParams:
 class Request:
     """One generation request as it arrives; never mutated by the engine.
 
-    ``arrival_time`` is seconds from the start of the run (0 = at start). ``ttft_slo_ms`` and
+    ``arrival_time`` is the workload's arrival number (0 = at start): the run feeds the request
+    ``arrival_time * workload.time_scale`` seconds after its start, and that — the sequence's
+    ``arrival_s`` — is what policies compare with ``now``; the two differ unless the time scale is
+    1. ``ttft_slo_ms`` and
     ``tpot_slo_ms`` are per-request targets (``None`` = use the run's defaults). Requests share
     prefix-cache blocks only when their ``cache_salt`` is equal (``None``: the unsalted pool), so
     tenants with different salts cannot probe each other's prompts through cache-hit timing.

@@ -6,7 +6,9 @@ waiting ones are admitted (in the waiting queue's order) while the token budget,
 and the allocator allow. When blocks run out, the preemption policy picks a victim among the
 running sequences not yet scheduled this step. A policy is a subclass overriding a few small
 methods: :meth:`waiting_key` (or :meth:`make_waiting_queue`), :meth:`running_order`,
-:meth:`may_admit`, :meth:`may_preempt_for`, :meth:`prefill_token_cap`.
+:meth:`may_admit`, :meth:`may_preempt_for`, :meth:`prefill_token_cap`. An order that depends on
+the time (aging, deadlines, starvation bounds) sets :attr:`QueueScheduler.time_dependent_key`:
+its key then also gets ``now`` and the queue is re-sorted once per step.
 
 A chunk is a *decode* when it is the one last token of a sequence whose prompt is computed
 (speculative decoding: plus the sequence's drafts, a *verify*, bounded by :meth:`draft_token_cap`);
@@ -19,7 +21,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from typing import Any, Iterable
+from typing import Any, ClassVar, Iterable
 
 from .interfaces import PreemptionDecision, SchedulePlan, ScheduledSeq, Scheduler
 from .request import Sequence, Status
@@ -65,7 +67,7 @@ class WaitQueue:
             heapq.heapify(self._heap)
 
     def rekey(self) -> None:
-        """Re-evaluate every key (for keys that depend on time)."""
+        """Re-evaluate every key (time-dependent keys: once per step, O(n log n))."""
         if self._key is not None:
             self._heap = [(self._key(s), c, s) for _, c, s in self._heap]
             heapq.heapify(self._heap)
@@ -80,8 +82,15 @@ class WaitQueue:
 class QueueScheduler(Scheduler):
     """Base class implementing the unified loop; subclasses override the policy methods."""
 
+    #: True: :meth:`waiting_key` returns ``key(seq, now)`` (``now`` on the scheduler's clock, as
+    #: ``seq.arrival_s``) and the waiting queue is re-sorted by it at the start of every
+    #: :meth:`schedule` — for orders that change while requests wait. A queue of
+    #: :meth:`make_waiting_queue` then needs a ``rekey()`` method. May be a property of the config.
+    time_dependent_key: ClassVar[bool] = False
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.now = 0.0  # the ``now`` of the current (else the last) schedule(), for hooks without one
         self.waiting = self.make_waiting_queue()
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
@@ -90,13 +99,18 @@ class QueueScheduler(Scheduler):
 
     # ---- policy hooks -------------------------------------------------------------------
     def waiting_key(self):
-        """A function ``seq -> sortable`` ordering the waiting queue, or None for FIFO."""
+        """A function ``seq -> sortable`` ordering the waiting queue (smallest first), or None for
+        FIFO; ``(seq, now) -> sortable`` when :attr:`time_dependent_key` is set."""
         return None
 
     def make_waiting_queue(self):
         """The waiting queue: anything with WaitQueue's methods (push, push_front, peek, pop,
         __len__, __iter__). Default: a :class:`WaitQueue` ordered by :meth:`waiting_key`."""
-        return WaitQueue(self.waiting_key())
+        key = self.waiting_key()
+        if key is not None and self.time_dependent_key:
+            timed = key
+            key = lambda seq: timed(seq, self.now)  # noqa: E731
+        return WaitQueue(key)
 
     def running_order(self, running: list[Sequence], now: float) -> list[Sequence]:
         """Order in which running sequences get the budget; the last one is preempted first."""
@@ -142,6 +156,9 @@ class QueueScheduler(Scheduler):
         return {"waiting": len(self.waiting), "running": len(self.running), "swapped": len(self.swapped)}
 
     def schedule(self, now: float) -> SchedulePlan:
+        self.now = now
+        if self.time_dependent_key:
+            self.waiting.rekey()
         plan = SchedulePlan()
         budget = self.limits.max_num_batched_tokens
         self._prefill_left = self._prefill_cap = max(0, self.prefill_token_cap(now))

@@ -99,14 +99,14 @@ def model_path(cfg: DictConfig) -> str:
     return str(cached_random_checkpoint(m.architecture, m.weights_seed, shape))
 
 
-def _swap_pool(cfg: DictConfig) -> tuple[int, float | None]:
+def _swap_pool(cfg: DictConfig, registry: Registry | None = None) -> tuple[int, float | None]:
     """(num_swap_blocks, swap_space_gb): configured, or the default pool of a policy that swaps."""
-    policy = default_registry().get("preemption", cfg.preemption.name)
+    policy = (registry or default_registry()).get("preemption", cfg.preemption.name)
     return swap_pool_config(cfg, getattr(policy, "uses_host_pool", False))
 
 
-def worker_config(cfg: DictConfig) -> WorkerConfig:
-    num_swap_blocks, swap_space_gb = _swap_pool(cfg)
+def worker_config(cfg: DictConfig, registry: Registry | None = None) -> WorkerConfig:
+    num_swap_blocks, swap_space_gb = _swap_pool(cfg, registry)
     return WorkerConfig(
         model_path=model_path(cfg),
         dtype=_value(cfg.model.dtype),
@@ -138,25 +138,26 @@ def hardware_profile(cfg: DictConfig) -> HardwareProfile:
     return HardwareProfile.from_config(cfg.hardware)
 
 
-def build_sim_executor(cfg: DictConfig) -> Executor:
+def build_sim_executor(cfg: DictConfig, registry: Registry | None = None) -> Executor:
     from .sim_executor import SimExecutor, plan_memory  # noqa: PLC0415
 
     shape, hardware = model_shape(cfg), hardware_profile(cfg)
     dtype_bytes = DTYPE_BYTES[_value(cfg.model.dtype)]
     memory = plan_memory(shape, hardware, cfg.tensor_parallel_size, dtype_bytes, dtype_bytes, cfg.block_size,
                          cfg.backend.gpu_memory_utilization, cfg.backend.activation_reserve_gb)
-    num_swap_blocks, swap_space_gb = _swap_pool(cfg)
+    num_swap_blocks, swap_space_gb = _swap_pool(cfg, registry)
     return SimExecutor(shape, hardware, memory, model_name=cfg.model.name, num_kv_blocks=cfg.num_kv_blocks,
                        num_swap_blocks=num_swap_blocks, swap_space_gb=swap_space_gb)
 
 
-def build_executor(cfg: DictConfig, draft_model_path: str | None = None) -> Executor:
-    """The executor ``cfg`` asks for; ``draft_model_path``: a draft checkpoint to load beside the target."""
+def build_executor(cfg: DictConfig, draft_model_path: str | None = None, registry: Registry | None = None) -> Executor:
+    """The executor ``cfg`` asks for; ``draft_model_path``: a draft checkpoint to load beside the target;
+    ``registry``: where the preemption policy is looked up (default: the installed plugins)."""
     if cfg.backend.name == "sim":
-        return build_sim_executor(cfg)
+        return build_sim_executor(cfg, registry)
     if cfg.backend.num_threads:
         torch.set_num_threads(cfg.backend.num_threads)
-    wcfg = worker_config(cfg)
+    wcfg = worker_config(cfg, registry)
     if draft_model_path is not None:
         k = cfg.drafter.get("k", MAX_DRAFT_TOKENS)
         wcfg = dataclasses.replace(wcfg, draft_model_path=draft_model_path,
@@ -178,7 +179,7 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
     clock_kind = _clock_kind(cfg)
     drafter_config = _plugin_config(cfg.drafter)
     if executor is None:
-        executor = build_executor(cfg, _draft_model_path(cfg, classes["drafter"], drafter_config))
+        executor = build_executor(cfg, _draft_model_path(cfg, classes["drafter"], drafter_config), registry)
     if executor.num_kv_blocks < 1:
         raise ConfigError("the KV pool has no blocks: raise backend.kv_cache_memory_gb or set num_kv_blocks")
     max_model_len = min(cfg.max_model_len, executor.spec.max_position_embeddings)

@@ -2,6 +2,8 @@
 
 Policies cannot tell a :class:`FakeExecutor` from a real one, so scheduling and memory rules can
 be tested on hand-made scenarios in milliseconds (also by plugin authors in their own tests).
+:func:`check_plugin` (the conformance kit, :mod:`servelab.conformance`) runs a plugin through
+the contracts every built-in passes.
 """
 
 from __future__ import annotations
@@ -133,3 +135,12 @@ class KVCheckingExecutor(FakeExecutor):
             tokens.append(hash(tuple(t for t, _ in read)) % self.spec.vocab_size)
         tokens, accepted = verify_row_tokens(tokens, batch)
         return StepOutput(tokens, out.model_s, accepted=accepted)
+
+
+def __getattr__(name: str):
+    """``check_plugin`` and ``Report`` from :mod:`servelab.conformance`, imported when first used."""
+    if name in ("check_plugin", "Report"):
+        from . import conformance  # noqa: PLC0415 - it imports this module
+
+        return getattr(conformance, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

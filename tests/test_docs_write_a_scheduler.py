@@ -33,3 +33,23 @@ def test_the_pages_plugin_admits_by_prompt_length(registry, longest_first, expec
 def test_its_parameter_is_type_checked(registry):
     with pytest.raises(Exception, match="longest_first"):
         compose(["scheduler=spf", "scheduler.longest_first=maybe"], logger="none")
+
+
+@pytest.fixture(scope="module")
+def bounded_registry(tmp_path_factory):
+    code = next(c for c in page_code_blocks("write-a-scheduler.md") if "time_dependent_key = True" in c)
+    return register_page_plugin(code, tmp_path_factory.mktemp("doc_plugin"), "doc_spf_bounded")
+
+
+@pytest.mark.parametrize("max_wait_s, long_goes_last", [(100.0, True), (0.1, False)])
+def test_the_pages_starvation_bound_admits_a_long_prompt_that_waited(bounded_registry, max_wait_s, long_goes_last):
+    cfg = compose(["scheduler=spf_bounded", "max_num_seqs=1", f"scheduler.max_wait_s={max_wait_s}"], logger="none")
+    clock = VirtualClock()
+    engine = build_stack(cfg, bounded_registry, executor=FakeExecutor(clock, num_kv_blocks=64), clock=clock).engine
+    shorts = [Request(f"s{i}", tuple(range(10)), max_tokens=4, arrival_time=0.01 * i) for i in range(40)]
+    run_workload(engine, [Request("long", tuple(range(200)), max_tokens=2), *shorts], sleep=clock.sleep)
+    first = {s.id: s.first_scheduled_time for s in engine.sequences.values()}
+    assert (max(first, key=first.get) == "long") == long_goes_last
+    if not long_goes_last:  # within the bound: before every short one that arrived after it expired
+        assert all(first["long"] < first[r.id] for r in shorts if r.arrival_time > max_wait_s)
+    assert engine.allocator.leaked_blocks() == 0

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from servelab.interfaces import BlockAllocator
 from servelab.request import Sequence
-from servelab.stack import ConfigError
+from servelab.errors import ConfigError
 
 
 class ReserveFor(enum.Enum):

@@ -6,10 +6,19 @@
 - A waiting request may preempt a strictly less urgent running one, both for KV blocks and for a
   seat when ``max_num_seqs`` sequences run. Equal priorities never preempt each other.
 
-There is no aging: a steady stream of urgent requests starves less urgent ones, as in vLLM's
-priority policy.
+Without aging (``scheduler.aging_s=null``, the default) a steady stream of urgent requests
+starves less urgent ones, as in vLLM's priority policy. With ``scheduler.aging_s=A`` a request's
+*effective* priority improves by one level for every ``A`` seconds since its arrival (on the
+scheduler's clock), and every rule above uses the effective priority: a request waits at most
+behind the requests that arrived less than ``(its priority - theirs) * A`` seconds after it.
 """
 
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from servelab.errors import ConfigError
 from servelab.scheduling import QueueScheduler
 
 
@@ -18,17 +27,43 @@ def urgency(seq) -> tuple[int, float]:
     return seq.request.priority, seq.arrival_s
 
 
+@dataclass
+class PriorityConfig:
+    aging_s: float | None = None  # one priority level gained per aging_s seconds of age; null = no aging
+
+
 class PriorityScheduler(QueueScheduler):
-    """(priority, arrival) order for admission, budget and preemption."""
+    """(priority, arrival) order for admission, budget and preemption; optionally aged."""
 
     name = "priority"
+    Config = PriorityConfig
+
+    def __init__(self, config, *args, **kwargs) -> None:
+        if config.aging_s is not None and not config.aging_s > 0:
+            raise ConfigError(f"scheduler.aging_s={config.aging_s} must be > 0 (or null: no aging)")
+        super().__init__(config, *args, **kwargs)
+
+    @property
+    def time_dependent_key(self) -> bool:
+        return self.config.aging_s is not None
+
+    def effective_priority(self, seq, now: float) -> int:
+        """``seq``'s priority at ``now``: one level better per ``aging_s`` seconds of age."""
+        if self.config.aging_s is None:
+            return seq.request.priority
+        return seq.request.priority - math.floor(max(0.0, now - seq.arrival_s) / self.config.aging_s)
 
     def waiting_key(self):
-        return urgency
+        if self.config.aging_s is None:
+            return urgency
+        return lambda seq, now: (self.effective_priority(seq, now), seq.arrival_s)
 
     def running_order(self, running, now):
-        running.sort(key=urgency)  # nearly sorted step to step: Timsort is ~linear
+        if self.config.aging_s is None:
+            running.sort(key=urgency)  # nearly sorted step to step: Timsort is ~linear
+        else:
+            running.sort(key=lambda seq: (self.effective_priority(seq, now), seq.arrival_s))
         return running
 
     def may_preempt_for(self, seq, victim) -> bool:
-        return victim.request.priority > seq.request.priority
+        return self.effective_priority(victim, self.now) > self.effective_priority(seq, self.now)

@@ -23,7 +23,7 @@ class ShortestPromptFirst(QueueScheduler):
 
     def waiting_key(self):
         sign = -1 if self.config.longest_first else 1
-        return lambda seq: (sign * seq.prompt_len, seq.request.arrival_time)
+        return lambda seq: (sign * seq.prompt_len, seq.arrival_s)  # arrival on the scheduler's clock
 
 
 @hookimpl

@@ -1,0 +1,173 @@
+"""The conformance kit (servelab.testing.check_plugin, ``servelab check-plugin``): every built-in
+passes it, and deliberately broken plugins are caught with the broken contract named and a
+reproducing scenario printed."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from servelab.conformance_cases import make_scenario
+from servelab.hookspecs import hookimpl
+from servelab.interfaces import SpeculativeDrafter
+from servelab.plugins import builtin
+from servelab.plugins.allocators.paged import PagedAllocator
+from servelab.plugins.preemption.recompute import RecomputePreemption
+from servelab.registry import build_registry, default_registry, plugin_manager
+from servelab.request import Sequence, Status
+from servelab.scheduling import QueueScheduler
+from servelab.testing import check_plugin
+
+CASES = 5  # per built-in: a few seconds per kind (CI); servelab check-plugin runs 50 by default
+REAL_MODEL = {"scheduler": "priority", "allocator": "contiguous", "preemption": "swap", "drafter": "ngram"}
+
+
+@pytest.mark.parametrize("kind", ["scheduler", "allocator", "preemption", "drafter"])
+def test_every_builtin_passes(kind):
+    for name in default_registry().names(kind):
+        report = check_plugin(kind, name, cases=CASES, real_model=name == REAL_MODEL[kind])
+        assert report.ok, str(report)
+        assert report.cases == (0 if name == "draft_model" else CASES)
+
+
+# ---- deliberately broken plugins -------------------------------------------------------------
+class OverBudget(QueueScheduler):
+    """Plans with twice the step's token budget."""
+
+    name = "over_budget"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.limits = dataclasses.replace(self.limits, max_num_batched_tokens=2 * self.limits.max_num_batched_tokens)
+
+
+class ExtraSeats(QueueScheduler):
+    """Seats two more sequences than max_num_seqs."""
+
+    name = "extra_seats"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.limits = dataclasses.replace(self.limits, max_num_seqs=self.limits.max_num_seqs + 2)
+
+
+class _TrustingAllocator:
+    """Says yes to a one-token allocation without making room (everything else passes through)."""
+
+    def __init__(self, real) -> None:
+        self._real = real
+
+    def allocate_slots(self, seq, n):
+        return True if n == 1 else self._real.allocate_slots(seq, n)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+class NoDecodeBlocks(QueueScheduler):
+    """Forgets to allocate blocks for decodes."""
+
+    name = "no_decode_blocks"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.allocator = _TrustingAllocator(self.allocator)
+
+
+class WrongVictim(RecomputePreemption):
+    """Returns a copy of a candidate, not one of the candidates."""
+
+    name = "wrong_victim"
+
+    def select_victim(self, candidates):
+        return Sequence(candidates[-1].request)
+
+
+class LeakyPaged(PagedAllocator):
+    """free() of a finished sequence forgets its last block."""
+
+    name = "leaky"
+
+    def free(self, seq) -> None:
+        table = self.tables.get(seq.id)
+        if table and seq.status is Status.FINISHED:
+            self.tables[seq.id] = table[:-1]
+        super().free(seq)
+
+
+class OutOfVocab(SpeculativeDrafter):
+    """Drafts an id past every vocabulary."""
+
+    name = "out_of_vocab"
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return 2
+
+    def propose(self, seqs, k):
+        return [[10**6] * k for _ in seqs]
+
+
+class _Broken:
+    @hookimpl
+    def servelab_register_schedulers(self):
+        return [OverBudget, ExtraSeats, NoDecodeBlocks]
+
+    @hookimpl
+    def servelab_register_preemption_policies(self):
+        return [WrongVictim]
+
+    @hookimpl
+    def servelab_register_allocators(self):
+        return [LeakyPaged]
+
+    @hookimpl
+    def servelab_register_drafters(self):
+        return [OutOfVocab]
+
+
+@pytest.fixture(scope="module")
+def registry():
+    pm = plugin_manager(load_entry_points=False)
+    pm.register(builtin)
+    pm.register(_Broken())
+    return build_registry(pm)
+
+
+@pytest.mark.parametrize("kind, name, contract", [
+    ("scheduler", "over_budget", "budget"),
+    ("scheduler", "extra_seats", "seats"),
+    ("scheduler", "no_decode_blocks", "blocks allocated"),
+    ("preemption", "wrong_victim", "victim among candidates"),
+    ("allocator", "leaky", "leaked blocks"),
+    ("drafter", "out_of_vocab", "drafts"),
+])
+def test_a_broken_plugin_is_caught_naming_the_contract(registry, kind, name, contract):
+    report = check_plugin(kind, name, registry=registry, cases=12, real_model=False, max_failures=1)
+    assert not report.ok and report.contracts_broken == [contract], str(report)
+    text = str(report)
+    assert f"{kind}={name}: FAIL" in text and f"contract broken: {contract}" in text
+    assert "reproduce: seed=" in text and f"{kind}={name}" in text and "Request('r" in text
+    scenario = report.failures[0].scenario  # shrunk: requests dropped while the contract still breaks
+    assert len(scenario.requests) <= len(make_scenario(scenario.seed, kind, name).requests)
+
+
+def test_the_real_model_check_catches_a_leak(registry):
+    report = check_plugin("allocator", "leaky", registry=registry, cases=0)
+    assert report.contracts_broken == ["leaked blocks"] and "real model" in str(report)
+
+
+def _check_plugin_cli(*args):
+    return subprocess.run([sys.executable, str(REPO / "run.py"), "check-plugin", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_the_cli_exits_0_only_when_it_passes():
+    proc = _check_plugin_cli("scheduler=fcfs", "--cases", "3", "--no-real-model")
+    assert proc.returncode == 0 and "scheduler=fcfs: PASS (3 random scenarios)" in proc.stdout, proc.stderr
+    proc = _check_plugin_cli("scheduler=nope", "--cases", "1")
+    assert proc.returncode == 2 and "unknown scheduler 'nope'" in proc.stderr
