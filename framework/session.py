@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from .engine import Engine, StepRecord
-from .loggers import make_logger
+from .loggers import RunLogger, make_logger
 from .metrics import RequestStats, request_record, summarize
 from .request import Request
 from .runner import run_workload
@@ -178,7 +178,8 @@ def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | N
     decorate = text_decorator(text) if cfg.backend.name != "sim" else _drop_placeholder_tokens
     logger = make_logger(cfg.logger)
     logger.start(cfg, output_dir)
-    engine.step_listeners.append(logger.log_step)
+    if type(logger).log_step is not RunLogger.log_step:  # logger=none reads no steps
+        engine.step_listeners.append(logger.log_step)
     writer = RequestWriter(output_dir / "requests.jsonl", engine, cfg.workload.time_scale,
                            decorate=decorate)
     engine.end_listeners.append(writer.on_end)
