@@ -35,16 +35,22 @@ class StepCostModel:
     initialisation) are ignored, a step slower than ``outlier_factor`` x its prediction (another
     process took the cores) is down-weighted, old steps fade by ``decay`` per step (the machine's
     load drifts), and the coefficients are kept non-negative (time never falls with more work).
+
+    Cost: policies read the coefficients every step and a simulated run has hundreds of thousands
+    of steps, so the normal equations are kept as plain floats (10 sums of the symmetric 4 x 4
+    matrix, 4 of the right-hand side) and solved by an unrolled Cholesky factorisation; numpy's
+    active-set solve is the fallback when a coefficient comes out negative or the system is
+    nearly singular. Both solve the same equations: they differ only in rounding.
     """
 
     def __init__(self, prior_s_per_token: float = 1e-3, ridge: float = 1e-6, warmup_steps: int = 1,
                  outlier_factor: float = 3.0, decay: float = 0.995) -> None:
         # The prior (before any measurement): 1 ms per computed token.
         self._ridge = ridge
-        self._xtx = np.zeros((4, 4))
-        self._xty = np.zeros(4)
-        self._prior = np.array([0.0, prior_s_per_token, prior_s_per_token, 0.0])
-        self._fitted = self._prior.copy()
+        self._xtx = [0.0] * 10  # upper triangle of sum w x x^T, row by row: 00 01 02 03 11 12 13 22 23 33
+        self._xty = [0.0] * 4
+        self._prior = (0.0, float(prior_s_per_token), float(prior_s_per_token), 0.0)
+        self._fitted = self._prior
         self._stale = False  # observations since the last solve: solved when next read
         self.warmup_steps = warmup_steps
         self.outlier_factor = outlier_factor
@@ -60,33 +66,91 @@ class StepCostModel:
         self._seen += 1
         if self._seen <= self.warmup_steps:
             return
-        x = features.vector()
+        x1, x2, x3 = float(features.prefill_tokens), float(features.decode_seqs), features.attended_context / 1e3
         weight = 1.0
         if self.num_observations >= 8:
             if self._stale and self.num_observations % 8 == 0:
                 self._coef  # noqa: B018 - refresh the fit the outlier test compares with, every 8 steps
-            expected = max(float(x @ self._fitted), 1e-6)
+            c0, c1, c2, c3 = self._fitted
+            expected = max(c0 + c1 * x1 + c2 * x2 + c3 * x3, 1e-6)
             if seconds > self.outlier_factor * expected:
                 weight = self.outlier_factor * expected / seconds
-        self._xtx *= self.decay
-        self._xty *= self.decay
-        wx = weight * x
-        self._xtx += np.outer(wx, x)
-        self._xty += wx * seconds
+        d, s, y = self.decay, self._xtx, self._xty
+        w1, w2, w3 = weight * x1, weight * x2, weight * x3
+        s[0] = s[0] * d + weight
+        s[1] = s[1] * d + w1
+        s[2] = s[2] * d + w2
+        s[3] = s[3] * d + w3
+        s[4] = s[4] * d + w1 * x1
+        s[5] = s[5] * d + w1 * x2
+        s[6] = s[6] * d + w1 * x3
+        s[7] = s[7] * d + w2 * x2
+        s[8] = s[8] * d + w2 * x3
+        s[9] = s[9] * d + w3 * x3
+        y[0] = y[0] * d + weight * seconds
+        y[1] = y[1] * d + w1 * seconds
+        y[2] = y[2] * d + w2 * seconds
+        y[3] = y[3] * d + w3 * seconds
         self.num_observations += 1
         self._stale = self.num_observations >= 8
 
     @property
-    def _coef(self) -> np.ndarray:
+    def _coef(self) -> tuple[float, float, float, float]:
         if self._stale:  # solving lazily: a run that never asks pays for no solve per step
-            self._fitted = self._non_negative_solve()
+            coef = self._cholesky_solve()
+            if coef is None or min(coef) < 0:
+                coef = tuple(map(float, self._non_negative_solve()))
+            self._fitted = coef
             self._stale = False
         return self._fitted
 
+    def _system(self) -> tuple[list[float], list[float]]:
+        """The regularised normal equations: the 10 upper-triangle entries and the right-hand side."""
+        r, s, prior = self._ridge, self._xtx, self._prior
+        a = list(s)
+        for i in (0, 4, 7, 9):  # the diagonal
+            a[i] += r
+        return a, [v + r * p for v, p in zip(self._xty, prior)]
+
+    def _cholesky_solve(self) -> tuple[float, float, float, float] | None:
+        """Solve the 4 x 4 system (unrolled); None when a pivot has lost (nearly) all its digits."""
+        (a00, a01, a02, a03, a11, a12, a13, a22, a23, a33), (b0, b1, b2, b3) = self._system()
+        tiny = 1e-10  # a pivot below tiny x its diagonal entry: cancellation, let numpy decide
+        if a00 <= 0:
+            return None
+        l00 = a00 ** 0.5
+        l10, l20, l30 = a01 / l00, a02 / l00, a03 / l00
+        d1 = a11 - l10 * l10
+        if d1 <= tiny * a11:
+            return None
+        l11 = d1 ** 0.5
+        l21, l31 = (a12 - l20 * l10) / l11, (a13 - l30 * l10) / l11
+        d2 = a22 - l20 * l20 - l21 * l21
+        if d2 <= tiny * a22:
+            return None
+        l22 = d2 ** 0.5
+        l32 = (a23 - l30 * l20 - l31 * l21) / l22
+        d3 = a33 - l30 * l30 - l31 * l31 - l32 * l32
+        if d3 <= tiny * a33:
+            return None
+        l33 = d3 ** 0.5
+        z0 = b0 / l00
+        z1 = (b1 - l10 * z0) / l11
+        z2 = (b2 - l20 * z0 - l21 * z1) / l22
+        z3 = (b3 - l30 * z0 - l31 * z1 - l32 * z2) / l33
+        c3 = z3 / l33
+        c2 = (z2 - l32 * c3) / l22
+        c1 = (z1 - l21 * c2 - l31 * c3) / l11
+        c0 = (z0 - l10 * c1 - l20 * c2 - l30 * c3) / l00
+        return c0, c1, c2, c3
+
     def _non_negative_solve(self) -> np.ndarray:
         """Least squares with coefficients clamped at 0 (active set: drop negatives, refit)."""
-        a = self._xtx + np.eye(4) * self._ridge
-        rhs = self._xty + self._ridge * self._prior
+        upper, b = self._system()
+        a = np.zeros((4, 4))
+        a[np.triu_indices(4)] = upper
+        a = a + np.triu(a, 1).T
+        rhs = np.array(b)
         coef = np.linalg.solve(a, rhs)
         if (coef >= 0).all():  # the usual case: no active set needed
             return coef
@@ -102,7 +166,9 @@ class StepCostModel:
 
     def predict(self, features: StepFeatures) -> float:
         """Predicted seconds for a step with ``features`` (never negative)."""
-        return max(0.0, float(features.vector() @ self._coef))
+        c0, c1, c2, c3 = self._coef
+        return max(0.0, c0 + c1 * features.prefill_tokens + c2 * features.decode_seqs
+                   + c3 * (features.attended_context / 1e3))
 
     def recompute_seconds(self, num_tokens: int) -> float:
         """Predicted extra time to recompute ``num_tokens`` tokens of one sequence as prefill."""
@@ -112,7 +178,7 @@ class StepCostModel:
     def coefficient_vector(self) -> tuple[float, float, float, float]:
         """``(base_s, per_prefill_token_s, per_decode_seq_s, per_1k_attended_s)`` as floats, for
         plugins that evaluate the model in a tight loop."""
-        return tuple(float(c) for c in self._coef)  # type: ignore[return-value]
+        return self._coef
 
     def swap_seconds(self, num_blocks: int) -> float:
         """Predicted time to copy ``num_blocks`` KV blocks one way between device and host."""
@@ -124,4 +190,3 @@ class StepCostModel:
     def coefficients(self) -> dict[str, float]:
         names = ("base_s", "per_prefill_token_s", "per_decode_seq_s", "per_1k_attended_s")
         return dict(zip(names, map(float, self._coef)))
-

@@ -29,7 +29,11 @@ class PluginFailure(RuntimeError):
 
 @dataclass
 class StepRecord:
-    """What one step did and how long it took (one line of ``steps.jsonl``)."""
+    """What one step did and how long it took (one line of ``steps.jsonl``).
+
+    ``queues``, ``scheduled`` and ``scheduler`` are filled only while someone reads the records
+    (the engine's ``keep_steps``, or a step listener); otherwise they are empty.
+    """
 
     step: int
     time_s: float
@@ -280,14 +284,16 @@ class Engine:
     def _record(self, plan: SchedulePlan, work: StepWork, start: float, end: float, model_s: float,
                 comm_s: float = 0.0) -> StepRecord:
         self.cost_model.observe(StepFeatures(work.prefill_tokens, work.decode_seqs, work.attended), end - start)
+        # with no reader (a long simulated run keeps only totals) the per-entry fields are skipped
+        detailed = self.keep_steps or self.step_listeners
         record = StepRecord(
             step=self.totals.num_steps, time_s=end, duration_s=end - start, model_s=model_s,
             num_seqs=work.num_seqs, num_tokens=work.num_tokens, prefill_tokens=work.prefill_tokens,
             decode_seqs=work.decode_seqs, kv_utilization=self.allocator.num_used_blocks() / max(1, self.allocator.num_blocks),
-            queues=self.scheduler.queue_lengths(), comm_s=comm_s, preempted=plan.preempted,
+            queues=self.scheduler.queue_lengths() if detailed else {}, comm_s=comm_s, preempted=plan.preempted,
             extra=self.allocator.usage_stats(), swap_out_blocks=len(plan.swap_out), swap_in_blocks=len(plan.swap_in),
-            scheduled=[(e.seq.id, e.num_tokens) for e in plan.scheduled],
-            scheduler=self.scheduler.step_stats(), work=work,
+            scheduled=[(e.seq.id, e.num_tokens) for e in plan.scheduled] if detailed else [],
+            scheduler=self.scheduler.step_stats() if detailed else {}, work=work,
         )
         self.totals.add(record)
         if self.keep_steps:

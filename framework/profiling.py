@@ -122,7 +122,7 @@ def profile_main(argv: list[str]) -> int:
     profile.set_coefficient("swap_blocks", per_block)
     profile.set_coefficient("copy_blocks", per_block)
     profile.source["swap_bytes_per_s"] = swap_bytes_per_s
-    profile.samples = [[*feature_vector(w, profile.knots), t] for w, t in zip(works, seconds)]
+    profile.samples = [[*feature_vector(w, profile.knots, profile.decode_knots), t] for w, t in zip(works, seconds)]
     if out is None:
         out = Path("profiles") / f"{Path(source['model']).name}-{source['dtype']}-{source['num_threads']}t.json"
     profile.save(out)

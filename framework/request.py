@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 from array import array
 from dataclasses import dataclass, field
 
@@ -41,7 +42,7 @@ class Request:
     tpot_slo_ms: float | None = None
     cache_salt: str | None = None
 
-    @property
+    @functools.cached_property  # read per running sequence per step by schedulers
     def prompt_len(self) -> int:
         return len(self.prompt_token_ids)
 

@@ -64,12 +64,13 @@ def _lengths(rng: np.random.Generator, spec, n: int, key: str) -> np.ndarray:
 def _random_prompt(rng: np.random.Generator, length: int, vocab_size: int) -> tuple[int, ...]:
     # Every prompt refers to one shared int object per token id: a whole trace's prompts (22M
     # tokens for the Azure conversation trace) cost a pointer per token, not an int object each.
-    return tuple(map(_token_objects(vocab_size).__getitem__, rng.integers(0, vocab_size, size=length).tolist()))
+    # (Indexing an object array is a C loop: 3x faster than mapping __getitem__ over a list.)
+    return tuple(_token_objects(vocab_size)[rng.integers(0, vocab_size, size=length)].tolist())
 
 
 @functools.lru_cache(maxsize=4)
-def _token_objects(vocab_size: int) -> list[int]:
-    return list(range(vocab_size))
+def _token_objects(vocab_size: int) -> np.ndarray:
+    return np.array(range(vocab_size), dtype=object)
 
 
 def synthetic_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:

@@ -133,6 +133,51 @@ def test_usage_stats_waste_is_unused_slots_over_allocated():
     assert alloc.usage_stats()["kv_waste_fraction"] == pytest.approx(3 / 8)
 
 
+def test_usage_stats_follow_every_table_change():
+    """The waste gauge is kept as running counts: they must equal a recount after admits (prefix
+    hits), growth, swaps and frees in any order."""
+    import random
+
+    rng, alloc = random.Random(0), paged(num_blocks=24, swap_blocks=12)
+    live, swapped = {}, {}
+    for i in range(400):
+        op = rng.random()
+        if op < 0.3 and len(live) + len(swapped) < 6:
+            s = seq(f"s{i}", [rng.randrange(3) for _ in range(rng.randrange(2, 14))])
+            s.num_computed_tokens = alloc.admit(s)
+            if alloc.allocate_slots(s, s.num_uncomputed_tokens):
+                s.num_computed_tokens = s.num_tokens
+                alloc.on_tokens_computed(s)
+                live[s.id] = s
+            else:
+                alloc.free(s)
+        elif op < 0.6 and live:
+            s = rng.choice(list(live.values()))
+            s.append_token(1, 0.0)
+            if alloc.allocate_slots(s, 1):
+                s.num_computed_tokens += 1
+                alloc.on_tokens_computed(s)
+        elif op < 0.7 and live:
+            s = live[rng.choice(list(live))]
+            if alloc.can_swap_out(s):
+                alloc.swap_out(s)
+                swapped[s.id] = live.pop(s.id)
+        elif op < 0.8 and swapped:
+            s = swapped[rng.choice(list(swapped))]
+            if alloc.can_swap_in(s):
+                alloc.swap_in(s)
+                live[s.id] = swapped.pop(s.id)
+        elif live or swapped:
+            pool = live if live and (not swapped or rng.random() < 0.5) else swapped
+            alloc.free(pool.pop(rng.choice(list(pool))))
+        allocated = sum(len(t) for t in alloc.tables.values()) * alloc.block_size
+        used = sum(alloc.slots_used.get(k, 0) for k in alloc.tables)
+        assert alloc.usage_stats()["kv_waste_fraction"] == pytest.approx(1 - used / allocated if allocated else 0.0)
+    for s in [*live.values(), *swapped.values()]:
+        alloc.free(s)
+    assert alloc.leaked_blocks() == 0 and alloc.usage_stats()["kv_waste_fraction"] == 0.0
+
+
 # ---- swap ----------------------------------------------------------------------------------
 def test_swap_out_and_in_moves_blocks_through_the_host_pool():
     alloc = paged(num_blocks=4, swap_blocks=3)

@@ -53,6 +53,7 @@ def test_every_policy_runs_unchanged_in_the_sim(tmp_path, scheduler, preemption)
     s = result.summary
     assert s["num_finished"] == 24 and s["leaked_blocks"] == 0 and s["num_preemptions"] > 0
     assert all(r["output_len"] == r["max_tokens"] for r in result.requests)  # placeholders never stop
+    assert all(r["output_token_ids"] is None for r in result.requests)  # ... and are not written out
     assert s["clock"] == "virtual" and s["time_model"]["name"] == "roofline" and s["hardware"] == "h100"
 
 

@@ -115,7 +115,40 @@ def test_profile_fit_recovers_a_linear_step_time_and_round_trips(tmp_path):
     again = StepProfile.load(path)
     for w, s in zip(works[:20], secs[:20]):
         assert again.predict(w) == pytest.approx(s, rel=0.02)
-    assert len(again.coefficients) == len(feature_vector(works[0], again.knots))
+    assert len(again.coefficients) == len(feature_vector(works[0], again.knots, again.decode_knots))
+
+
+def test_profile_decode_knots_fit_a_cost_per_sequence_that_falls_with_the_batch(tmp_path):
+    """A CPU's decode cost is steeper at batch 1-4 than past it: the decode knots price both."""
+    works, secs = [], []
+    for batch in (1, 2, 3, 4, 6, 8, 16, 32, 64):
+        for ctx in (32, 500):
+            w = StepWork(num_tokens=batch, num_seqs=batch, decode_seqs=batch, num_sampled=batch,
+                         attended=batch * ctx, context_tokens=batch * ctx)
+            works.append(w)
+            secs.append(0.003 + 1e-3 * min(batch, 4) + 2e-4 * max(0, batch - 4) + 1e-4 * batch * ctx / 1e3)
+    prof = fit_profile(works, secs)
+    assert prof.decode_knots and "decode_over_4" in prof.to_json()["features"]
+    again = StepProfile.load(prof.save(tmp_path / "p.json"))
+    for w, s in zip(works, secs):
+        assert again.predict(w) == pytest.approx(s, rel=0.01)
+    linear = fit_profile(works, secs, decode_knots=())  # one decode term: batch 1 comes out dear
+    assert linear.predict(works[0]) > 1.1 * secs[0]
+
+
+def test_a_version_1_profile_still_loads_and_a_mismatched_one_is_refused(tmp_path):
+    import json
+
+    works, secs = _synthetic_steps()
+    prof = fit_profile(works, secs, decode_knots=())
+    data = {**prof.to_json(), "format": "servelab-profile/1"}
+    del data["decode_knots"]
+    (tmp_path / "v1.json").write_text(json.dumps(data))
+    v1 = StepProfile.load(tmp_path / "v1.json")
+    assert v1.decode_knots == () and v1.predict(works[0]) == prof.predict(works[0])
+    (tmp_path / "bad.json").write_text(json.dumps({**prof.to_json(), "coefficients": prof.coefficients[:-1]}))
+    with pytest.raises(ConfigError, match="do not match its knots"):
+        StepProfile.load(tmp_path / "bad.json")
 
 
 def test_profile_time_model_needs_a_path_naming_the_command():

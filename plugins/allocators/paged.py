@@ -62,6 +62,7 @@ class PagedAllocator(BlockAllocator):
         self.hashes: dict[str, list[bytes]] = {}  # digests of each sequence's full computed blocks
         self.slots_used: dict[str, int] = {}
         self._total_slots_used = 0
+        self._table_blocks = 0  # sum of len(table) over self.tables: usage_stats runs every step
         self.free_host: deque[int] = deque()
         self.swapped: dict[str, tuple[list[int], int]] = {}  # seq id -> (host blocks, slots used)
 
@@ -82,6 +83,7 @@ class PagedAllocator(BlockAllocator):
                 return False
             for _ in range(need):
                 table.append(self._take_block())
+            self._table_blocks += need
         used = self.slots_used
         self._total_slots_used += total - used.get(seq_id, 0)
         used[seq_id] = total
@@ -91,6 +93,8 @@ class PagedAllocator(BlockAllocator):
         host_blocks, _ = self.swapped.pop(seq.id, ((), 0))
         self.free_host.extend(host_blocks)
         table = self.tables.pop(seq.id, None)
+        if table:
+            self._table_blocks -= len(table)
         self.hashes.pop(seq.id, None)
         self._total_slots_used -= self.slots_used.pop(seq.id, 0)
         for block in reversed(table or ()):  # tail blocks end up evicted first
@@ -116,6 +120,7 @@ class PagedAllocator(BlockAllocator):
         if not self.config.prefix_caching:
             return 0
         table = self.tables.setdefault(seq.id, [])
+        held = len(table)
         hashes = self.hashes.setdefault(seq.id, [])
         tokens = seq.token_ids
         parent = root_digest(seq)
@@ -130,6 +135,7 @@ class PagedAllocator(BlockAllocator):
             table.append(block)
             hashes.append(h)
             parent = h
+        self._table_blocks += len(table) - held
         cached_tokens = len(table) * self.block_size
         self._total_slots_used += cached_tokens
         self.slots_used[seq.id] = cached_tokens
@@ -179,6 +185,7 @@ class PagedAllocator(BlockAllocator):
         host, used = self.swapped.pop(seq.id)
         table = [self._take_block() for _ in host]
         self.tables[seq.id] = table
+        self._table_blocks += len(table)
         self.slots_used[seq.id] = used
         self._total_slots_used += used
         for block, h in zip(table, self.hashes.get(seq.id, ())):
@@ -189,7 +196,7 @@ class PagedAllocator(BlockAllocator):
         return list(zip(host, table))
 
     def usage_stats(self) -> dict[str, float]:
-        allocated = sum(len(t) for t in self.tables.values()) * self.block_size
+        allocated = self._table_blocks * self.block_size
         waste = 1.0 - self._total_slots_used / allocated if allocated else 0.0
         return {"kv_waste_fraction": waste}
 

@@ -201,16 +201,16 @@ class SLOAwareScheduler(QueueScheduler):
         t_dec = self._t_dec
         limit = min_tpot = INF
         decodes = context = 0
-        late, targets, max_tpots = self.late, self.targets, self.config.max_step_tpots
-        for seq in self.running:
+        late, cached, targets, max_tpots = self.late, self._targets, self.targets, self.config.max_step_tpots
+        for seq in self.running:  # once per step over every running sequence: no calls on the usual path
             times = seq.token_times
             if not times:
                 continue
             decodes += 1
-            context += seq.num_tokens
+            context += len(seq.token_ids)
             if seq in late:
                 continue
-            _, target, max_tokens = targets(seq)
+            _, target, max_tokens = cached.get(seq) or targets(seq)
             if target == INF:
                 continue
             n = len(times)
