@@ -283,7 +283,9 @@ class Engine:
 
     def _record(self, plan: SchedulePlan, work: StepWork, start: float, end: float, model_s: float,
                 comm_s: float = 0.0) -> StepRecord:
-        self.cost_model.observe(StepFeatures(work.prefill_tokens, work.decode_seqs, work.attended), end - start)
+        # drafts are computed like prompt tokens: the policies' cost model sees them as such
+        self.cost_model.observe(StepFeatures(work.prefill_tokens + work.draft_tokens, work.decode_seqs, work.attended),
+                                end - start)
         # with no reader (a long simulated run keeps only totals) the per-entry fields are skipped
         detailed = self.keep_steps or self.step_listeners
         record = StepRecord(

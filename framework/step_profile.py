@@ -39,8 +39,9 @@ def feature_vector(work: StepWork, knots, decode_knots=()) -> list[float]:
     """Per step: a constant; prompt tokens computed (piecewise: the per-token cost may change past
     each knot); decoding sequences (piecewise the same way past each decode knot); attention work
     and KV read (thousands of positions); block copies. Prefill and decode are separate terms
-    (DistServe's split), so the probe can tell a token's cost from a sequence's."""
-    p, d = work.prefill_tokens, work.decode_seqs
+    (DistServe's split), so the probe can tell a token's cost from a sequence's. Speculative
+    drafts a verify computes are priced as prompt tokens (the probe never drafts)."""
+    p, d = work.prefill_tokens + work.draft_tokens, work.decode_seqs
     return ([1.0, p] + [max(0, p - k) for k in knots] + [d] + [max(0, d - k) for k in decode_knots]
             + [work.attended / 1e3, work.context_tokens / 1e3, work.swap_out_blocks + work.swap_in_blocks,
                work.copy_blocks])

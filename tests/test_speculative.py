@@ -415,3 +415,15 @@ def test_the_ngram_drafter_keeps_its_tables_in_step_with_the_sequences():
                 seqs[0] = Sequence(Request(f"n{step}", tuple(rng.randrange(4) for _ in range(7)), 99))
             got = drafter.propose(seqs, 3)
             assert got == [_lookup_reference(list(s.token_ids), min_n, max_n, 3) for s in seqs]
+
+
+def test_a_profile_prices_drafts_as_computed_tokens():
+    """The virtual clock charges a verify's drafts like prompt tokens (roofline counts every
+    computed token already): speculation is not free on the modelled clock."""
+    from servelab.step_profile import feature_vector
+    from servelab.step_work import StepWork
+
+    verify = StepWork(num_tokens=5, num_seqs=1, decode_seqs=1, num_sampled=5, attended=500, context_tokens=104,
+                      draft_tokens=4)
+    plain = StepWork(num_tokens=1, num_seqs=1, decode_seqs=1, num_sampled=1, attended=500, context_tokens=104)
+    assert feature_vector(verify, (128,), (4,))[1] == 4 and feature_vector(plain, (128,), (4,))[1] == 0
