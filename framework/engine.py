@@ -177,6 +177,7 @@ class Engine:
         tokens = iter(sampled)
         counts = iter(accepted) if accepted is not None else None
         on_tokens_computed = self.allocator.on_tokens_computed
+        drafting = self.drafter is not None
         grew: list[Sequence] = []
         for entry in plan.scheduled:
             seq = entry.seq
@@ -193,7 +194,10 @@ class Engine:
                 next(counts)  # a plain decode in a verifying step: 0 drafts accepted
             token = next(tokens)
             seq.append_token(token, now)
-            if not self._finish_if_done(seq, token, now):
+            reason = self._finish_reason(seq, token)
+            if reason:
+                self._finish(seq, reason, now)
+            elif drafting:
                 grew.append(seq)
         return grew
 
@@ -218,14 +222,13 @@ class Engine:
         self.allocator.release_slots(seq, seq.num_computed_tokens)
         for token in new:
             seq.append_token(token, now)
-            if self._finish_if_done(seq, token, now):
+            reason = self._finish_reason(seq, token)
+            if reason:
+                self._finish(seq, reason, now)
                 return
         self.allocator.on_tokens_computed(seq)  # hashes cover verified tokens only
 
-    def _finish_if_done(self, seq: Sequence, token: int, now: float) -> bool:
-        reason = self._finish_reason(seq, token)
-        if not reason:
-            return False
+    def _finish(self, seq: Sequence, reason: str, now: float) -> None:
         seq.status, seq.finish_reason, seq.finish_time = Status.FINISHED, reason, now
         self.scheduler.remove(seq)
         self.allocator.free(seq)
@@ -233,7 +236,6 @@ class Engine:
         if self.drafter is not None:
             self.drafter.forget(seq)
         self._ended(seq)
-        return True
 
     def _draft(self, seqs: list[Sequence]) -> None:
         """Ask the drafter for the next step's drafts of ``seqs``; keep what is valid."""
