@@ -1,0 +1,96 @@
+"""``servelab new-plugin``: the generated package installs, registers and passes its own test out
+of the box; bad input is one line and exit code 2."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from servelab.new_plugin import TORCH_VERSION, new_plugin, servelab_version
+from servelab.plugins import builtin
+from servelab.registry import KINDS, build_registry, plugin_manager
+from servelab.testing import check_plugin
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def servelab_cli(*args, cwd=None, env_extra=None):
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.run([sys.executable, "-c", "from servelab.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
+
+
+def test_a_generated_scheduler_installs_and_passes_its_own_test(tmp_path):
+    proc = servelab_cli("new-plugin", "scheduler", "my_policy", "--dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    root = tmp_path / "my_policy"
+    pyproject = (root / "pyproject.toml").read_text()
+    assert '[project.entry-points.servelab]\nmy_policy = "my_policy"' in pyproject
+    assert f'"servelab=={servelab_version()}", "torch=={TORCH_VERSION}"' in pyproject
+    # Installed as the issue's users do (pip), into a folder of its own: nothing to uninstall.
+    site = tmp_path / "site"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                          "--target", str(site), str(root)], capture_output=True, text=True, timeout=300)
+    assert pip.returncode == 0, pip.stderr
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    test = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert test.returncode == 0, test.stdout + test.stderr
+    assert "1 passed" in test.stdout
+
+
+def test_the_pinned_torch_is_the_one_the_project_installs():
+    assert f"torch=={TORCH_VERSION}" in (REPO / "scripts" / "dev.sh").read_text()
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_every_kind_imports_registers_and_starts_the_kit(tmp_path, kind):
+    name = f"my_{kind}"
+    root = new_plugin(kind, name, tmp_path)
+    spec = importlib.util.spec_from_file_location(name, root / name / "__init__.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    pm = plugin_manager(load_entry_points=False)
+    pm.register(builtin)
+    pm.register(module)
+    registry = build_registry(pm)
+    cls = registry.get(kind, name)
+    assert cls.Config.__dataclass_fields__  # a typed Config with at least one parameter
+    test_text = (root / "tests" / f"test_{name}.py").read_text()
+    if kind == "time_model":
+        assert f"time_model={name}" in test_text
+        return
+    assert f'check_plugin("{kind}", "{name}"' in test_text
+    from servelab.config import register_configs
+
+    register_configs(registry)
+    report = check_plugin(kind, name, registry=registry, cases=2, real_model=False)
+    assert report.ok, report
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nope", "x"], "unknown kind 'nope'; kinds: scheduler, allocator, preemption, drafter, time_model"),
+    (["scheduler", "my-policy"], "name 'my-policy' is not a valid Python identifier"),
+    (["scheduler", "class"], "name 'class' is not a valid Python identifier"),
+    (["scheduler", "fcfs"], "scheduler 'fcfs' exists already"),
+    (["scheduler", "json"], "a module named 'json' is importable already"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+    proc = servelab_cli("new-plugin", *args, "--dir", str(tmp_path))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert proc.stderr.startswith(f"servelab new-plugin: error: {message}")
+    assert not any(tmp_path.iterdir())
+
+
+def test_an_existing_folder_is_left_alone(tmp_path):
+    (tmp_path / "taken").mkdir()
+    proc = servelab_cli("new-plugin", "scheduler", "taken", "--dir", str(tmp_path))
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        f"servelab new-plugin: error: {tmp_path / 'taken'} exists already; remove it or choose another --dir")
+    assert not any((tmp_path / "taken").iterdir())
