@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from hypothesis import strategies as st
+
 from conftest import pin_test_defaults
 from servelab.api import compose
 from servelab.request import Request
@@ -14,6 +16,23 @@ from servelab.stack import Stack, build_stack
 from servelab.testing import KVCheckingExecutor, VirtualClock
 
 VOCAB = 1000
+
+
+@st.composite
+def workloads(draw, max_tokens: int = 12, classes: bool = False):
+    """1-8 requests whose prompts often start with one of a few shared prefixes; with ``classes``
+    they also get priorities and TTFT targets (what priority / SLO schedulers order by)."""
+    bases = draw(st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=40), min_size=1, max_size=3))
+    requests = []
+    for i in range(draw(st.integers(1, 8))):
+        base = draw(st.sampled_from(bases))
+        prefix = base[:draw(st.integers(0, len(base)))]
+        tail = draw(st.lists(st.integers(0, VOCAB - 1), min_size=0 if prefix else 1, max_size=30))
+        extra = ({"priority": draw(st.integers(0, 2)), "ttft_slo_ms": draw(st.sampled_from([None, 50.0]))}
+                 if classes else {})
+        requests.append(Request(f"r{i}", tuple(prefix + tail), draw(st.integers(1, max_tokens)),
+                                arrival_time=draw(st.sampled_from([0.0, 0.0, 0.01, 0.03])), **extra))
+    return requests
 
 
 @lru_cache(maxsize=256)

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from servelab.request import Request
 
-from memory_helpers import VOCAB, fake_stack, run_requests, tokens_by_id
+from memory_helpers import VOCAB, fake_stack, run_requests, tokens_by_id, workloads
 
 settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("long", max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -30,20 +30,6 @@ if os.environ.get("SERVELAB_HYPOTHESIS_EXAMPLES"):  # e.g. 500: between ci and l
     PROFILE = "custom"
 
 MAX_MODEL_LEN = 128
-
-
-@st.composite
-def workloads(draw):
-    """1-8 requests whose prompts often start with one of a few shared prefixes."""
-    bases = draw(st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=40), min_size=1, max_size=3))
-    requests = []
-    for i in range(draw(st.integers(1, 8))):
-        base = draw(st.sampled_from(bases))
-        prefix = base[:draw(st.integers(0, len(base)))]
-        tail = draw(st.lists(st.integers(0, VOCAB - 1), min_size=0 if prefix else 1, max_size=30))
-        requests.append(Request(f"r{i}", tuple(prefix + tail), draw(st.integers(1, 12)),
-                                arrival_time=draw(st.sampled_from([0.0, 0.0, 0.01, 0.03]))))
-    return requests
 
 
 @st.composite

@@ -20,7 +20,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import compose
-from memory_helpers import VOCAB, fake_stack, run_requests, tokens_by_id
+from memory_helpers import VOCAB, fake_stack, run_requests, tokens_by_id, workloads
 from servelab.api import LLM
 from servelab.batch import StepBatch
 from servelab.errors import ConfigError
@@ -76,20 +76,6 @@ def with_drafter(stack, drafter):
 
 
 @st.composite
-def workloads(draw):
-    bases = draw(st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=40), min_size=1, max_size=3))
-    requests = []
-    for i in range(draw(st.integers(1, 8))):
-        base = draw(st.sampled_from(bases))
-        prefix = base[:draw(st.integers(0, len(base)))]
-        tail = draw(st.lists(st.integers(0, VOCAB - 1), min_size=0 if prefix else 1, max_size=30))
-        requests.append(Request(f"r{i}", tuple(prefix + tail), draw(st.integers(1, 24)),
-                                arrival_time=draw(st.sampled_from([0.0, 0.0, 0.01, 0.03])),
-                                priority=draw(st.integers(0, 2)), ttft_slo_ms=draw(st.sampled_from([None, 50.0]))))
-    return requests
-
-
-@st.composite
 def stacks(draw):
     allocator = draw(st.sampled_from(["paged", "paged", "contiguous"]))
     chunked = draw(st.booleans())
@@ -114,7 +100,7 @@ def _reference(requests):
 
 
 @settings(settings.get_profile(PROFILE))
-@given(requests=workloads(), spec=stacks())
+@given(requests=workloads(max_tokens=24, classes=True), spec=stacks())
 def test_drafts_never_change_tokens_on_any_stack(requests, spec):
     overrides, pool_factor, swap_blocks, k, error_rate = spec
     block_size = int(next(o for o in overrides if o.startswith("block_size=")).split("=")[1])
