@@ -22,6 +22,12 @@ def register_page_plugin(code: str, folder: Path, module_name: str) -> Registry:
     configs in Hydra's ConfigStore (so compose() can select it)."""
     path = folder / f"{module_name}.py"
     path.write_text(code)
+    return register_module_file(path, module_name)
+
+
+def register_module_file(path: Path, module_name: str) -> Registry:
+    """Import the file ``path`` as ``module_name`` and register it beside the built-ins (registry
+    and ConfigStore), as an installed plugin package would be."""
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -3,7 +3,6 @@ of the box; bad input is one line and exit code 2."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -12,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from servelab.new_plugin import TORCH_VERSION, new_plugin, servelab_version
-from servelab.plugins import builtin
-from servelab.registry import KINDS, build_registry, plugin_manager
+from servelab.registry import KINDS
 from servelab.testing import check_plugin
+
+from doc_plugins import register_module_file
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -52,13 +52,7 @@ def test_the_pinned_torch_is_the_one_the_project_installs():
 def test_every_kind_imports_registers_and_starts_the_kit(tmp_path, kind):
     name = f"my_{kind}"
     root = new_plugin(kind, name, tmp_path)
-    spec = importlib.util.spec_from_file_location(name, root / name / "__init__.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    pm = plugin_manager(load_entry_points=False)
-    pm.register(builtin)
-    pm.register(module)
-    registry = build_registry(pm)
+    registry = register_module_file(root / name / "__init__.py", name)
     cls = registry.get(kind, name)
     assert cls.Config.__dataclass_fields__  # a typed Config with at least one parameter
     test_text = (root / "tests" / f"test_{name}.py").read_text()
@@ -66,9 +60,6 @@ def test_every_kind_imports_registers_and_starts_the_kit(tmp_path, kind):
         assert f"time_model={name}" in test_text
         return
     assert f'check_plugin("{kind}", "{name}"' in test_text
-    from servelab.config import register_configs
-
-    register_configs(registry)
     report = check_plugin(kind, name, registry=registry, cases=2, real_model=False)
     assert report.ok, report
 
