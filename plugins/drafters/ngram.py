@@ -48,9 +48,7 @@ class NgramDrafter(BuiltinDrafter):
             return [[] for _ in seqs]
         rows = np.fromiter((self._sync(s) for s in seqs), dtype=np.int64, count=len(seqs))
         lens = np.fromiter((s.num_tokens for s in seqs), dtype=np.int64, count=len(seqs))
-        width = int(lens.max())
-        return prompt_lookup(self._table[rows, :width], lens, self.config.min_n, self.config.max_n, k,
-                             keys=self._keys[rows, :width])
+        return _lookup(self._table, self._keys, rows, lens, self.config.min_n, self.config.max_n, k)
 
     def forget(self, seq) -> None:
         row = self._rows.pop(seq.id, None)
@@ -113,43 +111,55 @@ def ngram_keys(table: np.ndarray, key_len: int) -> np.ndarray:
     return keys
 
 
-def prompt_lookup(table: np.ndarray, lens: np.ndarray, min_n: int, max_n: int, k: int,
-                  keys: np.ndarray | None = None) -> list[list[int]]:
+def prompt_lookup(table: np.ndarray, lens: np.ndarray, min_n: int, max_n: int, k: int) -> list[list[int]]:
     """For each row of ``table`` (``lens[row]`` tokens, padded with -1): the up-to-``k`` tokens
-    after the latest earlier occurrence of the longest matching suffix (``min_n``..``max_n`` tokens).
+    after the latest earlier occurrence of the longest matching suffix (``min_n``..``max_n`` tokens)."""
+    keys = ngram_keys(table, key_length(min_n))
+    return _lookup(table, keys, np.arange(len(lens)), lens, min_n, max_n, k)
 
-    ``keys`` (from :func:`ngram_keys` with :func:`key_length`; computed when not given) makes the
-    first pass compare whole short n-grams, so few candidates survive to be extended."""
+
+def _lookup(table: np.ndarray, keys: np.ndarray, rows: np.ndarray, lens: np.ndarray, min_n: int, max_n: int,
+            k: int) -> list[list[int]]:
+    """:func:`prompt_lookup` for the sequences in ``rows`` of a larger ``table`` (``keys`` from
+    :func:`ngram_keys`), searched in place: the first pass compares whole short n-grams of every
+    row at once, so few candidates survive to be extended one earlier column at a time."""
     key_len = key_length(min_n)
-    if keys is None:
-        keys = ngram_keys(table, key_len)
-    rows_n = len(lens)
-    last = keys[np.arange(rows_n), lens - 1]
-    # Candidate ends p of an earlier occurrence: key[p] == the suffix's key, p < len - 1 (something follows).
-    width = table.shape[1] - 1
-    if width:
-        rows, ends = np.divmod(np.flatnonzero(keys[:, :-1] == np.where(last >= 0, last, -2)[:, None]), width)
-    else:
-        rows = ends = np.empty(0, dtype=np.int64)
-    keep = ends < lens[rows] - 1
-    rows, ends = rows[keep], ends[keep]
-    matched = np.full(len(rows), key_len, dtype=np.int64)  # suffix length matched so far
-    alive = np.ones(len(rows), dtype=bool)
-    for j in range(key_len, max_n):
-        ok = alive & (ends - j >= 0) & (lens[rows] - 1 - j >= 0)
-        ok[ok] = table[rows[ok], ends[ok] - j] == table[rows[ok], lens[rows[ok]] - 1 - j]
-        matched += ok
-        alive = ok
-    good = matched >= min_n
-    rows, ends, matched = rows[good], ends[good], matched[good]
-    out: list[list[int]] = [[] for _ in range(rows_n)]
-    if len(rows) == 0:
+    out: list[list[int]] = [[] for _ in range(len(rows))]
+    span = int(rows.max()) + 1
+    width = int(lens.max()) - 1  # an occurrence must end before the suffix's last token
+    if width < 1:
         return out
-    # Best per row: the longest match, then the latest. Sort by (row, matched, end); take each row's last.
-    order = np.lexsort((ends, matched, rows))
-    rows, ends = rows[order], ends[order]
-    last_of_row = np.flatnonzero(np.r_[rows[1:] != rows[:-1], True])
-    for row, end in zip(rows[last_of_row].tolist(), ends[last_of_row].tolist()):
-        stop = min(end + 1 + k, int(lens[row]))
-        out[row] = table[row, end + 1:stop].tolist()
+    target = np.full(span, -2, dtype=np.int64)  # rows outside the batch (and pads) match nothing
+    last = keys[rows, lens - 1]
+    target[rows] = np.where(last >= 0, last, -2)
+    row_len = np.zeros(span, dtype=np.int64)
+    row_len[rows] = lens
+    batch_of = np.zeros(span, dtype=np.int64)
+    batch_of[rows] = np.arange(len(rows))
+    r, ends = np.divmod(np.flatnonzero(keys[:span, :width] == target[:, None]), width)
+    keep = ends < row_len[r] - 1
+    r, ends = r[keep], ends[keep]
+    matched = np.full(len(r), key_len, dtype=np.int64)  # suffix length matched so far
+    alive, alive_r, alive_e = np.arange(len(r)), r, ends  # candidates still matching, shrinking
+    suffix = np.full(span, -2, dtype=np.int64)  # per row: the suffix token j places before the last
+    for j in range(key_len, max_n):
+        suffix[rows] = np.where(lens - 1 - j >= 0, table[rows, np.maximum(lens - 1 - j, 0)], -2)
+        fits = alive_e - j >= 0
+        alive, alive_r, alive_e = alive[fits], alive_r[fits], alive_e[fits]
+        ok = table[alive_r, alive_e - j] == suffix[alive_r]
+        alive, alive_r, alive_e = alive[ok], alive_r[ok], alive_e[ok]
+        if not len(alive):
+            break
+        matched[alive] += 1
+    good = matched >= min_n
+    r, ends, matched = r[good], ends[good], matched[good]
+    if len(r) == 0:
+        return out
+    # Best per row: the longest match, then the latest. Candidates come sorted by (row, end), so
+    # each row's are contiguous: one reduceat of a score ordered like (matched, end).
+    starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
+    best = np.maximum.reduceat(matched * (width + 1) + ends, starts)
+    for row, end in zip(r[starts].tolist(), (best % (width + 1)).tolist()):
+        stop = min(end + 1 + k, int(row_len[row]))
+        out[int(batch_of[row])] = table[row, end + 1:stop].tolist()
     return out
