@@ -111,7 +111,11 @@ UPDATE_FLAG = "--update-readme"
 
 
 def sweep_arg(index: int = 0) -> Path | None:
-    """The ``index``-th sweep folder named on the command line (``--update-readme`` aside), if any."""
+    """The ``index``-th sweep folder named on the command line (``--update-readme`` aside), if any;
+    ``-h``/``--help`` prints the script's docstring and exits."""
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print((sys.modules["__main__"].__doc__ or "").strip())
+        raise SystemExit(0)
     args = [a for a in sys.argv[1:] if a != UPDATE_FLAG]
     return Path(args[index]) if len(args) > index else None
 
