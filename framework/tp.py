@@ -34,7 +34,7 @@ import torch.multiprocessing as mp
 from .batch import StepBatch
 from .executor import Executor, ModelWorker, StepOutput, WorkerConfig, resolve_device
 from .model.spec import ModelSpec, load_spec
-from .stack import ConfigError
+from .errors import ConfigError
 from .tp_comm import TPComm, store_key
 from .tp_worker import rank_config, worker_main
 

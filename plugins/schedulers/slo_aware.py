@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from servelab.cost_model import StepFeatures
 from servelab.scheduling import QueueScheduler
-from servelab.stack import ConfigError
+from servelab.errors import ConfigError
 
 INF = float("inf")
 
