@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from .conformance_cases import VOCAB, Scenario, make_scenario
+from .conformance_starvation import promises_bound, starvation_message, starvation_scenario
 from .registry import KINDS, Registry, default_registry
 
 MAX_STEPS = 5_000  # per scenario: far above what any needs; reaching it is a livelock
@@ -42,6 +43,8 @@ CONTRACTS = {
     "leaked blocks": "no block is held once every request has ended",
     "outputs": "greedy tokens equal the default stack's (fcfs, paged, recompute, no drafter)",
     "drafts": "proposals hold at most k ids, all inside the vocabulary",
+    "starvation bound": "a scheduler with a max_wait_s field starts every request within that bound "
+                        "(plus the time a seat takes to free up)",
     "progress": f"the run ends (within {MAX_STEPS} steps; no livelock)",
     "plugin raised": "the plugin does not raise",
 }
@@ -120,6 +123,10 @@ def check_plugin(kind: str, name: str, registry: Registry | None = None, cases: 
                 report.failures.append(_shrink(failure, registry, warnings))
                 if len(report.failures) >= max_failures:
                     break
+        if kind == "scheduler" and promises_bound(registry.get(kind, name)):
+            failure = _check_starvation(name, registry)
+            if failure is not None:
+                report.failures.append(failure)
         if real_model:
             report.real_model = True
             failure = _check_real_model(kind, name, registry)
@@ -128,6 +135,16 @@ def check_plugin(kind: str, name: str, registry: Registry | None = None, cases: 
         else:
             report.notes.append("real-model check skipped")
     return report
+
+
+def _check_starvation(name: str, registry: Registry) -> Failure | None:
+    overrides, requests = starvation_scenario()
+    try:
+        _, result = _run((f"scheduler={name}", *overrides), 4096, 0, requests, registry, checked=True)
+    except ContractViolation as exc:
+        return Failure(exc.contract, str(exc).split(": ", 1)[1])
+    message = starvation_message({r["id"]: r for r in result.requests})
+    return Failure("starvation bound", message) if message else None
 
 
 def _needs_draft_model(drafter_cls) -> bool:

@@ -112,10 +112,25 @@ class OutOfVocab(SpeculativeDrafter):
         return [[10**6] * k for _ in seqs]
 
 
+@dataclasses.dataclass
+class UnboundedConfig:
+    max_wait_s: float = 1.0  # promised, then ignored
+
+
+class IgnoresItsBound(QueueScheduler):
+    """Shortest prompt first; declares a starvation bound and never applies it."""
+
+    name = "ignores_its_bound"
+    Config = UnboundedConfig
+
+    def waiting_key(self):
+        return lambda seq: (seq.prompt_len, seq.arrival_s)
+
+
 class _Broken:
     @hookimpl
     def servelab_register_schedulers(self):
-        return [OverBudget, ExtraSeats, NoDecodeBlocks]
+        return [OverBudget, ExtraSeats, NoDecodeBlocks, IgnoresItsBound]
 
     @hookimpl
     def servelab_register_preemption_policies(self):
@@ -171,3 +186,9 @@ def test_the_cli_exits_0_only_when_it_passes():
     assert proc.returncode == 0 and "scheduler=fcfs: PASS (3 random scenarios)" in proc.stdout, proc.stderr
     proc = _check_plugin_cli("scheduler=nope", "--cases", "1")
     assert proc.returncode == 2 and "unknown scheduler 'nope'" in proc.stderr
+
+
+def test_an_ignored_starvation_bound_is_caught(registry):
+    report = check_plugin("scheduler", "ignores_its_bound", registry=registry, cases=2, real_model=False)
+    assert report.contracts_broken == ["starvation bound"], str(report)
+    assert "the long request waited" in str(report)

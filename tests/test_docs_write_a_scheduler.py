@@ -53,3 +53,10 @@ def test_the_pages_starvation_bound_admits_a_long_prompt_that_waited(bounded_reg
     if not long_goes_last:  # within the bound: before every short one that arrived after it expired
         assert all(first["long"] < first[r.id] for r in shorts if r.arrival_time > max_wait_s)
     assert engine.allocator.leaked_blocks() == 0
+
+
+def test_the_pages_starvation_bound_passes_the_kits_check(bounded_registry):
+    from servelab.testing import check_plugin
+
+    report = check_plugin("scheduler", "spf_bounded", registry=bounded_registry, cases=2, real_model=False)
+    assert report.ok, str(report)
