@@ -13,6 +13,7 @@ import torch
 
 from .interfaces import BlockAllocator, SchedulePlan
 from .request import SamplingParams
+from .seeds import sample_seed
 
 
 @dataclass
@@ -86,7 +87,7 @@ def build_batch(plan: SchedulePlan, allocator: BlockAllocator, block_size: int, 
             for row in range(d + 1):  # row r predicts the token at index num_tokens + r
                 sample_rows.append(int(cu[i + 1]) - 1 - d + row)
                 sampling.append(None if greedy else params)
-                seeds.append(0 if greedy else _sample_seed(run_seed, params.seed, seq.id, seq.num_tokens + row))
+                seeds.append(0 if greedy else sample_seed(run_seed, params.seed, seq.id, seq.num_tokens + row))
             if verifies:
                 num_drafts.append(d)
                 drafts.append(list(entry.draft_token_ids))
@@ -115,10 +116,3 @@ def build_batch(plan: SchedulePlan, allocator: BlockAllocator, block_size: int, 
         copy_blocks=plan.copy_blocks,
     )
 
-
-def _sample_seed(run_seed: int, request_seed: int | None, seq_id: str, position: int) -> int:
-    """A seed that depends only on the request and position, never on batching."""
-    import zlib
-
-    base = request_seed if request_seed is not None else run_seed
-    return (base * 1_000_003 + zlib.crc32(seq_id.encode()) * 7919 + position) % (2**63 - 1)

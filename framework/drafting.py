@@ -14,10 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
-from .batch import _sample_seed
 from .request import SamplingParams
+from .seeds import sample_seed
 
 DRAFT_SEED_SALT = 0x5EED_D4AF  # draft sampling never reuses a verification seed
 MAX_DRAFT_TOKENS = 16  # the largest drafter.k: beyond it verification costs more than any acceptance rate we see saves
@@ -41,7 +40,7 @@ def build_draft_batch(seqs, allocator, k: int, run_seed: int) -> DraftBatch:
         params = seq.request.sampling
         greedy = params.temperature == 0.0
         sampling.append(None if greedy else params)
-        seeds.append([] if greedy else [_sample_seed(run_seed ^ DRAFT_SEED_SALT, params.seed, seq.id, seq.num_tokens + j)
+        seeds.append([] if greedy else [sample_seed(run_seed ^ DRAFT_SEED_SALT, params.seed, seq.id, seq.num_tokens + j)
                                         for j in range(k)])
     return DraftBatch(
         last_token_ids=[seq.token_ids[-1] for seq in seqs],
