@@ -10,3 +10,7 @@ class ServelabError(Exception):
 
 class ConfigError(ServelabError, ValueError):
     """A config value that is well-typed but not allowed here; the message names the key."""
+
+
+class WorkloadError(ServelabError, ValueError):
+    """A workload file or setting that cannot be used; the message names the file/line or key."""

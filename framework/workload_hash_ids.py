@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import WorkloadError
 from .request import Request
 
 log = logging.getLogger(__name__)
@@ -25,8 +26,6 @@ def block_token_ids(seed: int, block_id: int, block_tokens: int, vocab_size: int
 
 
 def hash_ids_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
-    from .workloads import WorkloadError
-
     path = Path(cfg.path)
     if not path.is_file():
         raise WorkloadError(f"workload.path={str(path)!r}: no such file")
@@ -69,8 +68,6 @@ def hash_ids_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]
 
 
 def _read_rows(path: Path, start: int, count: int | None) -> list[tuple[int, dict]]:
-    from .workloads import WorkloadError
-
     rows = []
     with path.open() as fh:
         for lineno, line in enumerate(fh, 1):

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from .request import Request, SamplingParams
-from .workloads import WorkloadError
+from .errors import WorkloadError
 
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
 

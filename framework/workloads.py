@@ -18,14 +18,10 @@ import functools
 
 import numpy as np
 
-from .errors import ServelabError
+from .errors import ServelabError, WorkloadError  # WorkloadError: also importable from here, as before
 from .request import Request, SamplingParams
 
 log = logging.getLogger(__name__)
-
-
-class WorkloadError(ServelabError, ValueError):
-    """A workload file or setting that cannot be used; the message names the file/line or key."""
 
 
 def build_requests(cfg, vocab_size: int, max_model_len: int, text=None) -> list[Request]:
