@@ -46,10 +46,6 @@ class StepBatch:
     def has_drafts(self) -> bool:
         return bool(self.num_drafts)
 
-    @property
-    def all_greedy(self) -> bool:
-        return all(s is None for s in self.sampling)
-
 
 def build_batch(plan: SchedulePlan, allocator: BlockAllocator, block_size: int, run_seed: int) -> StepBatch:
     """Flatten the plan's chunks; a sequence is sampled when its chunk reaches its last known token
