@@ -5,8 +5,8 @@ grown by one token per round (what a decode step asks of it).
 
 Two inputs: random tokens (few candidates) and held-out code from the shipped corpus (short
 n-grams repeat, above all whitespace, so many candidates survive the first pass). The issue's
-target: well under a millisecond. Figures on the shared 2-core machine, quiet, 2026-11-30:
-0.8 ms (random), 1.4-1.6 ms (code).
+target: well under a millisecond, not met yet. This benchmark on the 2-core machine, 2026-11-30,
+with an experiment sharing the CPU: min / median 0.73 / 0.84 ms (random), 1.40 / 1.65 ms (code).
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@
 Each case runs in its own process (peak RSS is per process). The trace case is the issue's target:
 Llama-3.1-70B on 8 x H100, slo_aware, the 19,366 requests at their own arrival times (<= 20 s).
 
-Where the time goes (trace case, 2026-11-30, ~75 us of CPU per step; coarse timers around each
-phase): scheduling 32% (of it slo_aware's per-step pass over the running sequences 9% and the
+Trace case, 2026-11-30, quiet machine: 16.9 s, 69 us of CPU per step. Where the time goes (coarse
+timers around each phase, measured before speculative decoding was merged): scheduling 32% (of it slo_aware's per-step pass over the running sequences 9% and the
 cost model's refit 3%), the engine applying the sampled tokens 27%, writing requests.jsonl 11%,
 drawing the 22M prompt tokens 10%, step_work 7%, the step record and the cost model's update 7%.
 """

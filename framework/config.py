@@ -118,16 +118,13 @@ class JsonlWorkload:
 
 
 @dataclass
-class PromptsWorkload:
-    """A plain text file, one prompt per line (``\\n`` and ``\\t`` escapes, ``\\\\`` for a backslash),
-    tokenized with the checkpoint's tokenizer; blank lines are skipped. Each request generates up
-    to ``max_tokens`` and stops at EOS unless ``ignore_eos``."""
+class TextRequestsConfig:
+    """What every text-prompt workload shares: how much each request generates, how requests
+    arrive, and how tokens are chosen."""
 
-    name: str = "prompts"
-    path: str = MISSING
     max_tokens: int = 128
     ignore_eos: bool = False
-    arrival: Arrival = Arrival.all_at_once
+    arrival: Arrival = Arrival.poisson
     rate: float = 1.0  # requests per second (poisson)
     temperature: float = 0.0
     top_p: float = 1.0
@@ -137,7 +134,18 @@ class PromptsWorkload:
 
 
 @dataclass
-class CorpusWorkload:
+class PromptsWorkload(TextRequestsConfig):
+    """A plain text file, one prompt per line (``\\n`` and ``\\t`` escapes, ``\\\\`` for a backslash),
+    tokenized with the checkpoint's tokenizer; blank lines are skipped. Each request generates up
+    to ``max_tokens`` and stops at EOS unless ``ignore_eos``."""
+
+    name: str = "prompts"
+    path: str = MISSING
+    arrival: Arrival = Arrival.all_at_once
+
+
+@dataclass
+class CorpusWorkload(TextRequestsConfig):
     """Prompts from the held-out split of the stdlib corpus (``servelab.corpus``): the first
     ``prefix_bytes`` bytes of a held-out document (a module header or a top-level definition,
     longer than the prefix), drawn with a seed; each generates up to ``max_tokens`` and stops at
@@ -146,15 +154,7 @@ class CorpusWorkload:
     name: str = "corpus"
     num_requests: int = 100  # at rate 2/s: the default run is a ~1 min session far from saturating 2 cores
     prefix_bytes: int = 96
-    max_tokens: int = 128
-    ignore_eos: bool = False
-    arrival: Arrival = Arrival.poisson
     rate: float = 2.0  # requests per second (poisson)
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = "${seed}"  # type: ignore[assignment]
-    time_scale: float = 1.0
 
 
 @dataclass
