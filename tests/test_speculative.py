@@ -403,6 +403,53 @@ def test_the_ngram_drafter_keeps_its_tables_in_step_with_the_sequences():
             assert got == [_lookup_reference(list(s.token_ids), min_n, max_n, 3) for s in seqs]
 
 
+def test_the_ngram_index_stays_exact_through_rebuilds_and_row_reuse(monkeypatch):
+    """A tiny starting table forces many rebuilds and long probe runs; rows are reset and reused."""
+    from servelab.plugins.drafters import ngram_index
+    from servelab.plugins.drafters.ngram import NgramConfig, NgramDrafter
+    from servelab.request import Sequence
+
+    monkeypatch.setattr(ngram_index, "_MIN_CAPACITY", 16)
+    rng = random.Random(11)
+    drafter = NgramDrafter(NgramConfig(k=4, min_n=1, max_n=4), None)
+    seqs = [Sequence(Request(f"s{i}", tuple(rng.randrange(6) for _ in range(rng.randint(1, 60))), 999))
+            for i in range(9)]
+    for step in range(60):
+        for seq in seqs:
+            for _ in range(rng.choice([1, 1, 2, 7])):
+                seq.append_token(rng.randrange(6), 0.0)
+        if step % 7 == 6:
+            i = rng.randrange(len(seqs))
+            drafter.forget(seqs[i])
+            seqs[i] = Sequence(Request(f"n{step}", tuple(rng.randrange(6) for _ in range(rng.randint(1, 40))), 999))
+        chosen = rng.sample(seqs, rng.randint(1, len(seqs)))  # not every sequence drafts every step
+        assert drafter.propose(chosen, 4) == [_lookup_reference(list(s.token_ids), 1, 4, 4) for s in chosen]
+
+
+def test_an_ngram_hash_collision_hides_an_occurrence_but_never_invents_one(monkeypatch):
+    """With a hash that maps every n-gram to one of 1024 keys, n-grams overwrite each other's
+    entries: proposals may be missing, but each one still follows a real earlier occurrence of a
+    suffix of at least min_n tokens."""
+    from servelab.plugins.drafters import ngram_index
+    from servelab.plugins.drafters.ngram import prompt_lookup
+
+    hashes = ngram_index.NgramIndex._hashes
+    few_keys = np.uint64(0x3FF << ngram_index._END_BITS) | ngram_index._END_LIMIT  # 10 of the 40 key bits
+    monkeypatch.setattr(ngram_index.NgramIndex, "_hashes", lambda self, *a: hashes(self, *a) & few_keys)
+    rng = random.Random(3)
+    seqs = [[rng.randrange(4) for _ in range(rng.randint(1, 50))] for _ in range(20)]
+    lens = np.array([len(s) for s in seqs])
+    table = np.full((len(seqs), lens.max()), -1, dtype=np.int64)
+    for i, s in enumerate(seqs):
+        table[i, :len(s)] = s
+    got = prompt_lookup(table, lens, 2, 4, 3)
+    assert any(g for g in got) and any(not g and _lookup_reference(s, 2, 4, 3) for g, s in zip(got, seqs))
+    for tokens, drafts in zip(seqs, got):
+        if drafts:
+            assert any(tokens[end - 1:end + 1] == tokens[-2:] and tokens[end + 1:end + 1 + 3] == drafts
+                       for end in range(1, len(tokens) - 1))
+
+
 def test_a_profile_prices_drafts_as_computed_tokens():
     """The virtual clock charges a verify's drafts like prompt tokens (roofline counts every
     computed token already): speculation is not free on the modelled clock."""
