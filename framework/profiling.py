@@ -2,8 +2,10 @@
 
 It runs a standard probe workload through the configured stack on the wall clock (decode
 batches of 1 .. ``max_num_seqs`` over growing contexts, then a mixed Poisson load with chunked
-prefill), fits :mod:`servelab.step_profile`'s piecewise-linear model to the measured steps and
-writes ``profile.json`` with where it came from. ``time_model=profile time_model.path=<file>``
+prefill) ``--rounds`` times, prices each distinct step by the median of its measurements (a burst
+of other work on a shared machine then moves one round, not the profile), fits
+:mod:`servelab.step_profile`'s piecewise-linear model and writes ``profile.json`` with where it
+came from. ``time_model=profile time_model.path=<file>``
 then prices steps with it on the virtual clock.
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -25,7 +27,7 @@ from .stack import build_stack
 from .step_profile import feature_vector, fit_profile, machine_description
 
 log = logging.getLogger(__name__)
-USAGE = "usage: servelab profile [--out=PATH] [hydra overrides...]"
+USAGE = "usage: servelab profile [--out=PATH] [--rounds=N (3)] [hydra overrides...]"
 
 
 def probe_requests(vocab_size: int, max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int,
@@ -57,8 +59,20 @@ def probe_requests(vocab_size: int, max_num_seqs: int, max_model_len: int, max_n
     return phases
 
 
+def median_per_step(works: list, seconds: list[float]) -> tuple[list, list[float]]:
+    """One sample per distinct step (the same work, measured once per round): its median time.
+    Steps seen once (the Poisson phase's mixes) keep their one measurement."""
+    import numpy as np
+
+    groups: dict = {}
+    for work, s in zip(works, seconds):
+        groups.setdefault(work, (work, []))[1].append(s)
+    return [w for w, _ in groups.values()], [float(np.median(t)) for _, t in groups.values()]
+
+
 def profile_main(argv: list[str]) -> int:
     out = None
+    rounds = 3
     overrides = []
     for arg in argv:
         if arg in ("-h", "--help"):
@@ -66,6 +80,10 @@ def profile_main(argv: list[str]) -> int:
             return 0
         if arg.startswith("--out="):
             out = Path(arg.split("=", 1)[1])
+        elif arg.startswith("--rounds="):
+            rounds = int(arg.split("=", 1)[1]) if arg.split("=", 1)[1].isdigit() else 0
+            if rounds < 1:
+                raise ConfigError(f"servelab profile: {arg} must be a positive integer")
         else:
             overrides.append(arg)
     from .api import compose
@@ -99,12 +117,16 @@ def profile_main(argv: list[str]) -> int:
         engine.step_listeners.append(keep)
         phases = probe_requests(stack.executor.spec.vocab_size, cfg.max_num_seqs, stack.limits.max_model_len,
                                 cfg.max_num_batched_tokens, cfg.seed)
-        for i, phase in enumerate(phases):
-            print(f"servelab profile: phase {i + 1}/{len(phases)}: {len(phase)} requests", file=sys.stderr)
-            run_workload(engine, phase, sleep=sleep)
-            previous[0] = None  # the next phase starts after a pause
+        for r in range(rounds):
+            for i, phase in enumerate(phases):
+                print(f"servelab profile: round {r + 1}/{rounds}, phase {i + 1}/{len(phases)}: {len(phase)} requests",
+                      file=sys.stderr)
+                run_workload(engine, [replace(req, id=f"{req.id}.{r}") for req in phase], sleep=sleep)
+                previous[0] = None  # the next phase starts after a pause
     finally:
         stack.executor.shutdown()
+    num_measured = len(works)
+    works, seconds = median_per_step(works, seconds)
     source = {
         "model": cfg.model.name if cfg.model.path is None else str(cfg.model.path),
         "dtype": str(getattr(cfg.model.dtype, "value", cfg.model.dtype)),
@@ -114,6 +136,7 @@ def profile_main(argv: list[str]) -> int:
         "block_size": cfg.block_size, "max_num_seqs": cfg.max_num_seqs, "overrides": overrides,
         "shape": asdict(ModelShape.from_spec(stack.executor.spec)),
         "machine": machine_description(), "created": dt.datetime.now().isoformat(timespec="seconds"),
+        "rounds": rounds, "measured_steps": num_measured,
     }
     profile = fit_profile(works, seconds, source=source)
     # The probe never preempts, so block copies are priced from a measured copy, not fitted: a
@@ -127,7 +150,8 @@ def profile_main(argv: list[str]) -> int:
         out = Path("profiles") / f"{Path(source['model']).name}-{source['dtype']}-{source['num_threads']}t.json"
     profile.save(out)
     fit = profile.fit
-    print(f"servelab profile: {fit['num_steps']} steps ({fit['total_s']:.1f} s) fitted: R^2 {fit['r2']:.3f}, "
+    print(f"servelab profile: {num_measured} steps measured in {rounds} round(s), {fit['num_steps']} distinct "
+          f"({fit['total_s']:.1f} s of medians) fitted: R^2 {fit['r2']:.3f}, "
           f"mean |error| {fit['mean_abs_pct_error']:.1%} per step, {fit['total_time_error']:+.1%} in total")
     print(f"wrote {out}\nuse it: python run.py clock=virtual time_model=profile time_model.path={out.resolve()} "
           + " ".join(overrides))

@@ -216,10 +216,12 @@ def test_servelab_profile_fits_the_real_engine_and_a_virtual_run_uses_it(tmp_pat
              "model.num_attention_heads=2", "model.num_key_value_heads=1", "model.vocab_size=256"]
     limits = ["max_num_seqs=4", "max_model_len=256", "max_num_batched_tokens=128", "backend.num_threads=1"]
     out = tmp_path / "profile.json"
-    assert profile_main([f"--out={out}", *small, *limits]) == 0
+    assert profile_main([f"--out={out}", "--rounds=2", *small, *limits]) == 0
     data = json.loads(out.read_text())
     assert data["fit"]["num_steps"] >= 30 and len(data["samples"]) == data["fit"]["num_steps"]
     src = data["source"]
+    # the decode phases repeat step for step: each distinct step is one median of its rounds
+    assert src["rounds"] == 2 and data["fit"]["num_steps"] < src["measured_steps"] < 2 * data["fit"]["num_steps"] + 1
     assert (src["model"], src["dtype"], src["backend"], src["num_threads"]) == ("tiny", "float32", "torch", 1)
     assert src["shape"]["hidden_size"] == 32 and src["machine"]["cores"]
     swap_s = data["coefficients"][data["features"].index("swap_blocks")]
@@ -233,3 +235,16 @@ def test_servelab_profile_fits_the_real_engine_and_a_virtual_run_uses_it(tmp_pat
     with caplog.at_level(logging.WARNING):  # the same profile on a wider model: warned, naming the shapes
         build_stack(compose(*[s.replace("=32", "=64") for s in small], *limits, *run[:3]))
     assert "hidden_size 32 vs 64" in caplog.text
+
+
+def test_a_profile_prices_each_distinct_step_by_the_median_of_its_rounds():
+    """A burst of other work during one round moves that round's times, not the profile."""
+    from servelab.profiling import median_per_step, profile_main
+    from servelab.step_work import StepWork
+
+    decode = StepWork(num_tokens=4, num_seqs=4, decode_seqs=4, num_sampled=4, attended=400, context_tokens=400)
+    prefill = StepWork(num_tokens=64, num_seqs=1, prefill_tokens=64, num_sampled=1, attended=2080, context_tokens=64)
+    works, seconds = median_per_step([decode, prefill, decode, decode], [0.004, 0.020, 0.009, 0.005])
+    assert dict(zip(works, seconds)) == {decode: 0.005, prefill: 0.020}
+    with pytest.raises(ConfigError, match="--rounds=0 must be a positive integer"):
+        profile_main(["--rounds=0"])
