@@ -24,7 +24,7 @@ from .request import Request
 from .runner import run_workload
 from .shapes import ModelShape
 from .stack import build_stack
-from .step_profile import feature_vector, fit_profile, machine_description
+from .step_profile import StepProfile, feature_vector, fit_profile, machine_description
 
 log = logging.getLogger(__name__)
 USAGE = "usage: servelab profile [--out=PATH] [--rounds=N (3)] [hydra overrides...]"
@@ -70,22 +70,10 @@ def median_per_step(works: list, seconds: list[float]) -> tuple[list, list[float
     return [w for w, _ in groups.values()], [float(np.median(t)) for _, t in groups.values()]
 
 
-def profile_main(argv: list[str]) -> int:
-    out = None
-    rounds = 3
-    overrides = []
-    for arg in argv:
-        if arg in ("-h", "--help"):
-            print(USAGE + "\n\n" + (__doc__ or ""))
-            return 0
-        if arg.startswith("--out="):
-            out = Path(arg.split("=", 1)[1])
-        elif arg.startswith("--rounds="):
-            rounds = int(arg.split("=", 1)[1]) if arg.split("=", 1)[1].isdigit() else 0
-            if rounds < 1:
-                raise ConfigError(f"servelab profile: {arg} must be a positive integer")
-        else:
-            overrides.append(arg)
+def measure_profile(overrides: list[str], rounds: int = 3, after_round=None) -> StepProfile:
+    """Run the probe ``rounds`` times on the stack ``overrides`` compose and fit a profile to the
+    median of each distinct step. ``after_round(r)`` runs after round ``r`` (an experiment that
+    interleaves its own wall-clock runs with the rounds, so both sample the machine alike)."""
     from .api import compose
 
     cfg = compose(overrides + ["clock=wall", "time_model=measured"], logger="none", progress=False)
@@ -123,6 +111,8 @@ def profile_main(argv: list[str]) -> int:
                       file=sys.stderr)
                 run_workload(engine, [replace(req, id=f"{req.id}.{r}") for req in phase], sleep=sleep)
                 previous[0] = None  # the next phase starts after a pause
+            if after_round is not None:
+                after_round(r)
     finally:
         stack.executor.shutdown()
     num_measured = len(works)
@@ -146,11 +136,32 @@ def profile_main(argv: list[str]) -> int:
     profile.set_coefficient("copy_blocks", per_block)
     profile.source["swap_bytes_per_s"] = swap_bytes_per_s
     profile.samples = [[*feature_vector(w, profile.knots, profile.decode_knots), t] for w, t in zip(works, seconds)]
+    return profile
+
+
+def profile_main(argv: list[str]) -> int:
+    out = None
+    rounds = 3
+    overrides = []
+    for arg in argv:
+        if arg in ("-h", "--help"):
+            print(USAGE + "\n\n" + (__doc__ or ""))
+            return 0
+        if arg.startswith("--out="):
+            out = Path(arg.split("=", 1)[1])
+        elif arg.startswith("--rounds="):
+            rounds = int(arg.split("=", 1)[1]) if arg.split("=", 1)[1].isdigit() else 0
+            if rounds < 1:
+                raise ConfigError(f"servelab profile: {arg} must be a positive integer")
+        else:
+            overrides.append(arg)
+    profile = measure_profile(overrides, rounds)
+    source = profile.source
     if out is None:
         out = Path("profiles") / f"{Path(source['model']).name}-{source['dtype']}-{source['num_threads']}t.json"
     profile.save(out)
     fit = profile.fit
-    print(f"servelab profile: {num_measured} steps measured in {rounds} round(s), {fit['num_steps']} distinct "
+    print(f"servelab profile: {source['measured_steps']} steps measured in {rounds} round(s), {fit['num_steps']} distinct "
           f"({fit['total_s']:.1f} s of medians) fitted: R^2 {fit['r2']:.3f}, "
           f"mean |error| {fit['mean_abs_pct_error']:.1%} per step, {fit['total_time_error']:+.1%} in total")
     print(f"wrote {out}\nuse it: python run.py clock=virtual time_model=profile time_model.path={out.resolve()} "
