@@ -14,6 +14,7 @@ import argparse
 import logging
 import os
 import sys
+import threading
 from datetime import datetime
 from pathlib import Path
 
@@ -167,6 +168,12 @@ def _make_server_class():
         def handle_exit(self, sig, frame) -> None:
             self.engine_loop.close()
             if not self.should_exit:
+                grace = self.config.timeout_graceful_shutdown
+                # abort what is left shortly before uvicorn would cancel it, so its client gets a last
+                # event (finish_reason "abort", then [DONE]) rather than a dropped connection
+                timer = threading.Timer(max(0.0, grace - min(1.0, grace / 2)), self.engine_loop.abort_all)
+                timer.daemon = True
+                timer.start()
                 print(f"servelab serve: shutting down: in-flight requests have "
                       f"{self.config.timeout_graceful_shutdown:g} s (serve.shutdown_grace_s) to finish, then are "
                       "aborted", file=sys.stderr, flush=True)

@@ -102,6 +102,12 @@ class EngineLoop:
         self._wake.set()
         return None
 
+    def abort_all(self) -> None:
+        """Abort every live request now (end of the shutdown grace period): each stream then ends
+        with ``finish_reason="abort"`` and ``data: [DONE]`` instead of a dropped connection."""
+        self._inbox.append(("abort_all", None))
+        self._wake.set()
+
     def cancel(self, request_id: str) -> None:
         """The client left: abort ``request_id`` wherever it is (no-op once it has ended)."""
         self._inbox.append(("abort", request_id))
@@ -157,6 +163,8 @@ class EngineLoop:
             cmd, arg = self._inbox.popleft()
             if cmd == "add":
                 self._add(arg)
+            elif cmd == "abort_all":
+                self._abort_all()
             elif arg in self._live:
                 self.engine.abort(arg)
                 self._emit(self._live[arg])
