@@ -15,7 +15,7 @@ import json
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from fastapi import FastAPI, Request as HTTPRequest
@@ -73,9 +73,18 @@ class ServeState:
     default_max_tokens: int
     api_key: Optional[str] = None
     max_body_bytes: int = 1_000_000
+    _clock_started: bool = False
+    _clock_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def now(self) -> float:
-        return self.loop.engine.now()
+        """The receipt time of a request on the engine's clock. The first request restarts that
+        clock (nothing runs before it), so the run's time 0 is the first arrival, as in a batch run,
+        not the server's start-up."""
+        with self._clock_lock:
+            if not self._clock_started:
+                self.loop.engine.reset_clock()
+                self._clock_started = True
+            return self.loop.engine.now()
 
 
 def build_app(state: ServeState) -> FastAPI:

@@ -35,8 +35,12 @@ def test_sigterm_aborts_what_outlives_the_grace_period_and_writes_results(tmp_pa
     threads = [threading.Thread(target=consume) for _ in range(4)]
     for t in threads:
         t.start()
-    wait_until(lambda: any(line.startswith("data: ") for lines in streams for line in lines),
-               "the first stream is generating")
+    def queued():
+        m = server.metrics()
+        return (m['vllm:num_requests_running{model_name="tiny_code"}'],
+                m['vllm:num_requests_waiting{model_name="tiny_code"}']) == (1, 3)
+
+    wait_until(queued, "one request running and three waiting")
     assert server.stop(signal.SIGTERM) == 0, server.output()
     for t in threads:
         t.join(60)
