@@ -185,3 +185,20 @@ def test_a_scheduler_that_keeps_an_aborted_request_is_named():
     stack.engine.add_request(_requests(n=1)[0])
     with pytest.raises(PluginFailure, match="'forgetful' still holds aborted request 'r0'"):
         stack.engine.abort("r0")
+
+
+def test_stop_ends_a_request_as_finished_by_a_stop_string():
+    stack = fake_stack(["block_size=4"], 64)
+    engine = stack.engine
+    requests = _requests(n=2)
+    seqs = {r.id: engine.add_request(r) for r in requests}
+    _step_until(engine, lambda: seqs["r0"].num_output_tokens >= 3)
+    tokens = list(seqs["r0"].output_token_ids)
+    assert engine.stop("r0") and not engine.stop("r0")
+    assert seqs["r0"].status is Status.FINISHED and seqs["r0"].finish_reason == "stop"
+    _finish(engine)
+    result = collect_results(engine, 1.0)
+    rec = result.by_id()["r0"]
+    assert rec["output_token_ids"] == tokens and rec["ttft_ms"] is not None  # a finished request's figures
+    assert result.summary["num_finished"] == 2 and result.summary["num_aborted"] == 0
+    assert result.summary["leaked_blocks"] == 0
