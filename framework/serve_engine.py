@@ -118,9 +118,6 @@ class EngineLoop:
         with self._lock:
             self._closing = True
 
-    def num_live(self) -> int:
-        return len(self._live) + sum(1 for cmd in self._inbox if cmd[0] == "add")
-
     def stop(self, timeout: float = 60.0) -> None:
         """Abort whatever is still live, end the thread and wait for it."""
         self.close()
