@@ -271,8 +271,15 @@ def test_a_full_waiting_room_gets_503_with_a_reason(server):
 
 
 def test_shutdown_writes_results_with_nothing_leaked(server):
+    m = server.metrics()
     assert server.stop() == 0, server.output()
     summary = server.summary()
+    # /metrics and summary.json come from the same request records
+    ttft_count = m['vllm:time_to_first_token_seconds_count{model_name="tiny_code"}']
+    assert ttft_count == summary["num_finished"]
+    assert m['vllm:time_to_first_token_seconds_sum{model_name="tiny_code"}'] * 1e3 / ttft_count == \
+        pytest.approx(summary["ttft_ms"]["mean"], rel=1e-9)
+    assert m['vllm:request_success_total{finished_reason="abort",model_name="tiny_code"}'] == summary["num_aborted"]
     assert summary["status"] == "completed" and summary["leaked_blocks"] == 0
     assert summary["num_aborted"] >= 1 and summary["num_unfinished"] == 0
     assert summary["num_finished"] + summary["num_aborted"] == summary["num_requests"]
