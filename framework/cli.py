@@ -64,7 +64,8 @@ SUBCOMMANDS: dict[str, str] = {
     "compare": "compare:main",  # runs side by side: a table of metrics and the keys that differ, a plot
     "check-plugin": "conformance:main",  # a plugin through the conformance kit: exit 0 only when it passes
     "new-plugin": "new_plugin:main",  # a plugin package skeleton: entry point, typed Config, a passing test
-    "grade": "grading:main",  # plugins scored against the built-ins on fixed simulated workloads
+    "grade": "grading:main",
+    "serve": "serve:main",  # an OpenAI-compatible server (FastAPI + uvicorn) in front of the composed stack  # plugins scored against the built-ins on fixed simulated workloads
 }
 
 

@@ -268,6 +268,26 @@ class EvalPPLConfig:
 
 
 @dataclass
+class ServeConfig:
+    """``servelab serve``: the OpenAI-compatible server (flags ``--host``/``--port``/``--api-key``
+    set the first three). ``api_key`` null = no authentication. Bounds: request bodies over
+    ``max_body_bytes`` get 413; once ``max_waiting_requests`` wait in the scheduler new ones get 503;
+    on SIGINT/SIGTERM in-flight requests get ``shutdown_grace_s`` seconds to finish, then are
+    aborted. ``default_max_tokens``: when a request gives none (OpenAI's completions default).
+    ``model_name`` null = ``model.name``; ``output_dir`` null = ``outputs/serve/<date>/<time>``."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: Optional[str] = None
+    model_name: Optional[str] = None
+    max_body_bytes: int = 1_000_000
+    max_waiting_requests: int = 256
+    default_max_tokens: int = 16
+    shutdown_grace_s: float = 10.0
+    output_dir: Optional[str] = None
+
+
+@dataclass
 class ServelabConfig:
     """Top-level keys; groups are filled by the defaults list in ``conf/config.yaml``."""
 
@@ -294,6 +314,7 @@ class ServelabConfig:
     slo: SLOConfig = field(default_factory=SLOConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     eval_ppl: EvalPPLConfig = field(default_factory=EvalPPLConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
     progress: bool = True
     strict_requests: bool = False  # a request the engine would reject is a start-up error (not a rejection)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import random
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -41,6 +42,8 @@ CONTRACTS = {
     "kv integrity": "the KV cache reads back what was written (block tables, swaps, shared prefixes)",
     "every request ends": "each valid request finishes, each invalid one is rejected with a reason",
     "leaked blocks": "no block is held once every request has ended",
+    "abort": "a request aborted in any state (waiting, running, swapped, mid-prefill) leaves the scheduler, "
+             "frees its blocks and is recorded as aborted; the others keep their tokens",
     "outputs": "greedy tokens equal the default stack's (fcfs, paged, recompute, no drafter)",
     "drafts": "proposals hold at most k ids, all inside the vocabulary",
     "starvation bound": "a scheduler with a max_wait_s field starts every request within that bound "
@@ -195,6 +198,42 @@ def _check_outcome(scenario: Scenario, registry: Registry, warnings: list[str]) 
     leaked = result.summary["leaked_blocks"]
     if leaked:
         raise ContractViolation("leaked blocks", f"{leaked} blocks still held after every request ended")
+    _check_aborts(scenario, registry, expected)
+
+
+def _check_aborts(scenario: Scenario, registry: Registry, expected: dict[str, list[int]]) -> None:
+    """The scenario again, aborting a seeded third of its requests at seeded steps (a server's
+    client disconnecting): each aborted one ends as such, no block leaks, the others' tokens hold."""
+    rng = random.Random(scenario.seed)
+    plan = {r.id: rng.randint(0, 12) for r in scenario.requests if rng.random() < 0.35}
+    if not plan:
+        return
+
+    def abort_due(engine, record) -> None:
+        for rid, step in plan.items():
+            if step <= record.step and rid in engine.sequences:
+                engine.abort(rid)
+
+    stack, result = _run(scenario.overrides, scenario.num_blocks, scenario.num_swap_blocks, scenario.requests,
+                         registry, checked=True, on_step=abort_due)
+    for rec in result.requests:
+        rid, reason = rec["id"], rec["finish_reason"]
+        if rec["rejected_reason"] is not None:
+            continue
+        if reason == "abort":
+            if rid not in plan:
+                raise ContractViolation("abort", f"{rid} was never aborted but ended with finish_reason=abort")
+        elif reason != "length":
+            raise ContractViolation("abort", f"{rid} did not end (finish_reason={reason}) in a run with aborts")
+        elif rid in expected and rec["output_token_ids"] != expected[rid]:
+            raise ContractViolation("abort", f"{rid}: {rec['output_token_ids']} != {expected[rid]} once "
+                                    f"{sorted(plan)} were aborted")
+    if stack.engine.scheduler.num_unfinished():
+        raise ContractViolation("abort", f"the scheduler still holds {stack.engine.scheduler.num_unfinished()} "
+                                "sequences once every request ended or was aborted")
+    leaked = result.summary["leaked_blocks"]
+    if leaked:
+        raise ContractViolation("abort", f"{leaked} blocks still held after aborting {sorted(plan)}")
 
 
 def _reference(max_model_len: int, valid: list) -> dict[str, list[int]]:
@@ -211,7 +250,8 @@ def _compose(overrides: tuple[str, ...]):
     return compose([*overrides, "workload=synthetic"], logger="none", progress=False)
 
 
-def _run(overrides, num_blocks: int, num_swap_blocks: int, requests, registry: Registry, checked: bool):
+def _run(overrides, num_blocks: int, num_swap_blocks: int, requests, registry: Registry, checked: bool,
+         on_step=None):
     from .runner import run_workload  # noqa: PLC0415 - torch and the engine only when a check runs
     from .session import collect_results  # noqa: PLC0415
     from .stack import build_stack  # noqa: PLC0415
@@ -225,6 +265,8 @@ def _run(overrides, num_blocks: int, num_swap_blocks: int, requests, registry: R
     if checked:
         _guard(stack)
     stack.engine.keep_steps = False
+    if on_step is not None:  # after each step's tokens are applied: the engine is between steps
+        stack.engine.step_listeners.append(lambda record: on_step(stack.engine, record))
     try:
         run_workload(stack.engine, requests, sleep=clock.sleep)
     except Exception as exc:  # noqa: BLE001 - every way a run breaks is named as a contract
@@ -238,6 +280,8 @@ def _as_violation(exc: Exception) -> ContractViolation:
         return cause
     if isinstance(exc, AssertionError):  # the KV-checking executor
         return ContractViolation("kv integrity", str(exc))
+    if "still holds aborted request" in str(exc):  # the engine's check after Scheduler.abort
+        return ContractViolation("abort", str(exc))
     if isinstance(exc, RuntimeError) and "made no progress" in str(exc):
         return ContractViolation("progress", str(exc))
     return ContractViolation("plugin raised", f"{type(exc).__name__}: {exc}")

@@ -144,6 +144,32 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.num_unfinished() > 0
 
+    def abort(self, request_id: str) -> bool:
+        """End a live request now, whatever its state (waiting, running mid-prefill or decoding,
+        swapped, holding drafts): the scheduler forgets it, its blocks (swapped ones in the host
+        pool too) go back, the drafter forgets it, and it is recorded with ``finish_reason="abort"``.
+        Call between steps (the server's engine thread does). Returns False when the request is
+        unknown or has already ended."""
+        return self._end_early(request_id, Status.ABORTED, "abort")
+
+    def stop(self, request_id: str) -> bool:
+        """End a live request as finished with ``finish_reason="stop"`` (a stop string matched
+        outside the engine, e.g. in the server's detokenizer); otherwise like :meth:`abort`."""
+        return self._end_early(request_id, Status.FINISHED, "stop")
+
+    def _end_early(self, request_id: str, status: Status, reason: str) -> bool:
+        seq = self.sequences.get(request_id)
+        if seq is None or seq.is_finished:
+            return False
+        before = self.scheduler.num_unfinished()
+        self._call_plugin("scheduler", lambda: self.scheduler.abort(seq))
+        if self.scheduler.num_unfinished() != before - 1:
+            raise PluginFailure(f"scheduler plugin {type(self.scheduler).name!r} still holds aborted request "
+                                f"{request_id!r} ({seq.status.value}): its abort()/remove() must forget a sequence "
+                                "in any state (QueueScheduler does)")
+        self._retire(seq, status, reason, self.now())
+        return True
+
     # ---- the step -----------------------------------------------------------------------
     def step(self) -> StepRecord | None:
         """One iteration: schedule -> execute -> apply. Returns None if nothing could run."""
@@ -229,8 +255,12 @@ class Engine:
         self.allocator.on_tokens_computed(seq)  # hashes cover verified tokens only
 
     def _finish(self, seq: Sequence, reason: str, now: float) -> None:
-        seq.status, seq.finish_reason, seq.finish_time = Status.FINISHED, reason, now
         self.scheduler.remove(seq)
+        self._retire(seq, Status.FINISHED, reason, now)
+
+    def _retire(self, seq: Sequence, status: Status, reason: str, now: float) -> None:
+        """``seq`` has left the scheduler: free its blocks, drop drafter state, tell the listeners."""
+        seq.status, seq.finish_reason, seq.finish_time = status, reason, now
         self.allocator.free(seq)
         seq.compact()
         if self.drafter is not None:

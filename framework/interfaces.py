@@ -219,8 +219,8 @@ class PreemptionPolicy(Plugin):
 class Scheduler(Plugin):
     """Decides, each step, which sequences run and how many tokens each computes.
 
-    The engine calls :meth:`add` when a request arrives, :meth:`schedule` once per step and
-    :meth:`remove` when a sequence finishes. A scheduler allocates blocks through
+    The engine calls :meth:`add` when a request arrives, :meth:`schedule` once per step,
+    :meth:`remove` when a sequence finishes and :meth:`abort` when one leaves early (any state). A scheduler allocates blocks through
     ``self.allocator`` for everything it schedules (the plan must be runnable as is), asks
     ``self.preemption`` for victims when blocks run out, and never touches tensors.
     Most schedulers subclass :class:`servelab.scheduling.QueueScheduler`, which implements the
@@ -251,6 +251,18 @@ class Scheduler(Plugin):
     @abstractmethod
     def remove(self, seq: Sequence) -> None:
         """Forget a finished sequence (the engine frees its blocks)."""
+
+    def abort(self, seq: Sequence) -> None:
+        """Forget ``seq`` in ANY state — waiting, running (mid-prefill or decoding), swapped —
+        because its client left; the engine then frees its blocks (device and host pool) and
+        records it as aborted. Called between steps, never during :meth:`schedule`.
+
+        Default: :meth:`remove`, enough for a scheduler whose ``remove`` forgets a sequence in any
+        state. :class:`servelab.scheduling.QueueScheduler` takes it out of whichever queue holds it
+        and then calls ``remove`` (so a subclass's own bookkeeping there runs too). The engine
+        checks that :meth:`num_unfinished` dropped by one and names the scheduler if not.
+        """
+        self.remove(seq)
 
     @abstractmethod
     def num_unfinished(self) -> int:

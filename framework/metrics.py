@@ -60,6 +60,8 @@ def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
     ttft_target = req.ttft_slo_ms if req.ttft_slo_ms is not None else ttft_slo_ms
     tpot_target = req.tpot_slo_ms if req.tpot_slo_ms is not None else tpot_slo_ms
     finished = seq.status == Status.FINISHED
+    if seq.status == Status.ABORTED:  # the client left: neither met nor missed a target
+        ttft_target = tpot_target = None
     # None = no target of that kind; an unfinished request with a target misses it
     rec["met_ttft_slo"] = None if ttft_target is None else finished and rec["ttft_ms"] <= ttft_target
     rec["met_tpot_slo"] = None if tpot_target is None else finished and rec["tpot_ms"] <= tpot_target
@@ -94,7 +96,7 @@ class RequestStats:
     of requests)."""
 
     def __init__(self) -> None:
-        self.num_requests = self.num_finished = self.num_rejected = 0
+        self.num_requests = self.num_finished = self.num_rejected = self.num_aborted = 0
         self.output_tokens = self.prompt_tokens = self.cached_prompt_tokens = 0
         self.met = self.met_ttft = self.met_tpot = 0
         self.with_slo = self.with_ttft = self.with_tpot = 0  # requests (not rejected) with such a target
@@ -122,6 +124,9 @@ class RequestStats:
                 setattr(self, count, getattr(self, count) + 1)
                 setattr(self, met, getattr(self, met) + bool(rec[flag]))
         if rec["finish_reason"] is None:
+            return
+        if rec["finish_reason"] == "abort":  # left early: its latencies describe no whole request
+            self.num_aborted += 1
             return
         self.num_finished += 1
         for values, key in ((self.ttft, "ttft_ms"), (self.e2e, "e2e_ms"), (self.queue, "queue_ms")):
@@ -180,7 +185,8 @@ def summarize(requests: RequestStats, totals: StepTotals, duration_s: float, lea
         "num_requests": r.num_requests,
         "num_finished": r.num_finished,
         "num_rejected": r.num_rejected,
-        "num_unfinished": r.num_requests - r.num_finished - r.num_rejected,
+        "num_aborted": r.num_aborted,
+        "num_unfinished": r.num_requests - r.num_finished - r.num_rejected - r.num_aborted,
         "duration_s": duration_s,
         "num_steps": totals.num_steps,
         "output_tokens": r.output_tokens,

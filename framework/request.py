@@ -53,6 +53,7 @@ class Status(enum.Enum):
     SWAPPED = "swapped"
     FINISHED = "finished"
     REJECTED = "rejected"
+    ABORTED = "aborted"  # the client left (or the server shut down) before it finished
 
 
 @dataclass(eq=False)
@@ -74,7 +75,7 @@ class Sequence:
     first_scheduled_time: float | None = None
     token_times: list[float] = field(default_factory=list)  # wall time of each output token
     finish_time: float | None = None
-    finish_reason: str | None = None  # "length" | "stop"
+    finish_reason: str | None = None  # "length" | "stop" | "abort"
     rejected_reason: str | None = None
     # Speculative decoding: the drafter's proposal to follow ``token_ids`` (empty = none; the
     # engine clears it whenever ``token_ids`` grows), the drafter's probabilities for it
@@ -123,7 +124,7 @@ class Sequence:
 
     @property
     def is_finished(self) -> bool:
-        return self.status in (Status.FINISHED, Status.REJECTED)
+        return self.status in (Status.FINISHED, Status.REJECTED, Status.ABORTED)
 
     def compact(self) -> None:
         """Once finished: timestamps become an ``array('d')`` and ``token_ids`` a read-only view of

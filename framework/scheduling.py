@@ -149,6 +149,15 @@ class QueueScheduler(Scheduler):
         if seq in self.running:
             self.running.remove(seq)
 
+    def abort(self, seq: Sequence) -> None:
+        """Take ``seq`` out of whichever queue holds it, then :meth:`remove` (subclass bookkeeping).
+        A custom waiting queue (:meth:`make_waiting_queue`) needs a ``remove(seq)`` method for this."""
+        if seq.status is Status.SWAPPED:
+            self.swapped.remove(seq)
+        elif seq.status is Status.WAITING and any(s is seq for s in self.waiting):
+            self.waiting.remove(seq)
+        self.remove(seq)
+
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running) + len(self.swapped)
 

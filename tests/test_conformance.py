@@ -99,6 +99,25 @@ class LeakyPaged(PagedAllocator):
         super().free(seq)
 
 
+class KeepsAbortedWaiting(QueueScheduler):
+    """abort() only drops running sequences: an aborted waiting request stays queued."""
+
+    name = "keeps_aborted_waiting"
+
+    def abort(self, seq) -> None:
+        self.remove(seq)
+
+
+class LeaksOnAbort(PagedAllocator):
+    """free() of an aborted sequence keeps its blocks."""
+
+    name = "leaks_on_abort"
+
+    def free(self, seq) -> None:
+        if seq.status is not Status.ABORTED:
+            super().free(seq)
+
+
 class OutOfVocab(SpeculativeDrafter):
     """Drafts an id past every vocabulary."""
 
@@ -130,7 +149,7 @@ class IgnoresItsBound(QueueScheduler):
 class _Broken:
     @hookimpl
     def servelab_register_schedulers(self):
-        return [OverBudget, ExtraSeats, NoDecodeBlocks, IgnoresItsBound]
+        return [OverBudget, ExtraSeats, NoDecodeBlocks, IgnoresItsBound, KeepsAbortedWaiting]
 
     @hookimpl
     def servelab_register_preemption_policies(self):
@@ -138,7 +157,7 @@ class _Broken:
 
     @hookimpl
     def servelab_register_allocators(self):
-        return [LeakyPaged]
+        return [LeakyPaged, LeaksOnAbort]
 
     @hookimpl
     def servelab_register_drafters(self):
@@ -160,6 +179,8 @@ def registry():
     ("preemption", "wrong_victim", "victim among candidates"),
     ("allocator", "leaky", "leaked blocks"),
     ("drafter", "out_of_vocab", "drafts"),
+    ("scheduler", "keeps_aborted_waiting", "abort"),
+    ("allocator", "leaks_on_abort", "abort"),
 ])
 def test_a_broken_plugin_is_caught_naming_the_contract(registry, kind, name, contract):
     report = check_plugin(kind, name, registry=registry, cases=12, real_model=False, max_failures=1)

@@ -85,6 +85,15 @@ class DeadlineQueue:
             moved += 1
         return moved
 
+    def remove(self, seq) -> None:
+        """Take ``seq`` out (an aborted request), wherever it waits."""
+        for name in ("_on_time", "_late"):
+            heap = getattr(self, name)
+            kept = [e for e in heap if e[2] is not seq]
+            if len(kept) < len(heap):
+                heapq.heapify(kept)
+                setattr(self, name, kept)
+
     def peek(self):
         return (self._on_time or self._late)[0][2]
 
