@@ -120,6 +120,8 @@ def worker_config(cfg: DictConfig, registry: Registry | None = None) -> WorkerCo
         num_swap_blocks=num_swap_blocks,
         seed=cfg.seed,
         swap_space_gb=swap_space_gb,
+        quantization=_value(cfg.model.get("quantization", "none")),
+        kv_cache_dtype=_value(cfg.get("kv_cache_dtype", "auto")),
     )
 
 

@@ -1,0 +1,138 @@
+"""Quantisation as a memory policy: weight-only INT8 linears (``model.quantization``) and the KV
+cache's storage dtype (``kv_cache_dtype``).
+
+``model.quantization=int8`` quantises, at load time and after tensor-parallel sharding, the weight
+of every decoder linear layer (the fused q/k/v, o, the fused gate/up, down) to INT8 with one
+symmetric scale per output channel (row): ``scale = amax(|row|) / 127``, ``q = round(w / scale)``
+(half away from zero). A row-parallel layer's rank holds a slice of each row, so its scales are
+over that slice (a finer grouping than TP=1's, never a coarser one). Embeddings, the LM head and
+the norms stay in ``model.dtype``. Round trip: every element is within ``scale / 2`` of the
+original, i.e. ``|w - q * scale| <= amax(|row|) / 254`` (:data:`ROUND_TRIP_BOUND`).
+
+The matmul: ``attention_backend=triton`` (CUDA, or the interpreter in tests) runs
+:mod:`servelab.kernels.triton_int8_matmul`; otherwise torch's weight-only INT8 kernel
+``aten._weight_int8pack_mm`` when it runs for this device and dtype (CPU: float32 and bfloat16),
+else each call dequantises the layer's weight (logged once at start-up).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from .errors import ConfigError
+from .kernels.kv_quant import KVCacheDTypeError, kv_storage_dtype, round_half_away
+
+log = logging.getLogger(__name__)
+
+QUANTIZATION_METHODS = ("none", "int8")
+LINEAR_KERNELS = ("triton", "int8pack", "dequant")
+ROUND_TRIP_BOUND = 1 / 254  # max |w - dequant(quant(w))| / amax(|row|)
+
+
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight[N, K]`` -> (int8 ``[N, K]``, float32 per-row scales ``[N]``)."""
+    w = weight.float()
+    scales = w.abs().amax(1) / 127.0
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    return round_half_away(w / scales[:, None]).clamp_(-127, 127).to(torch.int8), scales
+
+
+def dequantize_weight(qweight: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return (qweight.float() * scales.float()[:, None]).to(dtype)
+
+
+class Int8Weight(nn.Module):
+    """A linear layer's weight in INT8 with per-output-channel scales; ``forward(x, bias)`` = ``x W^T + b``."""
+
+    def __init__(self, weight: torch.Tensor, kernel: str) -> None:
+        super().__init__()
+        if kernel not in LINEAR_KERNELS:
+            raise ValueError(f"int8 linear kernel {kernel!r} is not one of {list(LINEAR_KERNELS)}")
+        qweight, scales = quantize_weight(weight)
+        self.register_buffer("qweight", qweight.contiguous())
+        # int8pack wants the scales in the activation dtype; the others read fp32
+        self.register_buffer("scales", scales.to(weight.dtype) if kernel == "int8pack" else scales)
+        self.kernel = kernel
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        if self.kernel == "int8pack":
+            out = torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.qweight, self.scales)
+        elif self.kernel == "triton":
+            from .kernels.triton_int8_matmul import int8_matmul  # noqa: PLC0415 - needs triton
+
+            out = int8_matmul(x2, self.qweight, self.scales)
+        else:
+            out = F.linear(x2, dequantize_weight(self.qweight, self.scales, x.dtype))
+        if bias is not None:
+            out = out + bias
+        return out.reshape(*shape[:-1], out.shape[-1])
+
+
+def decoder_linears(model: nn.Module):
+    """``(name, layer)`` for every decoder linear layer (what ``model.quantization`` quantises)."""
+    from .model.layers import ColumnParallelLinear, RowParallelLinear  # noqa: PLC0415
+
+    for name, module in model.named_modules():
+        if name.startswith("layers.") and isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
+            yield name, module
+
+
+def quantize_model(model: nn.Module, method: str, kernel: str) -> int:
+    """Quantise ``model``'s decoder linears in place with ``method``; returns how many layers changed."""
+    if method not in QUANTIZATION_METHODS:
+        raise ConfigError(f"model.quantization={method!r} is not one of {list(QUANTIZATION_METHODS)}")
+    if method == "none":
+        return 0
+    count = 0
+    for _, layer in decoder_linears(model):
+        layer.int8 = Int8Weight(layer.weight.data, kernel)
+        layer.weight = None  # the full-precision copy is freed
+        count += 1
+    log.info("model.quantization=int8: %d decoder linear layers in INT8 (%s matmul)", count, kernel)
+    return count
+
+
+def linear_kernel(attention_backend: str, device: torch.device, dtype: torch.dtype) -> str:
+    """The INT8 matmul to use: Triton with the Triton attention backend, else torch's int8pack kernel
+    if it runs for ``device``/``dtype``, else dequantise per call."""
+    if attention_backend == "triton":
+        return "triton"
+    try:
+        x = torch.ones(1, 16, dtype=dtype, device=device)
+        torch.ops.aten._weight_int8pack_mm(x, torch.ones(16, 16, dtype=torch.int8, device=device),
+                                           torch.ones(16, dtype=dtype, device=device))
+        return "int8pack"
+    except (RuntimeError, NotImplementedError, AttributeError):
+        log.info("aten._weight_int8pack_mm does not run for %s on %s: INT8 weights are dequantised per call",
+                 dtype, device.type)
+        return "dequant"
+
+
+def kv_cache_storage_dtype(name: str, compute_dtype: torch.dtype, device: torch.device,
+                           attention_backend: str) -> torch.dtype:
+    """The KV cache tensors' dtype for ``kv_cache_dtype=name``; a :class:`ConfigError` naming the key
+    when this torch build or device cannot store or read it."""
+    try:
+        dtype = kv_storage_dtype(name, compute_dtype)
+    except KVCacheDTypeError as exc:
+        raise ConfigError(str(exc)) from None
+    if name != "fp8_e4m3":
+        return dtype
+    if device.type == "cuda" and attention_backend == "triton":
+        major, minor = torch.cuda.get_device_capability(device)
+        if (major, minor) < (8, 9):
+            raise ConfigError(f"kv_cache_dtype=fp8_e4m3: {torch.cuda.get_device_name(device)} (compute capability "
+                              f"{major}.{minor}) has no FP8 conversions for the Triton kernels (needs 8.9+); "
+                              "use kv_cache_dtype=int8 or attention_backend=torch")
+    try:
+        torch.ones(2, device=device).to(dtype).float()
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f"kv_cache_dtype=fp8_e4m3: torch cannot cast to float8_e4m3fn on {device} ({exc}); "
+                          "use kv_cache_dtype=int8 or auto") from None
+    return dtype
