@@ -4,8 +4,9 @@ cache's storage dtype (``kv_cache_dtype``).
 ``model.quantization=int8`` quantises, at load time and after tensor-parallel sharding, the weight
 of every decoder linear layer (the fused q/k/v, o, the fused gate/up, down) to INT8 with one
 symmetric scale per output channel (row): ``scale = amax(|row|) / 127``, ``q = round(w / scale)``
-(half away from zero). A row-parallel layer's rank holds a slice of each row, so its scales are
-over that slice (a finer grouping than TP=1's, never a coarser one). Embeddings, the LM head and
+(half away from zero). A row-parallel layer's rank holds a slice of each row; the ranks exchange
+their slices' maxima at load time, so every ``tensor_parallel_size`` stores the same INT8 values
+and scales as TP=1 (column-parallel rows are whole on one rank already). Embeddings, the LM head and
 the norms stay in ``model.dtype``. Round trip: every element is within ``scale / 2`` of the
 original, i.e. ``|w - q * scale| <= amax(|row|) / 254`` (:data:`ROUND_TRIP_BOUND`).
 
@@ -33,10 +34,11 @@ LINEAR_KERNELS = ("triton", "int8pack", "dequant")
 ROUND_TRIP_BOUND = 1 / 254  # max |w - dequant(quant(w))| / amax(|row|)
 
 
-def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``weight[N, K]`` -> (int8 ``[N, K]``, float32 per-row scales ``[N]``)."""
+def quantize_weight(weight: torch.Tensor, row_amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight[N, K]`` -> (int8 ``[N, K]``, float32 per-row scales ``[N]``). ``row_amax``: each row's
+    largest magnitude when ``weight`` is a slice of the rows (a row-parallel shard); default its own."""
     w = weight.float()
-    scales = w.abs().amax(1) / 127.0
+    scales = (w.abs().amax(1) if row_amax is None else row_amax.float()) / 127.0
     scales = torch.where(scales > 0, scales, torch.ones_like(scales))
     return round_half_away(w / scales[:, None]).clamp_(-127, 127).to(torch.int8), scales
 
@@ -48,11 +50,11 @@ def dequantize_weight(qweight: torch.Tensor, scales: torch.Tensor, dtype: torch.
 class Int8Weight(nn.Module):
     """A linear layer's weight in INT8 with per-output-channel scales; ``forward(x, bias)`` = ``x W^T + b``."""
 
-    def __init__(self, weight: torch.Tensor, kernel: str) -> None:
+    def __init__(self, weight: torch.Tensor, kernel: str, row_amax: torch.Tensor | None = None) -> None:
         super().__init__()
         if kernel not in LINEAR_KERNELS:
             raise ValueError(f"int8 linear kernel {kernel!r} is not one of {list(LINEAR_KERNELS)}")
-        qweight, scales = quantize_weight(weight)
+        qweight, scales = quantize_weight(weight, row_amax)
         self.register_buffer("qweight", qweight.contiguous())
         # int8pack wants the scales in the activation dtype; the others read fp32
         self.register_buffer("scales", scales.to(weight.dtype) if kernel == "int8pack" else scales)
@@ -89,9 +91,17 @@ def quantize_model(model: nn.Module, method: str, kernel: str) -> int:
         raise ConfigError(f"model.quantization={method!r} is not one of {list(QUANTIZATION_METHODS)}")
     if method == "none":
         return 0
+    from .model.layers import RowParallelLinear  # noqa: PLC0415
+
     count = 0
     for _, layer in decoder_linears(model):
-        layer.int8 = Int8Weight(layer.weight.data, kernel)
+        row_amax = None
+        if isinstance(layer, RowParallelLinear) and layer.tp.size > 1:
+            # this rank holds a slice of every row: take the scale of the whole row, so every
+            # tensor_parallel_size stores the same INT8 values
+            local = layer.weight.data.float().abs().amax(1)
+            row_amax = layer.tp.all_gather_last_dim(local.unsqueeze(0)).view(layer.tp.size, -1).amax(0)
+        layer.int8 = Int8Weight(layer.weight.data, kernel, row_amax)
         layer.weight = None  # the full-precision copy is freed
         count += 1
     log.info("model.quantization=int8: %d decoder linear layers in INT8 (%s matmul)", count, kernel)
