@@ -236,3 +236,21 @@ def test_quantised_triton_path_agrees_with_torch_path(heldout, quantised_referen
         outputs = json.loads(proc.stdout.strip().splitlines()[-1])["outputs"]
         expected = [e[:n] for e, n in zip(quantised_reference[setting][:3], max_tokens)]
         assert outputs == expected, setting
+
+
+def test_linear_kernel_choice():
+    from servelab.quant import linear_kernel
+
+    cpu = torch.device("cpu")
+    assert linear_kernel("triton", cpu, torch.float32) == "triton"
+    assert linear_kernel("torch", cpu, torch.bfloat16) == "int8pack"  # torch's fast weight-only kernel
+    assert linear_kernel("torch", cpu, torch.float32) == "dequant"  # its float32 path is a slow fallback
+
+
+def test_bfloat16_int8_runs_through_int8pack_and_mostly_agrees(heldout, quantised_reference):
+    prompts, max_tokens = heldout
+    lab_result = _serve(prompts[:4], max_tokens[:4], *SETTINGS["w8kv8"], "model.dtype=bfloat16")
+    got = [r["output_token_ids"] for r in lab_result.requests]
+    expected = quantised_reference["w8kv8"][:4]
+    same = sum(a == b for g, e in zip(got, expected) for a, b in zip(g, e))
+    assert same / sum(len(e) for e in expected) >= 0.5  # bfloat16 rounding may flip a near-tie, then diverge
