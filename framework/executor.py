@@ -78,9 +78,13 @@ class ModelWorker:
         self.ops = select_attention_backend(cfg.attention_backend, self.device)
         self.kv_dtype = kv_cache_storage_dtype(cfg.kv_cache_dtype, self.dtype, self.device, self.ops.name)
         self.kv_quantized = cfg.kv_cache_dtype != "auto"
-        self.model = load_model(cfg.model_path, self.tp, self.dtype, self.device, cfg.max_model_len)
+        # INT8 on a GPU: load and quantise in host memory, so the device never holds the full-precision shard
+        load_device = torch.device("cpu") if cfg.quantization != "none" else self.device
+        self.model = load_model(cfg.model_path, self.tp, self.dtype, load_device, cfg.max_model_len)
         self.spec: ModelSpec = self.model.spec
-        quantize_model(self.model, cfg.quantization, linear_kernel(self.ops.name, self.device, self.dtype))
+        quantize_model(self.model, cfg.quantization, linear_kernel(self.ops.name, self.device, self.dtype),
+                       collective_device=self.device)
+        self.model.to(self.device)
         if self.ops.name == "triton":
             from .kernels.triton_ops import check_supported
 

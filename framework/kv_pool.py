@@ -37,10 +37,6 @@ class KVPool:
         self.scales = make(shape, dtype=SCALE_DTYPE, **extra) if quantized else None
         self.num_blocks = num_blocks
 
-    @property
-    def quantized(self) -> bool:
-        return self.scales is not None
-
     def layers(self) -> list[tuple[torch.Tensor, ...]]:
         """Per layer ``(k_cache, v_cache)``, or ``(k_cache, v_cache, k_scale, v_scale)`` when quantised."""
         if self.scales is None:

@@ -86,8 +86,9 @@ def decoder_linears(model: nn.Module):
             yield name, module
 
 
-def quantize_model(model: nn.Module, method: str, kernel: str) -> int:
-    """Quantise ``model``'s decoder linears in place with ``method``; returns how many layers changed."""
+def quantize_model(model: nn.Module, method: str, kernel: str, collective_device: torch.device | None = None) -> int:
+    """Quantise ``model``'s decoder linears in place with ``method``; returns how many layers changed.
+    ``collective_device``: where the tensor-parallel group's collectives take their tensors (NCCL: the GPU)."""
     if method not in QUANTIZATION_METHODS:
         raise ConfigError(f"model.quantization={method!r} is not one of {list(QUANTIZATION_METHODS)}")
     if method == "none":
@@ -100,8 +101,10 @@ def quantize_model(model: nn.Module, method: str, kernel: str) -> int:
         if isinstance(layer, RowParallelLinear) and layer.tp.size > 1:
             # this rank holds a slice of every row: take the scale of the whole row, so every
             # tensor_parallel_size stores the same INT8 values
-            local = layer.weight.data.float().abs().amax(1)
-            row_amax = layer.tp.all_gather_last_dim(local.unsqueeze(0)).view(layer.tp.size, -1).amax(0)
+            local = layer.weight.data.float().abs().amax(1).unsqueeze(0)
+            local = local.to(collective_device) if collective_device is not None else local
+            gathered = layer.tp.all_gather_last_dim(local).view(layer.tp.size, -1).amax(0)
+            row_amax = gathered.to(layer.weight.device)
         layer.int8 = Int8Weight(layer.weight.data, kernel, row_amax)
         layer.weight = None  # the full-precision copy is freed
         count += 1

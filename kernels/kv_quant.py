@@ -42,10 +42,6 @@ def kv_storage_dtype(name: str, compute_dtype: torch.dtype) -> torch.dtype:
     raise KVCacheDTypeError(f"kv_cache_dtype={name!r} is not one of {list(KV_CACHE_DTYPES)}")
 
 
-def is_quantized(dtype: torch.dtype) -> bool:
-    return dtype.is_floating_point is False or dtype.itemsize == 1
-
-
 def qmax(dtype: torch.dtype) -> float:
     """Largest representable magnitude used by the symmetric scale."""
     return 127.0 if dtype == torch.int8 else float(torch.finfo(dtype).max)
