@@ -167,7 +167,7 @@ def main() -> None:
     q = quality["rows"]
     qtable = table(["setting", "bits/byte", "perplexity", "vs none (bpb)", "greedy prefix agreement",
                     "token agreement", "identical continuations"],
-                   [[r["setting"], round(r["bits_per_byte"], 4), round(r["perplexity"], 4),
+                   [[r["setting"], f"{r['bits_per_byte']:.4f}", f"{r['perplexity']:.4f}",
                      f"{r['bits_per_byte'] - q[0]['bits_per_byte']:+.4f}", r["prefix_agreement"],
                      r["token_agreement"], r["identical"]] for r in q])
     mtable = table(["KV", "weights", "bytes/block", "kv_pool_blocks", "kv_pool_bytes", "blocks x",
@@ -204,8 +204,10 @@ held-out prefixes at once generating 192 tokens each, `backend.kv_cache_memory_g
 recompute preemption. The pool is sized in bytes, so a quantised cache holds proportionally more
 blocks; more sequences fit in a step and fewer are preempted. Throughput is on the virtual clock
 (roofline, H100 spec sheet), so it is a function of the engine's steps, not of this machine's load;
-the roofline reads INT8 weights at half the bytes of bfloat16, which at this model size is far below
-the per-step overhead, so weights barely move it here (section 3 has the 70B case).
+the roofline reads INT8 weights at a quarter of their float32 bytes, but at this model size (1.6M
+parameters) weight reads are far below the 2 ms per-step overhead, so weights barely move it here
+(section 3 has the 70B case). Greedy tokens of every run are the model's own: the memory policy
+changes how many sequences share a step, never what is computed (`tests/test_quantization.py`).
 
 {mtable}
 
