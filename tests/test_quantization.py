@@ -254,3 +254,14 @@ def test_bfloat16_int8_runs_through_int8pack_and_mostly_agrees(heldout, quantise
     expected = quantised_reference["w8kv8"][:4]
     same = sum(a == b for g, e in zip(got, expected) for a, b in zip(g, e))
     assert same / sum(len(e) for e in expected) >= 0.5  # bfloat16 rounding may flip a near-tie, then diverge
+
+
+def test_the_banner_says_what_is_quantised(tmp_path):
+    from servelab.banner import banner_lines
+
+    cfg = compose("model.quantization=int8", "kv_cache_dtype=fp8_e4m3", "num_kv_blocks=8")
+    stack = build_stack(cfg)
+    rows = dict(banner_lines(cfg, stack, tmp_path, "off"))
+    stack.executor.shutdown()
+    assert "int8 decoder linears (embeddings and LM head in float32)" in rows["model"]
+    assert "fp8_e4m3 values + a float32 scale per token and KV head" in rows["KV pool"]
