@@ -27,6 +27,9 @@ def banner_lines(cfg: DictConfig, stack, output_dir: Path, logger_where: str) ->
         device += f", tensor parallel x{cfg.tensor_parallel_size}"
     blocks, bpb = executor.num_kv_blocks, executor.bytes_per_block
     pool = f"{blocks:,} blocks x {limits.block_size} = {blocks * limits.block_size:,} tokens, {_gib(blocks * bpb)}"
+    kv_dtype = getattr(cfg.get("kv_cache_dtype", "auto"), "value", cfg.get("kv_cache_dtype", "auto"))
+    if kv_dtype != "auto":
+        pool += f" ({kv_dtype} values + a float32 scale per token and KV head)"
     swap = getattr(executor, "num_swap_blocks", 0)
     if swap:
         pool += f"; host swap pool {swap:,} blocks ({_gib(swap * bpb)})"
@@ -37,6 +40,9 @@ def banner_lines(cfg: DictConfig, stack, output_dir: Path, logger_where: str) ->
                   + f" chunked_prefill={str(cfg.chunked_prefill).lower()}"
                   + f" clock={stack.clock_kind} time_model={cfg.time_model.name}")
     model = cfg.model.name + (f" ({cfg.model.path})" if cfg.model.path else "")
+    quant = getattr(cfg.model.get("quantization", "none"), "value", cfg.model.get("quantization", "none"))
+    if quant != "none":
+        dtype += f", {quant} decoder linears (embeddings and LM head in {dtype})"
     return [("model", f"{model}, {dtype}"), ("device", device), ("KV pool", pool), ("stack", stack_text),
             ("workload", f"{cfg.workload.name}"), ("results", str(output_dir)), ("W&B", logger_where)]
 

@@ -38,6 +38,22 @@ class AttentionBackend(enum.Enum):
     triton = "triton"
 
 
+class Quantization(enum.Enum):
+    """``model.quantization``: ``int8`` = weight-only INT8 of every decoder linear layer (servelab/quant.py)."""
+
+    none = "none"
+    int8 = "int8"
+
+
+class KVCacheDType(enum.Enum):
+    """``kv_cache_dtype``: ``auto`` = the model's dtype; ``int8`` / ``fp8_e4m3`` = quantised K/V with one
+    float32 scale per token and KV head (servelab/kv_quant.py)."""
+
+    auto = "auto"
+    int8 = "int8"
+    fp8_e4m3 = "fp8_e4m3"
+
+
 class Clock(enum.Enum):
     auto = "auto"  # virtual for backend=sim, wall otherwise
     wall = "wall"
@@ -70,6 +86,7 @@ class ModelConfig:
     path: Optional[str] = None
     shape_only: bool = False
     dtype: DType = DType.float32
+    quantization: Quantization = Quantization.none  # int8: decoder linears in INT8 (embeddings, LM head stay in dtype)
     architecture: str = "LlamaForCausalLM"
     hidden_size: int = 256
     intermediate_size: int = 688
@@ -308,6 +325,7 @@ class ServelabConfig:
     num_kv_blocks: Optional[int] = None
     max_model_len: int = 2048
     chunked_prefill: bool = True
+    kv_cache_dtype: KVCacheDType = KVCacheDType.auto
     attention_backend: AttentionBackend = AttentionBackend.auto
     tensor_parallel_size: int = 1
     clock: Clock = Clock.auto

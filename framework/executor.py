@@ -23,6 +23,8 @@ from .model.spec import ModelSpec
 from .errors import ConfigError
 from .drafting import DraftBatch, draft_tables, scratch_blocks_per_seq
 from .interfaces import Drafts
+from .kv_pool import KVPool, bytes_per_block as kv_bytes_per_block
+from .quant import kv_cache_storage_dtype, linear_kernel, quantize_model
 from .sampler import sample_and_verify, sample_from, seeded_uniforms, target_probs_batch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -46,6 +48,8 @@ class WorkerConfig:
     swap_space_gb: float | None = None  # host pool in GiB; overrides num_swap_blocks when set
     draft_model_path: str | None = None  # drafter=draft_model: a second checkpoint run beside the target
     draft_scratch_blocks: int = 0  # draft KV blocks past the pool, for positions a draft runs ahead into
+    quantization: str = "none"  # model.quantization: none | int8 (weight-only, the target model's decoder linears)
+    kv_cache_dtype: str = "auto"  # auto | int8 | fp8_e4m3 (target and draft KV alike)
 
 
 @dataclass
@@ -72,8 +76,15 @@ class ModelWorker:
             raise ConfigError("model.dtype=float16 is not supported on CPU; use float32 or bfloat16")
         torch.manual_seed(cfg.seed)
         self.ops = select_attention_backend(cfg.attention_backend, self.device)
-        self.model = load_model(cfg.model_path, self.tp, self.dtype, self.device, cfg.max_model_len)
+        self.kv_dtype = kv_cache_storage_dtype(cfg.kv_cache_dtype, self.dtype, self.device, self.ops.name)
+        self.kv_quantized = cfg.kv_cache_dtype != "auto"
+        # INT8 on a GPU: load and quantise in host memory, so the device never holds the full-precision shard
+        load_device = torch.device("cpu") if cfg.quantization != "none" else self.device
+        self.model = load_model(cfg.model_path, self.tp, self.dtype, load_device, cfg.max_model_len)
         self.spec: ModelSpec = self.model.spec
+        quantize_model(self.model, cfg.quantization, linear_kernel(self.ops.name, self.device, self.dtype),
+                       collective_device=self.device)
+        self.model.to(self.device)
         if self.ops.name == "triton":
             from .kernels.triton_ops import check_supported
 
@@ -81,10 +92,11 @@ class ModelWorker:
                 check_supported(self.spec.head_dim, cfg.block_size)
             except ValueError as exc:
                 raise ConfigError(f"attention_backend=triton: {exc}") from None
-        self.kv_cache: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.host_cache: torch.Tensor | None = None
-        self.draft_model = self.draft_host_cache = None
-        self.draft_kv_cache: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.kv_cache: list[tuple[torch.Tensor, ...]] = []
+        self.device_pool: KVPool | None = None
+        self.host_pool: KVPool | None = None
+        self.draft_model = self.draft_pool = self.draft_host_pool = None
+        self.draft_kv_cache: list[tuple[torch.Tensor, ...]] = []
         if cfg.draft_model_path is not None:
             self._load_draft_model(cfg.draft_model_path)
 
@@ -102,14 +114,15 @@ class ModelWorker:
 
     def _target_bytes_per_block(self) -> int:
         _, kv_heads = local_heads(self.spec, self.tp)
-        elem = torch.tensor([], dtype=self.dtype).element_size()
-        return 2 * self.spec.num_layers * self.cfg.block_size * kv_heads * self.spec.head_dim * elem
+        return kv_bytes_per_block(self.spec.num_layers, self.cfg.block_size, kv_heads, self.spec.head_dim,
+                                  self.kv_dtype, self.kv_quantized)
 
     def _draft_bytes_per_block(self) -> int:
         if self.draft_model is None:
             return 0
-        spec, elem = self.draft_model.spec, torch.tensor([], dtype=self.dtype).element_size()
-        return 2 * spec.num_layers * self.cfg.block_size * spec.num_kv_heads * spec.head_dim * elem
+        spec = self.draft_model.spec
+        return kv_bytes_per_block(spec.num_layers, self.cfg.block_size, spec.num_kv_heads, spec.head_dim,
+                                  self.kv_dtype, self.kv_quantized)
 
     def available_kv_blocks(self) -> int:
         """Blocks this rank could hold: ``num_kv_blocks`` if set, else from the memory budget."""
@@ -146,27 +159,22 @@ class ModelWorker:
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """Allocate ``num_blocks`` device blocks (zeroed: masked slots must never hold NaN)."""
         _, kv_heads = local_heads(self.spec, self.tp)
-        shape = (self.spec.num_layers, 2, num_blocks, self.cfg.block_size, kv_heads, self.spec.head_dim)
-        cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.kv_cache = [(cache[i, 0], cache[i, 1]) for i in range(self.spec.num_layers)]
-        self._device_pool = cache
+        layout = (self.cfg.block_size, kv_heads, self.spec.head_dim, self.kv_dtype, self.kv_quantized)
+        self.device_pool = KVPool(self.spec.num_layers, num_blocks, *layout, device=self.device)
+        self.kv_cache = self.device_pool.layers()
         num_swap_blocks = self.swap_pool_blocks()
         pin = self.device.type == "cuda"
         if num_swap_blocks > 0:
-            host_shape = shape[:2] + (num_swap_blocks,) + shape[3:]
-            # empty, not zeros: a host block is only read after a swap-out wrote all of it, and an
-            # untouched CPU pool (the default is GiBs) then costs no memory
-            self.host_cache = torch.empty(host_shape, dtype=self.dtype, pin_memory=pin)
+            self.host_pool = KVPool(self.spec.num_layers, num_swap_blocks, *layout, host=True, pin=pin)
         if self.draft_model is not None:
             d = self.draft_model.spec
-            shape = (d.num_layers, 2, num_blocks + self.cfg.draft_scratch_blocks, self.cfg.block_size,
-                     d.num_kv_heads, d.head_dim)
-            self._draft_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            self.draft_kv_cache = [(self._draft_pool[i, 0], self._draft_pool[i, 1]) for i in range(d.num_layers)]
+            layout = (self.cfg.block_size, d.num_kv_heads, d.head_dim, self.kv_dtype, self.kv_quantized)
+            self.draft_pool = KVPool(d.num_layers, num_blocks + self.cfg.draft_scratch_blocks, *layout,
+                                     device=self.device)
+            self.draft_kv_cache = self.draft_pool.layers()
             self.num_pool_blocks = num_blocks
             if num_swap_blocks > 0:
-                self.draft_host_cache = torch.empty(shape[:2] + (num_swap_blocks,) + shape[3:], dtype=self.dtype,
-                                                    pin_memory=pin)
+                self.draft_host_pool = KVPool(d.num_layers, num_swap_blocks, *layout, host=True, pin=pin)
 
     # ---- running a step -----------------------------------------------------------------
     @torch.inference_mode()
@@ -231,16 +239,16 @@ class ModelWorker:
         return Drafts(token_ids, [torch.stack(p) if p else None for p in probs])
 
     def _move_blocks(self, batch: StepBatch) -> None:
-        pairs = [(self.__dict__.get("_device_pool"), self.host_cache)]
+        pairs = [(self.device_pool, self.host_pool)]
         if self.draft_model is not None:
-            pairs.append((self._draft_pool, self.draft_host_cache))
+            pairs.append((self.draft_pool, self.draft_host_pool))
         for pool, host in pairs:
-            for src, dst in batch.swap_out:
-                host[:, :, dst].copy_(pool[:, :, src], non_blocking=True)
-            for src, dst in batch.swap_in:
-                pool[:, :, dst].copy_(host[:, :, src], non_blocking=True)
-            for src, dst in batch.copy_blocks:
-                pool[:, :, dst].copy_(pool[:, :, src])
+            if batch.swap_out:
+                host.copy_blocks(pool, batch.swap_out, non_blocking=True)
+            if batch.swap_in:
+                pool.copy_blocks(host, batch.swap_in, non_blocking=True)
+            if batch.copy_blocks:
+                pool.copy_blocks(pool, batch.copy_blocks)
         if batch.swap_out and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 

@@ -353,11 +353,13 @@ class TimeModelContext:
     kv_dtype_bytes: float
     block_size: int
     model_name: str = ""
+    linear_weight_bytes: float | None = None  # model.quantization=int8: 1 per decoder-linear weight (None = dtype)
+    kv_scale_bytes: float = 0.0  # kv_cache_dtype=int8|fp8_e4m3: one float32 scale per (token, KV head)
 
     @property
     def kv_bytes_per_token(self) -> float:
-        """K and V of one token on one rank."""
-        return self.shape.kv_bytes_per_token(self.kv_dtype_bytes, self.tensor_parallel_size)
+        """K and V of one token on one rank (scales of a quantised cache included)."""
+        return self.shape.kv_bytes_per_token(self.kv_dtype_bytes, self.tensor_parallel_size, self.kv_scale_bytes)
 
     @property
     def bytes_per_block(self) -> float:
@@ -365,7 +367,8 @@ class TimeModelContext:
 
     @property
     def weight_bytes_per_rank(self) -> float:
-        return self.shape.weight_bytes_per_rank(self.weight_dtype_bytes, self.tensor_parallel_size)
+        return self.shape.weight_bytes_per_rank(self.weight_dtype_bytes, self.tensor_parallel_size,
+                                                self.linear_weight_bytes)
 
 
 class TimeModel(Plugin):

@@ -126,6 +126,7 @@ def collect_results(engine: Engine, time_scale: float, status: str = "completed"
         "kv_waste_fraction": totals.gauge_mean("kv_waste_fraction"),
         **_memory_metrics(engine),
         "num_kv_blocks": engine.allocator.num_blocks,
+        **kv_pool_metrics(engine.executor),
         "num_swap_blocks": getattr(engine.executor, "num_swap_blocks", 0),
         "block_size": limits.block_size,
         "cost_model": engine.cost_model.coefficients,
@@ -134,6 +135,12 @@ def collect_results(engine: Engine, time_scale: float, status: str = "completed"
         **(extra or {}),
     })
     return RunResult(records, summary, engine.steps, writer.path if writer else None)
+
+
+def kv_pool_metrics(executor) -> dict:
+    """The KV pool of one rank: its blocks, and its bytes (quantised values and their scales included)."""
+    blocks = getattr(executor, "num_kv_blocks", 0)
+    return {"kv_pool_blocks": blocks, "kv_pool_bytes": blocks * getattr(executor, "bytes_per_block", 0)}
 
 
 def _memory_metrics(engine: Engine) -> dict:

@@ -14,6 +14,29 @@ from pathlib import Path
 from .errors import ConfigError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "fp8_e4m3": 1}
+INT8_SCALE_BYTES = 4  # one float32 scale per output channel (weights) or per token and KV head (KV)
+
+
+@dataclass(frozen=True)
+class StorageBytes:
+    """Bytes per stored value under a quantisation setting: what the simulator's memory accounting
+    and the time models price (``model.dtype``, ``model.quantization``, ``kv_cache_dtype``)."""
+
+    weight: float  # embeddings, LM head, norms (model.dtype)
+    linear: float | None  # decoder linears; None = model.dtype
+    kv: float
+    kv_scale: float  # per (token, KV head)
+
+    @classmethod
+    def of(cls, dtype: str, quantization: str = "none", kv_cache_dtype: str = "auto") -> "StorageBytes":
+        if quantization not in ("none", "int8"):
+            raise ConfigError(f"model.quantization={quantization!r} is not one of ['none', 'int8']")
+        if kv_cache_dtype not in ("auto", "int8", "fp8_e4m3"):
+            raise ConfigError(f"kv_cache_dtype={kv_cache_dtype!r} is not one of ['auto', 'int8', 'fp8_e4m3']")
+        quant_kv = kv_cache_dtype != "auto"
+        return cls(weight=DTYPE_BYTES[dtype], linear=1.0 if quantization == "int8" else None,
+                   kv=DTYPE_BYTES[kv_cache_dtype] if quant_kv else DTYPE_BYTES[dtype],
+                   kv_scale=INT8_SCALE_BYTES if quant_kv else 0.0)
 
 
 @dataclass(frozen=True)
@@ -104,27 +127,39 @@ class ModelShape:
         return h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h + 3 * h * self.intermediate_size
 
     @property
+    def layer_linear_rows(self) -> int:
+        """Output channels of one layer's linears (one INT8 scale each)."""
+        return self.q_dim + 2 * self.kv_dim + self.hidden_size + 2 * self.intermediate_size + self.hidden_size
+
+    @property
     def num_params(self) -> int:
         emb = self.vocab_size * self.hidden_size
         norms = (2 * self.num_layers + 1) * self.hidden_size
         return self.num_layers * self.layer_linear_params + emb * (1 if self.tie_word_embeddings else 2) + norms
 
-    def weight_bytes(self, dtype_bytes: float) -> float:
-        """All weights, stored (embedding and LM head included)."""
-        return self.num_params * dtype_bytes
+    def weight_bytes(self, dtype_bytes: float, linear_dtype_bytes: float | None = None) -> float:
+        """All weights, stored (embedding and LM head included). ``linear_dtype_bytes``: the decoder
+        linears in another format (``model.quantization=int8``: 1, plus a float32 scale per output
+        channel); embeddings, LM head and norms stay at ``dtype_bytes``."""
+        if linear_dtype_bytes is None:
+            return self.num_params * dtype_bytes
+        linear = self.num_layers * self.layer_linear_params
+        scales = self.num_layers * self.layer_linear_rows * INT8_SCALE_BYTES
+        return (self.num_params - linear) * dtype_bytes + linear * linear_dtype_bytes + scales
 
-    def weight_bytes_per_rank(self, dtype_bytes: float, tp: int) -> float:
+    def weight_bytes_per_rank(self, dtype_bytes: float, tp: int, linear_dtype_bytes: float | None = None) -> float:
         """Megatron sharding: every linear layer, the embedding and the LM head split over ``tp``."""
-        return self.weight_bytes(dtype_bytes) / tp
+        return self.weight_bytes(dtype_bytes, linear_dtype_bytes) / tp
 
     # ---- KV cache -----------------------------------------------------------------------
     def kv_heads_per_rank(self, tp: int) -> int:
         """KV heads split across ranks, replicated when there are more ranks than heads."""
         return max(1, self.num_kv_heads // tp)
 
-    def kv_bytes_per_token(self, dtype_bytes: float, tp: int = 1) -> float:
-        """K and V of one token on one rank, all layers."""
-        return 2 * self.num_layers * self.kv_heads_per_rank(tp) * self.head_dim * dtype_bytes
+    def kv_bytes_per_token(self, dtype_bytes: float, tp: int = 1, scale_bytes: float = 0.0) -> float:
+        """K and V of one token on one rank, all layers; ``scale_bytes`` per (token, KV head) for a
+        quantised cache (``kv_cache_dtype=int8|fp8_e4m3``: one float32 scale each)."""
+        return 2 * self.num_layers * self.kv_heads_per_rank(tp) * (self.head_dim * dtype_bytes + scale_bytes)
 
     def check_tp(self, tp: int) -> None:
         if self.num_heads % tp:

@@ -37,13 +37,17 @@ class SimMemory:
 
 def plan_memory(shape: ModelShape, hardware: HardwareProfile, tp: int, weight_dtype_bytes: float,
                 kv_dtype_bytes: float, block_size: int, gpu_memory_utilization: float,
-                activation_reserve_gb: float) -> SimMemory:
-    """The KV pool one rank can hold; raises :class:`ConfigError` when the weights do not fit."""
+                activation_reserve_gb: float, linear_weight_bytes: float | None = None,
+                kv_scale_bytes: float = 0.0) -> SimMemory:
+    """The KV pool one rank can hold; raises :class:`ConfigError` when the weights do not fit.
+
+    ``linear_weight_bytes`` / ``kv_scale_bytes``: quantised decoder linears and KV cache
+    (:class:`servelab.shapes.StorageBytes`)."""
     shape.check_tp(tp)
     usable = hardware.memory_bytes * gpu_memory_utilization
-    weights = shape.weight_bytes_per_rank(weight_dtype_bytes, tp)
+    weights = shape.weight_bytes_per_rank(weight_dtype_bytes, tp, linear_weight_bytes)
     reserve = activation_reserve_gb * 1e9
-    per_block = shape.kv_bytes_per_token(kv_dtype_bytes, tp) * block_size
+    per_block = shape.kv_bytes_per_token(kv_dtype_bytes, tp, kv_scale_bytes) * block_size
     kv = usable - weights - reserve
     if kv < per_block:
         raise ConfigError(

@@ -18,7 +18,7 @@ from .executor import Executor, LocalExecutor, WorkerConfig
 from .interfaces import EngineLimits, TimeModel, TimeModelContext
 from .model.random_checkpoint import cached_random_checkpoint
 from .registry import KINDS, Registry, default_registry
-from .shapes import DTYPE_BYTES, HardwareProfile, ModelShape
+from .shapes import HardwareProfile, ModelShape, StorageBytes
 from .swap_pool import swap_pool_config
 
 log = logging.getLogger(__name__)
@@ -120,6 +120,8 @@ def worker_config(cfg: DictConfig, registry: Registry | None = None) -> WorkerCo
         num_swap_blocks=num_swap_blocks,
         seed=cfg.seed,
         swap_space_gb=swap_space_gb,
+        quantization=_value(cfg.model.get("quantization", "none")),
+        kv_cache_dtype=_value(cfg.get("kv_cache_dtype", "auto")),
     )
 
 
@@ -142,9 +144,10 @@ def build_sim_executor(cfg: DictConfig, registry: Registry | None = None) -> Exe
     from .sim_executor import SimExecutor, plan_memory  # noqa: PLC0415
 
     shape, hardware = model_shape(cfg), hardware_profile(cfg)
-    dtype_bytes = DTYPE_BYTES[_value(cfg.model.dtype)]
-    memory = plan_memory(shape, hardware, cfg.tensor_parallel_size, dtype_bytes, dtype_bytes, cfg.block_size,
-                         cfg.backend.gpu_memory_utilization, cfg.backend.activation_reserve_gb)
+    sizes = storage_bytes(cfg)
+    memory = plan_memory(shape, hardware, cfg.tensor_parallel_size, sizes.weight, sizes.kv, cfg.block_size,
+                         cfg.backend.gpu_memory_utilization, cfg.backend.activation_reserve_gb,
+                         sizes.linear, sizes.kv_scale)
     num_swap_blocks, swap_space_gb = _swap_pool(cfg, registry)
     return SimExecutor(shape, hardware, memory, model_name=cfg.model.name, num_kv_blocks=cfg.num_kv_blocks,
                        num_swap_blocks=num_swap_blocks, swap_space_gb=swap_space_gb)
@@ -240,13 +243,21 @@ def _clock_kind(cfg: DictConfig) -> str:
     return kind
 
 
+def storage_bytes(cfg: DictConfig) -> StorageBytes:
+    """Bytes per stored weight and KV value under ``model.dtype``, ``model.quantization``, ``kv_cache_dtype``."""
+    return StorageBytes.of(_value(cfg.model.dtype), _value(cfg.model.get("quantization", "none")),
+                           _value(cfg.get("kv_cache_dtype", "auto")))
+
+
 def time_model_context(cfg: DictConfig, executor: Executor) -> TimeModelContext:
     shape = getattr(executor, "shape", None) or ModelShape.from_spec(executor.spec)
     dtype = _value(cfg.model.dtype)
     name = cfg.model.name if cfg.model.path is None else str(cfg.model.path)
+    sizes = storage_bytes(cfg)
     return TimeModelContext(shape=shape, hardware=hardware_profile(cfg), tensor_parallel_size=cfg.tensor_parallel_size,
-                            dtype=dtype, weight_dtype_bytes=DTYPE_BYTES[dtype], kv_dtype_bytes=DTYPE_BYTES[dtype],
-                            block_size=cfg.block_size, model_name=name)
+                            dtype=dtype, weight_dtype_bytes=sizes.weight, kv_dtype_bytes=sizes.kv,
+                            block_size=cfg.block_size, model_name=name, linear_weight_bytes=sizes.linear,
+                            kv_scale_bytes=sizes.kv_scale)
 
 
 def _attach_swap_pool(cfg: DictConfig, executor: Executor, allocator, cost_model: StepCostModel,

@@ -8,12 +8,19 @@ Varlen query layout: all query tokens of a step are flattened into ``q[T, num_he
 sequence ``b`` owns rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` and those rows are the *last*
 ``q_len_b`` positions of its ``context_lens[b]`` tokens (the cache already holds all of them,
 including this step's, because the KV store runs first). Attention is causal.
+
+Quantised caches (``kv_cache_dtype=int8|fp8_e4m3``): every operation takes optional ``k_scale`` /
+``v_scale`` of shape ``[num_blocks, block_size, num_kv_heads]`` (float32, see
+:mod:`servelab.kernels.kv_quant`). Given, ``store_kv`` quantises what it writes and attention
+dequantises what it reads; absent, the caches hold K/V in their own dtype as before.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from .kv_quant import bytes_view, dequantize_kv, quantize_kv
 
 
 def store_kv(
@@ -22,31 +29,44 @@ def store_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """Write ``key``/``value`` ``[T, num_kv_heads, head_dim]`` into the cache slots ``slot_mapping[T]``.
 
     Slot ``-1`` means "do not store" (e.g. a padded or already-cached token). Writes in place.
+    With ``k_scale``/``v_scale`` the values are quantised to the cache dtype and their scales stored.
     """
     valid = slot_mapping >= 0
     if not bool(valid.all()):
         key, value, slot_mapping = key[valid], value[valid], slot_mapping[valid]
-    flat_k = k_cache.view(-1, *k_cache.shape[2:])
-    flat_v = v_cache.view(-1, *v_cache.shape[2:])
-    flat_k.index_copy_(0, slot_mapping, key.to(k_cache.dtype))
-    flat_v.index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+    for src, cache, scales in ((key, k_cache, k_scale), (value, v_cache, v_scale)):
+        flat = cache.view(-1, *cache.shape[2:])
+        if scales is None:
+            flat.index_copy_(0, slot_mapping, src.to(cache.dtype))
+            continue
+        q, s = quantize_kv(src, cache.dtype)
+        bytes_view(flat).index_copy_(0, slot_mapping, bytes_view(q))
+        scales.view(-1, scales.shape[2]).index_copy_(0, slot_mapping, s)
 
 
-def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, max_context_len: int) -> torch.Tensor:
+def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, max_context_len: int,
+              scales: torch.Tensor | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Gather each sequence's first ``max_context_len`` cache positions: ``[B, max_context_len, kvh, d]``.
 
     Gathers whole blocks (one memcpy per block), then trims. Entries past a sequence's length
-    are garbage and must be masked by the caller.
+    are garbage and must be masked by the caller. With ``scales`` (a quantised cache) the result
+    is dequantised to ``dtype``.
     """
     num_blocks_needed = -(-max_context_len // cache.shape[1])
     tables = block_tables[:, :num_blocks_needed].clamp_min(0)
-    gathered = cache[tables]  # [B, nblk, bs, kvh, d]
-    batch = gathered.shape[0]
-    return gathered.reshape(batch, -1, *cache.shape[2:])[:, :max_context_len]
+    batch = tables.shape[0]
+    if scales is None:
+        gathered = cache[tables]  # [B, nblk, bs, kvh, d]
+        return gathered.reshape(batch, -1, *cache.shape[2:])[:, :max_context_len]
+    values = bytes_view(cache)[tables].view(cache.dtype).reshape(batch, -1, *cache.shape[2:])[:, :max_context_len]
+    factors = scales[tables].reshape(batch, -1, scales.shape[2])[:, :max_context_len]
+    return dequantize_kv(values, factors, dtype)
 
 
 def paged_attention(
@@ -59,6 +79,8 @@ def paged_attention(
     max_query_len: int,
     max_context_len: int,
     scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal varlen attention of ``q[T, H, d]`` over the paged cache; returns ``[T, H, d]``.
 
@@ -68,7 +90,8 @@ def paged_attention(
     padded to a much longer one (padding is what this path pays for on CPU).
     """
     if max_query_len == 1:  # pure decode
-        return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, max_context_len, scale)
+        return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, max_context_len, scale,
+                                      k_scale, v_scale)
     q_lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
     is_decode = q_lens == 1
     if not bool(is_decode.any()):
@@ -80,7 +103,7 @@ def paged_attention(
                    for rows, _ in _length_buckets(q_lens[prefill], min_rows=2)]
     if len(groups) == 1:
         return _padded_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, q_lens,
-                                         max_query_len, max_context_len, scale)
+                                         max_query_len, max_context_len, scale, k_scale, v_scale)
     out = torch.empty_like(q)
     for seqs, kind in groups:
         sub_lens = q_lens[seqs]
@@ -92,15 +115,16 @@ def paged_attention(
         sub_ctx = context_lens[seqs]
         if kind == "decode":
             out[rows] = _padded_decode_attention(q[rows], k_cache, v_cache, block_tables[seqs], sub_ctx,
-                                                 int(sub_ctx.max()), scale)
+                                                 int(sub_ctx.max()), scale, k_scale, v_scale)
         else:
             out[rows] = _padded_prefill_attention(q[rows], k_cache, v_cache, block_tables[seqs], sub_cu, sub_ctx,
-                                                  sub_lens, int(sub_lens.max()), int(sub_ctx.max()), scale)
+                                                  sub_lens, int(sub_lens.max()), int(sub_ctx.max()), scale,
+                                                  k_scale, v_scale)
     return out
 
 
 def _padded_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, q_lens, max_query_len,
-                              max_context_len, scale):
+                              max_context_len, scale, k_scale=None, v_scale=None):
     """Every sequence padded to the longest query and context; one SDPA call with a causal mask."""
     num_tokens, num_heads, head_dim = q.shape
     batch = context_lens.shape[0]
@@ -111,8 +135,8 @@ def _padded_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, c
     q_padded = q.new_zeros(batch, max_query_len, num_heads, head_dim)
     q_padded[seq_of_token, row_of_token] = q
 
-    keys = gather_kv(k_cache, block_tables, max_context_len)
-    values = gather_kv(v_cache, block_tables, max_context_len)
+    keys = gather_kv(k_cache, block_tables, max_context_len, k_scale, q.dtype)
+    values = gather_kv(v_cache, block_tables, max_context_len, v_scale, q.dtype)
 
     # Query row i of sequence b sits at absolute position ctx_b - q_len_b + i.
     q_pos = (context_lens - q_lens).unsqueeze(1) + torch.arange(max_query_len, device=device).unsqueeze(0)
@@ -139,6 +163,8 @@ def paged_decode_attention(
     context_lens: torch.Tensor,
     max_context_len: int,
     scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query token per sequence: ``q[B, H, d]`` attends to all ``context_lens[b]`` cached tokens.
 
@@ -147,11 +173,12 @@ def paged_decode_attention(
     """
     buckets = _length_buckets(context_lens)
     if buckets[0][0] is None:
-        return _padded_decode_attention(q, k_cache, v_cache, block_tables, context_lens, max_context_len, scale)
+        return _padded_decode_attention(q, k_cache, v_cache, block_tables, context_lens, max_context_len, scale,
+                                        k_scale, v_scale)
     out = torch.empty_like(q)
     for rows, longest in buckets:
         out[rows] = _padded_decode_attention(q[rows], k_cache, v_cache, block_tables[rows], context_lens[rows],
-                                             longest, scale)
+                                             longest, scale, k_scale, v_scale)
     return out
 
 
@@ -174,11 +201,12 @@ def _length_buckets(lengths: torch.Tensor, max_buckets: int = 4, min_rows: int =
     return [(order[bounds[i]:bounds[i + 1]], maxima[i]) for i in range(count)]
 
 
-def _padded_decode_attention(q, k_cache, v_cache, block_tables, context_lens, max_context_len, scale):
+def _padded_decode_attention(q, k_cache, v_cache, block_tables, context_lens, max_context_len, scale,
+                             k_scale=None, v_scale=None):
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    keys = gather_kv(k_cache, block_tables, max_context_len)
-    values = gather_kv(v_cache, block_tables, max_context_len)
+    keys = gather_kv(k_cache, block_tables, max_context_len, k_scale, q.dtype)
+    values = gather_kv(v_cache, block_tables, max_context_len, v_scale, q.dtype)
     mask = torch.arange(max_context_len, device=q.device).view(1, -1) < context_lens.view(-1, 1)
     out = F.scaled_dot_product_attention(
         q.unsqueeze(2),  # [B, H, 1, d]

@@ -32,15 +32,17 @@ _CPU_PROGRAM_TARGET = 64  # stands in for 2 x SM count when there is no CUDA dev
 @mode_aware_jit
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
-    out_ptr, part_out_ptr, part_lse_ptr,
+    out_ptr, part_out_ptr, part_lse_ptr, k_scale_ptr, v_scale_ptr,
     scale_log2, num_groups, head_dim, keys_per_split, num_splits,
     stride_qb, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
     stride_btb, stride_btn,
     stride_ob, stride_oh, stride_od,
+    stride_ksb, stride_kss, stride_ksh,
+    stride_vsb, stride_vss, stride_vsh,
     BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    SPLIT_K: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SPLIT_K: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_SCALE: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -75,12 +77,21 @@ def _decode_kernel(
             k_cache_ptr + block[:, None] * stride_kb + offset[:, None] * stride_ks
             + kv_head * stride_kh + dims[None, :] * stride_kd,
             mask=kv_mask, other=0.0,
-        ).to(DOT_DTYPE)
+        )
         v = tl.load(
             v_cache_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vs
             + kv_head * stride_vh + dims[None, :] * stride_vd,
             mask=kv_mask, other=0.0,
-        ).to(DOT_DTYPE)
+        )
+        if HAS_SCALE:  # quantised cache: one scale per (position, KV head)
+            k_s = tl.load(k_scale_ptr + block * stride_ksb + offset * stride_kss + kv_head * stride_ksh,
+                          mask=n_mask, other=0.0)
+            v_s = tl.load(v_scale_ptr + block * stride_vsb + offset * stride_vss + kv_head * stride_vsh,
+                          mask=n_mask, other=0.0)
+            k = (k.to(tl.float32) * k_s[:, None]).to(q_ptr.dtype.element_ty)
+            v = (v.to(tl.float32) * v_s[:, None]).to(q_ptr.dtype.element_ty)
+        k = k.to(DOT_DTYPE)
+        v = v.to(DOT_DTYPE)
 
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [G, N], log2 domain
         s = tl.where(n_mask[None, :], s, float("-inf"))
@@ -146,6 +157,13 @@ def dot_config(dtype: torch.dtype) -> dict:
     return {"DOT_DTYPE": tl.bfloat16 if dtype == torch.bfloat16 else tl.float16, "DOT_PRECISION": None}
 
 
+def scale_args(k_scale, v_scale, k_cache, v_cache) -> tuple:
+    """Kernel arguments for the scale tensors: two pointers then six strides (placeholders without scales)."""
+    if k_scale is None:
+        return (k_cache, v_cache) + (0,) * 6
+    return (k_scale, v_scale, *k_scale.stride(), *v_scale.stride())
+
+
 def choose_num_splits(batch: int, num_kv_heads: int, max_context_len: int, num_sms: int | None) -> int:
     """How many context splits decode should use; 1 means a single pass without the merge kernel.
 
@@ -177,6 +195,8 @@ def paged_decode_attention(
     max_context_len: int,
     scale: float,
     num_splits: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention of ``q[B, H, d]`` (one token per sequence) over the paged cache; returns ``[B, H, d]``.
 
@@ -187,6 +207,8 @@ def paged_decode_attention(
     ``block_tables`` past a sequence's length are never read. Caches may have any strides and a
     dtype other than q's (K/V are cast to q's dtype). Accumulates in fp32; the output has q's dtype.
     ``num_splits`` overrides :func:`choose_num_splits` (which uses ``max_context_len``).
+    ``k_scale``/``v_scale`` (``[num_blocks, block_size, num_kv_heads]``): a quantised cache, dequantised
+    per position as it is read (``kv_quant.dequantize_kv``).
     """
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -208,11 +230,12 @@ def paged_decode_attention(
         part_out = part_lse = out  # unused
     _decode_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens.contiguous(),
-        out, part_out, part_lse,
+        out, part_out, part_lse, *scale_args(k_scale, v_scale, k_cache, v_cache)[:2],
         scale * _LOG2E, num_groups, head_dim, keys_per_split, num_splits,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *out.stride(),
+        *scale_args(k_scale, v_scale, k_cache, v_cache)[2:],
         BLOCK_SIZE=k_cache.shape[1], BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
-        SPLIT_K=num_splits > 1, **dot_config(q.dtype),
+        SPLIT_K=num_splits > 1, HAS_SCALE=k_scale is not None, **dot_config(q.dtype),
         num_warps=4, num_stages=2,
     )
     if num_splits > 1:

@@ -47,6 +47,8 @@ def store_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """Write ``key``/``value`` ``[T, num_kv_heads, head_dim]`` into the cache slots ``slot_mapping[T]``.
 
@@ -55,7 +57,7 @@ def store_kv(
     ``[num_blocks, block_size, num_kv_heads, head_dim]`` with any strides.
     """
     _check_cache(k_cache, v_cache)
-    _store_kv(key, value, k_cache, v_cache, slot_mapping)
+    _store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
 
 def paged_attention(
@@ -68,6 +70,8 @@ def paged_attention(
     max_query_len: int,
     max_context_len: int,
     scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal varlen attention of ``q[T, H, d]`` over the paged cache; returns ``[T, H, d]`` in q's dtype.
 
@@ -78,6 +82,7 @@ def paged_attention(
     ``max_context_len`` must bound the true maxima (they size grids and splits without a device
     sync). ``H`` must be a multiple of ``num_kv_heads``. Decode batches (``max_query_len == 1`` and
     one token per sequence) use the split-K decode kernel, everything else the prefill kernel.
+    ``k_scale``/``v_scale``: a quantised (INT8 / FP8) cache, see ``servelab.kernels.kv_quant``.
     """
     _check_cache(k_cache, v_cache)
     num_tokens, num_heads, _ = q.shape
@@ -86,9 +91,11 @@ def paged_attention(
     if num_heads % k_cache.shape[2]:
         raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={k_cache.shape[2]}")
     if max_query_len == 1 and num_tokens == context_lens.shape[0]:
-        return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, max_context_len, scale)
+        return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, max_context_len, scale,
+                                      k_scale=k_scale, v_scale=v_scale)
     return paged_prefill_attention(
-        q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, max_query_len, max_context_len, scale
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, max_query_len, max_context_len, scale,
+        k_scale, v_scale,
     )
 
 

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_decode import dot_config
+from .triton_decode import dot_config, scale_args
 from .triton_store_kv import mode_aware_jit
 
 _LOG2E = 1.4426950408889634
@@ -23,15 +23,18 @@ _LOG2E = 1.4426950408889634
 @mode_aware_jit
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_ptr, context_lens_ptr, out_ptr,
+    k_scale_ptr, v_scale_ptr,
     scale_log2, num_groups, head_dim,
     stride_qt, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
     stride_btb, stride_btn,
     stride_ot, stride_oh, stride_od,
+    stride_ksb, stride_kss, stride_ksh,
+    stride_vsb, stride_vss, stride_vsh,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_SCALE: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * BLOCK_G
     q_tile = tl.program_id(0)
@@ -73,12 +76,21 @@ def _prefill_kernel(
             k_cache_ptr + block[:, None] * stride_kb + offset[:, None] * stride_ks
             + kv_head * stride_kh + dims[None, :] * stride_kd,
             mask=kv_mask, other=0.0,
-        ).to(DOT_DTYPE)
+        )
         v = tl.load(
             v_cache_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vs
             + kv_head * stride_vh + dims[None, :] * stride_vd,
             mask=kv_mask, other=0.0,
-        ).to(DOT_DTYPE)
+        )
+        if HAS_SCALE:  # quantised cache: one scale per (position, KV head)
+            k_s = tl.load(k_scale_ptr + block * stride_ksb + offset * stride_kss + kv_head * stride_ksh,
+                          mask=n_mask, other=0.0)
+            v_s = tl.load(v_scale_ptr + block * stride_vsb + offset * stride_vss + kv_head * stride_vsh,
+                          mask=n_mask, other=0.0)
+            k = (k.to(tl.float32) * k_s[:, None]).to(q_ptr.dtype.element_ty)
+            v = (v.to(tl.float32) * v_s[:, None]).to(q_ptr.dtype.element_ty)
+        k = k.to(DOT_DTYPE)
+        v = v.to(DOT_DTYPE)
 
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [M, N], log2 domain
         # Key 0 is always allowed, so every row has a finite maximum after the first tile.
@@ -107,6 +119,8 @@ def paged_prefill_attention(
     max_query_len: int,
     max_context_len: int,
     scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal varlen attention of ``q[T, H, d]`` over the paged cache; returns ``[T, H, d]`` in q's dtype.
 
@@ -131,11 +145,13 @@ def paged_prefill_attention(
     block_q = max(1, target_m // block_g)  # BLOCK_M = block_q * block_g >= 16, as tl.dot needs
     block_n = 32 if block_d > 128 else 64
     grid = (triton.cdiv(max_query_len, block_q), batch, num_kv_heads)
+    scales = scale_args(k_scale, v_scale, k_cache, v_cache)
     _prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, cu_seqlens_q.contiguous(), context_lens.contiguous(), out,
+        *scales[:2],
         scale * _LOG2E, num_groups, head_dim,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *out.stride(),
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *out.stride(), *scales[2:],
         BLOCK_SIZE=k_cache.shape[1], BLOCK_Q=block_q, BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
-        **dot_config(q.dtype), num_warps=4, num_stages=2,
+        HAS_SCALE=k_scale is not None, **dot_config(q.dtype), num_warps=4, num_stages=2,
     )
     return out

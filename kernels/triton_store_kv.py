@@ -17,6 +17,8 @@ import triton.language as tl
 import triton.language.standard as _tl_standard
 from triton.runtime.interpreter import InterpretedFunction
 
+from .kv_quant import qmax
+
 
 def interpreter_available() -> bool:
     """Whether this process can interpret kernels: ``TRITON_INTERPRET=1`` was set when triton was imported."""
@@ -61,13 +63,16 @@ def mode_aware_jit(fn) -> _ModeAwareKernel:
 
 @mode_aware_jit
 def _store_kv_kernel(
-    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
     num_kv_heads, head_dim, block_size,
     stride_kt, stride_kh, stride_kd,
     stride_vt, stride_vh, stride_vd,
     stride_kcb, stride_kcs, stride_kch, stride_kcd,
     stride_vcb, stride_vcs, stride_vch, stride_vcd,
+    stride_ksb, stride_kss, stride_ksh,
+    stride_vsb, stride_vss, stride_vsh,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    QUANT: tl.constexpr, IS_INT8: tl.constexpr, QMAX: tl.constexpr,
 ):
     # One program per (token, group of BLOCK_H kv heads).
     token = tl.program_id(0).to(tl.int64)
@@ -87,10 +92,47 @@ def _store_kv_kernel(
              + heads[:, None] * stride_kch + dims[None, :] * stride_kcd)
     dst_v = (v_cache_ptr + block * stride_vcb + offset * stride_vcs
              + heads[:, None] * stride_vch + dims[None, :] * stride_vcd)
-    k = tl.load(src_k, mask=mask)
-    v = tl.load(src_v, mask=mask)
-    tl.store(dst_k, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(dst_v, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+    k = tl.load(src_k, mask=mask, other=0.0)
+    v = tl.load(src_v, mask=mask, other=0.0)
+    if QUANT:
+        # Same arithmetic as servelab.kernels.kv_quant.quantize_kv (one scale per token and head).
+        h_mask = heads < heads_limit
+        kf = k.to(tl.float32)
+        vf = v.to(tl.float32)
+        k_s = tl.max(tl.abs(kf), 1) / QMAX
+        v_s = tl.max(tl.abs(vf), 1) / QMAX
+        k_s = tl.where(k_s > 0, k_s, 1.0)
+        v_s = tl.where(v_s > 0, v_s, 1.0)
+        kq = kf / k_s[:, None]
+        vq = vf / v_s[:, None]
+        if IS_INT8:
+            kq = tl.where(kq >= 0, tl.floor(kq + 0.5), -tl.floor(-kq + 0.5))
+            vq = tl.where(vq >= 0, tl.floor(vq + 0.5), -tl.floor(-vq + 0.5))
+        else:
+            # Round to the nearest E4M3 value (ties to even) here, so the cast below is exact: Triton's
+            # CPU interpreter rounds fp32 -> fp8 wrongly where rounding up carries into the exponent.
+            # The grid step is 2^(exponent - 3) (3 mantissa bits), 2^-9 below the smallest normal 2^-6.
+            k_step = ((tl.maximum(((kq.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6) + 124) << 23
+                      ).to(tl.float32, bitcast=True)
+            v_step = ((tl.maximum(((vq.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6) + 124) << 23
+                      ).to(tl.float32, bitcast=True)
+            k_t = kq / k_step
+            v_t = vq / v_step
+            k_r = tl.floor(k_t + 0.5)
+            v_r = tl.floor(v_t + 0.5)
+            k_r = tl.where(((k_r - k_t) == 0.5) & ((k_r - 2.0 * tl.floor(k_r * 0.5)) != 0.0), k_r - 1.0, k_r)
+            v_r = tl.where(((v_r - v_t) == 0.5) & ((v_r - 2.0 * tl.floor(v_r * 0.5)) != 0.0), v_r - 1.0, v_r)
+            kq = tl.where(k_r == 0.0, k_t * 0.0, k_r * k_step)  # t * 0 keeps the sign of a rounded-away value
+            vq = tl.where(v_r == 0.0, v_t * 0.0, v_r * v_step)
+        kq = tl.minimum(tl.maximum(kq, -QMAX), QMAX)
+        vq = tl.minimum(tl.maximum(vq, -QMAX), QMAX)
+        tl.store(dst_k, kq.to(k_cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(dst_v, vq.to(v_cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(k_scale_ptr + block * stride_ksb + offset * stride_kss + heads * stride_ksh, k_s, mask=h_mask)
+        tl.store(v_scale_ptr + block * stride_vsb + offset * stride_vss + heads * stride_vsh, v_s, mask=h_mask)
+    else:
+        tl.store(dst_k, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(dst_v, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 # Elements one program moves per tensor; bounds registers when num_kv_heads * head_dim is large.
@@ -103,6 +145,8 @@ def store_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """Write ``key``/``value`` ``[T, num_kv_heads, head_dim]`` into cache slots ``slot_mapping[T]``, in place.
 
@@ -110,6 +154,8 @@ def store_kv(
     head_dim]`` (any strides), slot ``s`` is block ``s // block_size`` offset ``s % block_size``, and
     slot ``-1`` skips the token. ``slot_mapping`` is an int32 or int64 tensor on the caches' device;
     values are cast to the cache dtype. Duplicate slots: one of the writers wins, unspecified which.
+    With ``k_scale``/``v_scale`` (``[num_blocks, block_size, num_kv_heads]`` float32) the values are
+    quantised exactly as ``kv_quant.quantize_kv`` does and their scales stored.
     """
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:
@@ -117,9 +163,13 @@ def store_kv(
     block_d = triton.next_power_of_2(head_dim)
     block_h = min(triton.next_power_of_2(num_kv_heads), max(1, _MAX_TILE_ELEMENTS // block_d))
     grid = (num_tokens, triton.cdiv(num_kv_heads, block_h))
+    quant = k_scale is not None
+    scale_strides = (*k_scale.stride(), *v_scale.stride()) if quant else (0,) * 6
     _store_kv_kernel[grid](
         key, value, k_cache, v_cache, slot_mapping.contiguous(),
+        k_scale if quant else k_cache, v_scale if quant else v_cache,
         num_kv_heads, head_dim, k_cache.shape[1],
-        *key.stride(), *value.stride(), *k_cache.stride(), *v_cache.stride(),
+        *key.stride(), *value.stride(), *k_cache.stride(), *v_cache.stride(), *scale_strides,
         BLOCK_H=block_h, BLOCK_D=block_d,
+        QUANT=quant, IS_INT8=k_cache.dtype == torch.int8, QMAX=qmax(k_cache.dtype) if quant else 1.0,
     )

@@ -147,6 +147,71 @@ def test_store_kv_matches_reference(block_size, src_dtype, cache_dtype):
     assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
 
 
+# --- quantised KV cache and INT8 weights -----------------------------------------------------------
+
+def quantise_case(case, name):
+    """``case`` with its K/V cache quantised to ``name`` (per token and head scales) by the reference."""
+    from servelab.kernels.kv_quant import kv_storage_dtype, quantize_kv
+
+    dtype = kv_storage_dtype(name, torch.float32)
+    out = dict(case)
+    for cache, scale in (("k_cache", "k_scale"), ("v_cache", "v_scale")):
+        out[cache], out[scale] = quantize_kv(case[cache], dtype)
+    return out
+
+
+def as_bytes(t):
+    return t.view(torch.uint8) if t.element_size() == 1 else t
+
+
+@interpreted
+@pytest.mark.parametrize("name", ["int8", "fp8_e4m3"])
+@pytest.mark.parametrize("src_dtype", [torch.float32, torch.bfloat16])
+def test_quantising_store_kv_writes_the_reference_bytes(name, src_dtype):
+    from servelab.kernels.kv_quant import kv_storage_dtype
+
+    gen = torch.Generator().manual_seed(3)
+    dtype = kv_storage_dtype(name, torch.float32)
+    key = (torch.randn(9, 2, 24, generator=gen) * torch.logspace(-4, 2, 9).view(-1, 1, 1)).to(src_dtype)
+    value = torch.randn(9, 2, 24, generator=gen).to(src_dtype)
+    value[3] = 0.0  # an all-zero head: scale 1, values 0
+    slots = torch.tensor([3, 17, -1, 0, 40, 41, 5, -1, 22])
+    outs = []
+    for store in (reference.store_kv, triton_ops.store_kv):
+        caches = [torch.zeros(6, 8, 2, 24, dtype=dtype) for _ in range(2)] + [torch.zeros(6, 8, 2) for _ in range(2)]
+        store(key, value, caches[0], caches[1], slots, caches[2], caches[3])
+        outs.append(caches)
+    for ref, got in zip(*outs):
+        assert torch.equal(as_bytes(ref), as_bytes(got))
+
+
+@interpreted
+@pytest.mark.parametrize("name", ["int8", "fp8_e4m3"])
+@pytest.mark.parametrize("kind", ["decode", "prefill"])
+def test_dequantising_attention_matches_reference(name, kind):
+    lens = dict(query_lens=[1, 1, 1], context_lens=[1, 70, 35]) if kind == "decode" else \
+        dict(query_lens=[20, 9, 1, 0], context_lens=[20, 45, 17, 5])
+    case = quantise_case(make_case(block_size=16, num_heads=4, num_kv_heads=2, head_dim=32, **lens), name)
+    assert_close(triton_ops.paged_attention(**case), reference.paged_attention(**case), torch.float32)
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 5, 37])
+def test_int8_matmul_matches_the_dequantised_product(dtype, m):
+    from servelab.kernels.triton_int8_matmul import int8_matmul
+    from servelab.quant import dequantize_weight, quantize_weight
+
+    gen = torch.Generator().manual_seed(m)
+    qweight, scales = quantize_weight(torch.randn(80, 72, generator=gen))
+    x = torch.randn(m, 72, generator=gen).to(dtype)
+    expected = x.float() @ dequantize_weight(qweight, scales).T
+    got = int8_matmul(x, qweight, scales)
+    assert got.dtype == dtype and got.shape == (m, 80)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), expected, atol=tol * float(expected.abs().max()), rtol=tol)
+
+
 # --- attention -----------------------------------------------------------------------------------
 
 GRID = [pytest.param(bs, ratio, id=f"bs{bs}-gqa{ratio}") for bs in (1, 16, 32) for ratio in (1, 2, 4)]

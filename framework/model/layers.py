@@ -60,26 +60,36 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class ColumnParallelLinear(nn.Module):
-    """``y = x W^T (+ b)`` where this rank holds ``out_features`` rows of ``W`` (its shard)."""
+    """``y = x W^T (+ b)`` where this rank holds ``out_features`` rows of ``W`` (its shard).
+
+    ``int8``: set by ``servelab.quant.quantize_model`` (``model.quantization=int8``); then ``weight``
+    is None and the INT8 copy computes the product."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.int8 = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.int8 is not None:
+            return self.int8(x, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
-    """``y = all_reduce(x_shard W_shard^T)``: this rank holds ``in_features`` columns of ``W``."""
+    """``y = all_reduce(x_shard W_shard^T)``: this rank holds ``in_features`` columns of ``W``
+    (``int8``: as :class:`ColumnParallelLinear`)."""
 
     def __init__(self, in_features: int, out_features: int, tp: TPGroup) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.tp = tp
+        self.int8 = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.int8 is not None:
+            return self.tp.all_reduce(self.int8(x))
         return self.tp.all_reduce(F.linear(x, self.weight))
 
 

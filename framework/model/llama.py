@@ -58,10 +58,11 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
-        k_cache, v_cache = kv_cache
-        ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        k_cache, v_cache, *scales = kv_cache  # scales: (k_scale, v_scale) of a quantised cache
+        quant = dict(zip(("k_scale", "v_scale"), scales))
+        ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, **quant)
         out = ops.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens,
-                                  meta.max_query_len, meta.max_context_len, self.scale)
+                                  meta.max_query_len, meta.max_context_len, self.scale, **quant)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 

@@ -14,7 +14,10 @@ Per step, on one rank of ``tp`` (every rank does the same work in parallel):
 - swap copies: bytes over the host link; block copies: read + write over HBM.
 - a fixed ``step_overhead_ms`` (scheduling, launches, sampling on the host).
 
-The embedding table is looked up, not read: it costs nothing here.
+The embedding table is looked up, not read: it costs nothing here. Quantisation changes bytes, not
+FLOPs: ``model.quantization=int8`` reads the decoder linears at 1 byte per weight (plus a float32
+scale per output channel; the matmul still runs at the dtype's peak, as weight-only kernels do),
+``kv_cache_dtype=int8|fp8_e4m3`` reads and writes 1 byte per K/V value plus a scale per token and head.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servelab.interfaces import TimeModel, TimeModelContext
+from servelab.shapes import INT8_SCALE_BYTES
 
 
 @dataclass
@@ -53,7 +57,13 @@ class RooflineTime(TimeModel):
         # linear layers, per rank
         self._layer_params = s.num_layers * s.layer_linear_params / tp
         self._head_params = s.vocab_size * s.hidden_size / tp
-        self._weight_read = (self._layer_params + self._head_params) * context.weight_dtype_bytes
+        # quantised decoder linears (model.quantization=int8) are read at their stored size, scales included
+        if context.linear_weight_bytes is None:
+            layer_bytes = self._layer_params * context.weight_dtype_bytes
+        else:
+            layer_bytes = (self._layer_params * context.linear_weight_bytes
+                           + s.num_layers * s.layer_linear_rows / tp * INT8_SCALE_BYTES)
+        self._weight_read = layer_bytes + self._head_params * context.weight_dtype_bytes
         h, inter = s.hidden_size, s.intermediate_size
         per_layer_io = (h + (s.q_dim + 2 * s.kv_dim) / tp) + (s.q_dim / tp + h) + (h + 2 * inter / tp) + (inter / tp + h)
         self._act_per_token = s.num_layers * per_layer_io * act
