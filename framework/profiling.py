@@ -1,8 +1,8 @@
 """``servelab profile [overrides]``: fit a step-time profile of the real engine on this machine.
 
-It runs a standard probe workload through the configured stack on the wall clock (decode
-batches of 1 .. ``max_num_seqs`` over growing contexts, then a mixed Poisson load with chunked
-prefill) ``--rounds`` times, prices each distinct step by the median of its measurements (a burst
+It runs a standard probe workload through the configured stack on the wall clock (prompts
+alone, decode batches of 1 .. ``max_num_seqs`` over growing contexts, a mixed Poisson load, long
+prompts chunked under a small prefill cap beside decodes) ``--rounds`` times, prices each distinct step by the median of its measurements (a burst
 of other work on a shared machine then moves one round, not the profile), fits
 :mod:`servelab.step_profile`'s piecewise-linear model and writes ``profile.json`` with where it
 came from. ``time_model=profile time_model.path=<file>``
@@ -59,6 +59,22 @@ def probe_requests(vocab_size: int, max_num_seqs: int, max_model_len: int, max_n
     return phases
 
 
+def chunked_probe_requests(vocab_size: int, max_model_len: int, seed: int = 0) -> list[Request]:
+    """The probe's chunked-prefill phase: long prompts arriving while others decode, run with a
+    small prefill cap (:data:`CHUNK_CAP`), so chunks attend to the context of earlier chunks and
+    share steps with decodes, as under ``max_num_batched_tokens`` of a few hundred."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed + 1)
+    hi = max(2 * CHUNK_CAP + 1, min(1200, max_model_len - 32))
+    prompts = rng.integers(min(hi - 1, 2 * CHUNK_CAP), hi, size=8)
+    return [Request(f"c{i}", tuple(rng.integers(0, vocab_size, size=int(p)).tolist()), 24, arrival_time=0.04 * i)
+            for i, p in enumerate(prompts)]
+
+
+CHUNK_CAP = 256  # prefill tokens per step in the chunked phase
+
+
 def median_per_step(works: list, seconds: list[float]) -> tuple[list, list[float]]:
     """One sample per distinct step (the same work, measured once per round): its median time.
     Steps seen once (the Poisson phase's mixes) keep their one measurement."""
@@ -105,11 +121,20 @@ def measure_profile(overrides: list[str], rounds: int = 3, after_round=None) -> 
         engine.step_listeners.append(keep)
         phases = probe_requests(stack.executor.spec.vocab_size, cfg.max_num_seqs, stack.limits.max_model_len,
                                 cfg.max_num_batched_tokens, cfg.seed)
+        scheduler = engine.scheduler
+        if hasattr(scheduler, "prefill_token_cap") and CHUNK_CAP < cfg.max_num_batched_tokens:
+            phases.append(chunked_probe_requests(stack.executor.spec.vocab_size, stack.limits.max_model_len, cfg.seed))
+            chunked = len(phases) - 1
+        else:
+            chunked = None  # a scheduler without the QueueScheduler hook, or steps that small already
         for r in range(rounds):
             for i, phase in enumerate(phases):
                 print(f"servelab profile: round {r + 1}/{rounds}, phase {i + 1}/{len(phases)}: {len(phase)} requests",
                       file=sys.stderr)
+                if i == chunked:  # the QueueScheduler hook a policy uses to cap prefill, for this phase only
+                    scheduler.prefill_token_cap = lambda now: CHUNK_CAP
                 run_workload(engine, [replace(req, id=f"{req.id}.{r}") for req in phase], sleep=sleep)
+                scheduler.__dict__.pop("prefill_token_cap", None)
                 previous[0] = None  # the next phase starts after a pause
             if after_round is not None:
                 after_round(r)

@@ -248,3 +248,23 @@ def test_a_profile_prices_each_distinct_step_by_the_median_of_its_rounds():
     assert dict(zip(works, seconds)) == {decode: 0.005, prefill: 0.020}
     with pytest.raises(ConfigError, match="--rounds=0 must be a positive integer"):
         profile_main(["--rounds=0"])
+
+
+def test_the_probe_measures_prefill_chunks_over_earlier_context(monkeypatch):
+    """Chunked prefill (a chunk attending to its own earlier chunks, beside decodes) is a step
+    shape of its own: the probe runs a phase of it under a small prefill cap."""
+    from servelab import profiling
+    from servelab.step_profile import feature_names
+
+    small = ["model=tiny", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=1",
+             "model.num_attention_heads=2", "model.num_key_value_heads=1", "model.vocab_size=256", "max_num_seqs=4",
+             "max_model_len=256", "max_num_batched_tokens=128", "backend.num_threads=1"]
+
+    def chunks_over_context(cap: int) -> int:
+        monkeypatch.setattr(profiling, "CHUNK_CAP", cap)
+        profile = profiling.measure_profile(small, rounds=1)
+        names = feature_names(profile.knots, profile.decode_knots)
+        p, attended = names.index("prefill_tokens"), names.index("attended_k")
+        return sum(1 for s in profile.samples if 0 < s[p] <= 32 and s[attended] * 1e3 >= s[p] * 64)
+
+    assert chunks_over_context(32) >= chunks_over_context(10**6) + 5  # 12 vs 0 when written
