@@ -82,3 +82,19 @@ def fake_stack():
         return build_stack(cfg, executor=executor, clock=clock), clock
 
     return make
+
+
+def serve_tiny_code(prompts, max_tokens, *overrides, **sampling):
+    """Run ``prompts`` through the shipped trained model (8 sequences, 128-token steps, one thread)
+    with ``overrides`` and return the :class:`~servelab.api.LLM`'s results."""
+    from servelab.api import LLM
+
+    lab = LLM(compose("model=tiny_code", "max_num_seqs=8", "max_num_batched_tokens=128", "backend.num_threads=1",
+                      *overrides))
+    for p, m in zip(prompts, max_tokens):
+        lab.add_request(p, m, ignore_eos=False, **sampling)
+    while lab.has_unfinished():
+        lab.step()
+    result = lab.results()
+    lab.close()
+    return result

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import compose
-from servelab.api import LLM
+from conftest import compose, serve_tiny_code
 from servelab.config import PACKAGED_CHECKPOINTS
 from servelab.errors import ConfigError
 from servelab.kernels import reference
@@ -141,16 +140,7 @@ def test_the_same_budget_holds_proportionally_more_quantised_blocks(setting):
 
 
 # ---- policies never change what the quantised model computes --------------------------------
-def _serve(prompts, max_tokens, *overrides):
-    lab = LLM(compose("model=tiny_code", "max_num_seqs=8", "max_num_batched_tokens=128", "backend.num_threads=1",
-                      *overrides))
-    for p, m in zip(prompts, max_tokens):
-        lab.add_request(p, m, ignore_eos=False)
-    while lab.has_unfinished():
-        lab.step()
-    result = lab.results()
-    lab.close()
-    return result
+_serve = serve_tiny_code
 
 
 @pytest.fixture(scope="module")

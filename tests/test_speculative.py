@@ -19,9 +19,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from conftest import compose
+from conftest import compose, serve_tiny_code
 from memory_helpers import VOCAB, fake_stack, run_requests, tokens_by_id, workloads
-from servelab.api import LLM
 from servelab.batch import StepBatch
 from servelab.errors import ConfigError
 from servelab.interfaces import SpeculativeDrafter
@@ -279,16 +278,7 @@ def test_greedy_verification_keeps_the_agreeing_prefix_and_the_target_token():
 
 # ---- the real (trained) model ---------------------------------------------------------------
 
-def _serve(prompts, max_tokens, *overrides, **sampling):
-    lab = LLM(compose("model=tiny_code", "max_num_seqs=8", "max_num_batched_tokens=128", "backend.num_threads=1",
-                      *overrides))
-    for p, m in zip(prompts, max_tokens):
-        lab.add_request(p, m, ignore_eos=False, **sampling)
-    while lab.has_unfinished():
-        lab.step()
-    result = lab.results()
-    lab.close()
-    return result
+_serve = serve_tiny_code
 
 
 @pytest.fixture(scope="module")
