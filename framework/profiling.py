@@ -66,7 +66,7 @@ def chunked_probe_requests(vocab_size: int, max_model_len: int, seed: int = 0) -
     import numpy as np
 
     rng = np.random.default_rng(seed + 1)
-    hi = max(2 * CHUNK_CAP + 1, min(1200, max_model_len - 32))
+    hi = min(1200, max_model_len - 32)  # room for the 24 outputs
     prompts = rng.integers(min(hi - 1, 2 * CHUNK_CAP), hi, size=8)
     return [Request(f"c{i}", tuple(rng.integers(0, vocab_size, size=int(p)).tolist()), 24, arrival_time=0.04 * i)
             for i, p in enumerate(prompts)]
@@ -122,11 +122,12 @@ def measure_profile(overrides: list[str], rounds: int = 3, after_round=None) -> 
         phases = probe_requests(stack.executor.spec.vocab_size, cfg.max_num_seqs, stack.limits.max_model_len,
                                 cfg.max_num_batched_tokens, cfg.seed)
         scheduler = engine.scheduler
-        if hasattr(scheduler, "prefill_token_cap") and CHUNK_CAP < cfg.max_num_batched_tokens:
+        if (hasattr(scheduler, "prefill_token_cap") and CHUNK_CAP < cfg.max_num_batched_tokens
+                and stack.limits.max_model_len > 2 * CHUNK_CAP + 32):
             phases.append(chunked_probe_requests(stack.executor.spec.vocab_size, stack.limits.max_model_len, cfg.seed))
             chunked = len(phases) - 1
         else:
-            chunked = None  # a scheduler without the QueueScheduler hook, or steps that small already
+            chunked = None  # no QueueScheduler hook, steps that small already, or no room for chunked prompts
         for r in range(rounds):
             for i, phase in enumerate(phases):
                 print(f"servelab profile: round {r + 1}/{rounds}, phase {i + 1}/{len(phases)}: {len(phase)} requests",

@@ -221,7 +221,7 @@ def test_servelab_profile_fits_the_real_engine_and_a_virtual_run_uses_it(tmp_pat
     assert data["fit"]["num_steps"] >= 30 and len(data["samples"]) == data["fit"]["num_steps"]
     src = data["source"]
     # the decode phases repeat step for step: each distinct step is one median of its rounds
-    assert src["rounds"] == 2 and data["fit"]["num_steps"] < src["measured_steps"] < 2 * data["fit"]["num_steps"] + 1
+    assert src["rounds"] == 2 and data["fit"]["num_steps"] < src["measured_steps"]
     assert (src["model"], src["dtype"], src["backend"], src["num_threads"]) == ("tiny", "float32", "torch", 1)
     assert src["shape"]["hidden_size"] == 32 and src["machine"]["cores"]
     swap_s = data["coefficients"][data["features"].index("swap_blocks")]
