@@ -15,7 +15,7 @@ import sys
 _here = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
 
-from servelab.cli import main  # noqa: E402
+from servelab.cli.main import main  # noqa: E402
 
 if __name__ == "__main__":
     main()

@@ -19,10 +19,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from servelab.interfaces import EngineLimits  # noqa: E402
+from servelab.core.interfaces import EngineLimits  # noqa: E402
 from servelab.plugins.allocators.contiguous import ContiguousAllocator, ContiguousConfig  # noqa: E402
 from servelab.plugins.allocators.paged import PagedAllocator, PagedConfig  # noqa: E402
-from servelab.request import Request, Sequence  # noqa: E402
+from servelab.core.request import Request, Sequence  # noqa: E402
 
 from memory_helpers import _cfg, fake_stack, run_requests  # noqa: E402
 
@@ -124,7 +124,7 @@ def test_scheduler_step_decode_64_seqs(benchmark, prefix_caching):
 
 def test_prefix_caching_throughput_no_sharing(benchmark):
     """Real tiny model, unique prompts: output throughput with prefix caching on / off (ratio)."""
-    from servelab.stack import build_stack
+    from servelab.run.stack import build_stack
 
     small = ("model.hidden_size=64", "model.intermediate_size=128", "model.num_hidden_layers=2",
              "model.num_attention_heads=4", "model.num_key_value_heads=2", "num_kv_blocks=1024")

@@ -16,9 +16,9 @@ import random
 
 import pytest
 
-from servelab import corpus
+from servelab.workloads import corpus
 from servelab.plugins.drafters.ngram import NgramConfig, NgramDrafter
-from servelab.request import Request, Sequence
+from servelab.core.request import Request, Sequence
 
 NUM_SEQS, LENGTH = 256, 2000
 

@@ -17,9 +17,9 @@ import random
 import pytest
 
 from servelab.api import compose
-from servelab.request import Request, Sequence, Status
-from servelab.stack import build_stack
-from servelab.testing import FakeExecutor, VirtualClock
+from servelab.core.request import Request, Sequence, Status
+from servelab.run.stack import build_stack
+from servelab.kit.testing import FakeExecutor, VirtualClock
 
 NUM_RUNNING, NUM_WAITING, BLOCK_SIZE, STEP_S = 256, 1000, 16, 0.01
 

@@ -33,7 +33,7 @@ CASES = {
 
 def run_case(name: str, profile: bool) -> dict:
     from servelab.api import compose
-    from servelab.session import run_job
+    from servelab.run.session import run_job
 
     cfg = compose(CASES[name], logger="none", progress=False)
     start, cpu_start = time.perf_counter(), time.process_time()

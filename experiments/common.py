@@ -1,6 +1,7 @@
 """Helpers shared by the experiments' ``analyze.py`` scripts: read a Hydra multirun folder, note
-the machine, write markdown tables. Each run folder holds ``summary.json``, ``requests.jsonl``,
-``config.yaml`` (resolved) and ``.hydra/overrides.yaml`` (what the sweep set)."""
+the machine, write markdown tables, save plots. Each run folder holds ``summary.json``,
+``requests.jsonl``, ``config.yaml`` (resolved), ``.hydra/overrides.yaml`` (what the sweep set) and,
+with ``debug.log_steps=true``, ``steps.jsonl``."""
 
 from __future__ import annotations
 
@@ -10,20 +11,40 @@ import os
 import platform
 import sys
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
+import matplotlib
 import yaml
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
 @dataclass
 class Run:
+    """One finished job of a sweep; ``requests`` is read on first use."""
+
     path: Path
     overrides: dict[str, str]
     config: dict
     summary: dict
-    requests: list[dict]
+
+    @cached_property
+    def requests(self) -> list[dict]:
+        """The run's ``requests.jsonl``, one dict per request."""
+        return _jsonl(self.path / "requests.jsonl")
+
+    def steps(self) -> list[dict] | None:
+        """The run's ``steps.jsonl`` (one dict per engine step), or None when it logged no steps."""
+        path = self.path / "steps.jsonl"
+        return _jsonl(path) if path.is_file() else None
 
 
 def latest_sweep(name: str) -> Path:
@@ -35,20 +56,42 @@ def latest_sweep(name: str) -> Path:
     return sweeps[-1]
 
 
-def load_runs(sweep_dir: Path) -> list[Run]:
-    """Every finished job of a multirun folder, in job order."""
+def optional_sweep(name: str, index: int = 0) -> Path | None:
+    """The ``index``-th sweep named on the command line, else the newest of ``multirun/<name>/``, else None."""
+    sweep = sweep_arg(index)
+    if sweep is None:
+        try:
+            sweep = latest_sweep(name)
+        except SystemExit:
+            sweep = None
+    return sweep
+
+
+def _job_order(job: Path) -> tuple[int, str]:
+    """Hydra numbers its jobs ``<n>`` or ``<n>_<overrides>``: sort by that number."""
+    head = job.name.split("_")[0]
+    return (int(head) if head.isdigit() else -1, job.name)
+
+
+def load_runs(sweep_dir: Path, strict: bool = True) -> list[Run]:
+    """Every finished job (one with a ``summary.json``) of a multirun folder, in job order.
+
+    ``strict``: exit unless there is one and every run completed without leaking blocks.
+    """
     runs = []
-    for job in sorted(sweep_dir.iterdir(), key=lambda p: (len(p.name), p.name)):
+    for job in sorted(sweep_dir.iterdir(), key=_job_order):
         if not (job / "summary.json").is_file():
             continue
-        overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()) or []
+        overrides_file = job / ".hydra" / "overrides.yaml"
+        overrides = (yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else None) or []
         runs.append(Run(
             path=job,
             overrides=dict(o.lstrip("+").split("=", 1) for o in overrides),
             config=yaml.safe_load((job / "config.yaml").read_text()),
             summary=json.loads((job / "summary.json").read_text()),
-            requests=[json.loads(line) for line in (job / "requests.jsonl").read_text().splitlines() if line],
         ))
+    if not strict:
+        return runs
     if not runs:
         raise SystemExit(f"{sweep_dir}: no finished runs (no summary.json)")
     bad = [r.path.name for r in runs if r.summary.get("status") != "completed" or r.summary.get("leaked_blocks")]
@@ -57,17 +100,21 @@ def load_runs(sweep_dir: Path) -> list[Run]:
     return runs
 
 
-def machine_note(sweep_dir: Path) -> str:
-    """Date of the runs and the machine they ran on."""
-    when = dt.datetime.fromtimestamp(sweep_dir.stat().st_mtime).strftime("%Y-%m-%d %H:%M")
-    cpu = platform.processor() or platform.machine()
+def cpu_model(default: str) -> str:
+    """The CPU's model name from ``/proc/cpuinfo``, else ``default``."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return default
+
+
+def machine_note(sweep_dir: Path) -> str:
+    """Date of the runs and the machine they ran on."""
+    when = dt.datetime.fromtimestamp(sweep_dir.stat().st_mtime).strftime("%Y-%m-%d %H:%M")
+    cpu = cpu_model(platform.processor() or platform.machine())
     import torch
 
     return (f"Runs of {when} on {platform.node() or 'an unnamed host'}: {cpu}, {os.cpu_count()} CPU cores "
@@ -93,18 +140,34 @@ def clock_note(sweep_dir: Path) -> str:
             "deterministic function of config + workload + seed, and reproduces on any machine.")
 
 
-def table(headers: list[str], rows: list[list]) -> str:
-    """A markdown table; floats get 3 significant digits."""
-    def fmt(v):
-        if v is None:
-            return "-"
-        if isinstance(v, float):
-            return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
-        return str(v)
+def cell(v) -> str:
+    """A table cell: floats get 3 significant digits (thousands separators from 1000 on), None is "-"."""
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
 
+
+def table(headers: list[str], rows: list[list], fmt=cell) -> str:
+    """A markdown table; ``fmt`` writes each value (:func:`cell`: floats get 3 significant digits)."""
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def save_figure(fig, *paths: Path, dpi: int = 120) -> None:
+    """Lay ``fig`` out tightly, write it to each of ``paths`` and close it."""
+    fig.tight_layout()
+    for path in paths:
+        fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
+def write_page(folder: Path, text: str) -> None:
+    """``folder/README.md`` = ``text``, echoed to stdout."""
+    (folder / "README.md").write_text(text)
+    print(text)
 
 
 UPDATE_FLAG = "--update-readme"
@@ -129,7 +192,7 @@ def output_dir(here: Path, sweep: Path | None, name: str) -> Path:
     out = (sweep if sweep is not None else REPO / "multirun" / name) / "analysis"
     out.mkdir(parents=True, exist_ok=True)
     if sweep is not None:
-        from servelab.compare import DEFAULT_METRICS, comparison, find_runs, load_run, write_table
+        from servelab.cli.compare import DEFAULT_METRICS, comparison, find_runs, load_run, write_table
 
         runs = [load_run(r) for r in find_runs([sweep])]
         header, rows = comparison(runs, [m for m in DEFAULT_METRICS if any(m in r["summary"] for r in runs)])
@@ -137,3 +200,10 @@ def output_dir(here: Path, sweep: Path | None, name: str) -> Path:
             write_table(header, rows, out / f"compare{suffix}")
     print(f"analysis written to {out} (the committed README and plots: rerun with {UPDATE_FLAG})", flush=True)
     return out
+
+
+def open_sweep(here: Path, name: str, sweep: Path | None = None) -> tuple[Path, Path]:
+    """The sweep an analysis reads and the folder it writes (:func:`output_dir`): ``sweep``, else the
+    one named on the command line, else the newest ``multirun/<name>/`` folder."""
+    sweep = sweep or sweep_arg() or latest_sweep(name)
+    return sweep, output_dir(here, sweep, name)

@@ -53,7 +53,7 @@ def token_mismatches(reference: dict[str, list[int]], other: dict[str, list[int]
 
 def run_size(size: int, args: argparse.Namespace, model_path: str, out_dir: Path):
     from servelab.api import compose
-    from servelab.session import run_job
+    from servelab.run.session import run_job
 
     cfg = compose(["model=hf", "workload=synthetic", f"model.path={model_path}", f"model.dtype={args.dtype}", f"tensor_parallel_size={size}",
                    f"backend.device={args.device}", "logger=none", "progress=false",
@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("no CUDA device visible: nothing to check (use --device cpu for a dry run)")
         return 1
 
-    from servelab.model.random_checkpoint import cached_random_checkpoint
+    from servelab.exec.model.random_checkpoint import cached_random_checkpoint
 
     num_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     sizes, skipped = plan_sizes(args.sizes, args.device, num_gpus)

@@ -1,49 +1,21 @@
-"""Shared by the memory experiments' analyze.py scripts: read a Hydra multirun folder, write a
-README with a markdown table, the date and the machine."""
+"""Shared by the memory experiments' analyze.py scripts (runs are read by ``common.load_runs``):
+write a README with a markdown table, the date and the machine."""
 
 from __future__ import annotations
 
-import json
+import os
 import platform
 import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-import yaml
-
-from common import clock_note  # noqa: E402 - the experiments folder is on sys.path (scripts run from it)
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def latest_sweep(name: str) -> Path:
-    """The newest ``multirun/<name>/<timestamp>`` folder."""
-    runs = sorted((REPO / "multirun" / name).glob("*/"))
-    if not runs:
-        raise SystemExit(f"no runs under multirun/{name}/: run `python run.py -m experiment={name}` first")
-    return runs[-1]
-
-
-def load_runs(sweep: Path) -> list[dict]:
-    """One dict per job: ``summary`` (summary.json), ``config`` (the resolved config) and ``job``."""
-    runs = []
-    for job in sorted(sweep.iterdir(), key=lambda p: int(p.name.split("_")[0]) if p.name[0].isdigit() else -1):
-        if not (job / "summary.json").is_file():
-            continue
-        runs.append({"job": job.name, "summary": json.loads((job / "summary.json").read_text()),
-                     "config": yaml.safe_load((job / "config.yaml").read_text())})
-    return runs
+# The experiments folder is on sys.path (scripts run from it).
+from common import REPO, cell, clock_note, cpu_model, table  # noqa: E402
 
 
 def machine() -> str:
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        cpu = platform.processor() or "unknown CPU"
-    import os
-
+    cpu = cpu_model(platform.processor() or "unknown CPU")
     import torch
 
     return f"{cpu}, {os.cpu_count()} CPU cores, torch {torch.__version__}, Python {platform.python_version()}"
@@ -57,14 +29,9 @@ def git_commit() -> str:
 
 
 def markdown_table(rows: list[dict], columns: list[str]) -> str:
-    def fmt(v):
-        if isinstance(v, float):
-            return f"{v:.4g}"
-        return "-" if v is None else str(v)
-
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
-    return "\n".join(lines)
+    """A markdown table of ``columns`` of ``rows``; floats get 4 significant digits."""
+    return table(columns, [[r.get(c) for c in columns] for r in rows],
+                 fmt=lambda v: f"{v:.4g}" if isinstance(v, float) else cell(v))
 
 
 def _shown(path: Path) -> str:

@@ -17,15 +17,16 @@ from typing import Any, Sequence as Seq
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from hydra import compose as hydra_compose, initialize_config_module
 from omegaconf import DictConfig
 
-from .config import register_configs
-from .registry import check_selection
-from .request import Request, SamplingParams
-from .runner import run_workload
-from .session import RunResult, collect_results, run_job
-from .stack import Stack, build_stack
-from .text import attach_text, checkpoint_text
+from servelab.run.config import register_configs
+from servelab.core.registry import check_selection
+from servelab.core.request import Request, SamplingParams
+from servelab.run.runner import run_workload
+from servelab.run.session import RunResult, collect_results, run_job
+from servelab.run.stack import Stack, build_stack
+from servelab.workloads.text import attach_text, checkpoint_text
 
 
 def compose(overrides: Seq[str] = (), **values: Any) -> DictConfig:
@@ -34,8 +35,6 @@ def compose(overrides: Seq[str] = (), **values: Any) -> DictConfig:
     Keyword arguments are extra ``key=value`` overrides (``logger="none"``); nested keys use
     ``__``, e.g. ``workload__num_requests=8``.
     """
-    from hydra import compose as hydra_compose, initialize_config_module
-
     register_configs()
     extra = [f"{k.replace('__', '.')}={_render(v)}" for k, v in values.items()]
     check_selection(list(overrides) + extra)

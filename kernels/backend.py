@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from ..errors import ServelabError
+from servelab.core.errors import ServelabError
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from .triton_decode import dot_config, scale_args
+from .triton_paged import load_kv_tile
 from .triton_store_kv import mode_aware_jit
 
 _LOG2E = 1.4426950408889634
@@ -69,28 +70,12 @@ def _prefill_kernel(
     for start in range(0, kv_end, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         n_mask = pos < kv_end
-        block = tl.load(table_row + (pos // BLOCK_SIZE) * stride_btn, mask=n_mask, other=0).to(tl.int64)
-        offset = (pos % BLOCK_SIZE).to(tl.int64)
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(
-            k_cache_ptr + block[:, None] * stride_kb + offset[:, None] * stride_ks
-            + kv_head * stride_kh + dims[None, :] * stride_kd,
-            mask=kv_mask, other=0.0,
+        k, v = load_kv_tile(
+            k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_row, pos, n_mask, kv_head, dims, d_mask,
+            stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd, stride_btn,
+            stride_ksb, stride_kss, stride_ksh, stride_vsb, stride_vss, stride_vsh,
+            BLOCK_SIZE=BLOCK_SIZE, OUT_DTYPE=q_ptr.dtype.element_ty, DOT_DTYPE=DOT_DTYPE, HAS_SCALE=HAS_SCALE,
         )
-        v = tl.load(
-            v_cache_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vs
-            + kv_head * stride_vh + dims[None, :] * stride_vd,
-            mask=kv_mask, other=0.0,
-        )
-        if HAS_SCALE:  # quantised cache: one scale per (position, KV head)
-            k_s = tl.load(k_scale_ptr + block * stride_ksb + offset * stride_kss + kv_head * stride_ksh,
-                          mask=n_mask, other=0.0)
-            v_s = tl.load(v_scale_ptr + block * stride_vsb + offset * stride_vss + kv_head * stride_vsh,
-                          mask=n_mask, other=0.0)
-            k = (k.to(tl.float32) * k_s[:, None]).to(q_ptr.dtype.element_ty)
-            v = (v.to(tl.float32) * v_s[:, None]).to(q_ptr.dtype.element_ty)
-        k = k.to(DOT_DTYPE)
-        v = v.to(DOT_DTYPE)
 
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [M, N], log2 domain
         # Key 0 is always allowed, so every row has a finite maximum after the first tile.

@@ -1,12 +1,13 @@
 """Triton kernel writing a step's new keys/values into the paged KV cache (see ``reference.store_kv``).
 
-Also home of :func:`mode_aware_jit`, shared by the other Triton kernel modules: ``@triton.jit``
-decides between compiled and interpreted execution from ``TRITON_INTERPRET`` when the decorator
-runs, so a kernel module imported before the variable was set would stay compiled (and fail on CPU
-tensors). ``mode_aware_jit`` decorates at import, as ``triton.jit`` does, and re-decorates at launch
-if the variable has changed since. Triton's own ``tl.*`` helpers written in Triton (``tl.sum``,
-``tl.max``, ...) are decorated once, when ``triton`` is first imported, so interpreting additionally
-needs ``TRITON_INTERPRET=1`` set before that first import (see :func:`interpreter_available`).
+Also home of :func:`mode_aware_jit` and :func:`helper_jit`, shared by the other Triton kernel
+modules: ``@triton.jit`` decides between compiled and interpreted execution from ``TRITON_INTERPRET``
+when the decorator runs, so a kernel module imported before the variable was set would stay compiled
+(and fail on CPU tensors). ``mode_aware_jit`` decorates at import, as ``triton.jit`` does, and
+re-decorates at launch if the variable has changed since. Triton's own ``tl.*`` helpers written in
+Triton (``tl.sum``, ``tl.max``, ...) are decorated once, when ``triton`` is first imported, so
+interpreting additionally needs ``TRITON_INTERPRET=1`` set before that first import (see
+:func:`interpreter_available`); ``helper_jit`` decorates the kernels' own helpers the same way.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import triton
 import triton.language as tl
 import triton.language.standard as _tl_standard
 from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITFunction
 
 from .kv_quant import qmax
 
@@ -55,10 +57,21 @@ class _ModeAwareKernel:
 def mode_aware_jit(fn) -> _ModeAwareKernel:
     """Decorator: like ``triton.jit`` but re-reads ``TRITON_INTERPRET`` at every launch.
 
-    The kernel may call ``tl.*`` functions but no ``@triton.jit`` helpers of its own (those would keep
-    the mode of their import).
+    The kernel may call ``tl.*`` functions and helpers decorated with :func:`helper_jit`, but no plain
+    ``@triton.jit`` helpers (those would keep the mode ``TRITON_INTERPRET`` had at their import).
     """
     return _ModeAwareKernel(fn)
+
+
+def helper_jit(fn):
+    """Decorator for ``@triton.jit`` helpers that :func:`mode_aware_jit` kernels call.
+
+    Compiled kernels inline such a helper; interpreted kernels call it as Python. Kernels launch only
+    in the mode ``triton`` was imported in (``_ModeAwareKernel.__getitem__``), so the helper is built
+    for that mode, as Triton's own ``tl.*`` helpers are, whatever ``TRITON_INTERPRET`` is when its
+    module is imported.
+    """
+    return InterpretedFunction(fn) if interpreter_available() else JITFunction(fn)
 
 
 @mode_aware_jit

@@ -3,7 +3,7 @@
 Each kind's folder lists its classes in ``BUILTIN`` (in its ``__init__``).
 """
 
-from servelab.hookspecs import hookimpl
+from servelab.core.hookspecs import hookimpl
 
 
 @hookimpl

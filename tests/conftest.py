@@ -38,7 +38,7 @@ CHECKPOINTS = {
 @pytest.fixture(scope="session")
 def checkpoint_dir(tmp_path_factory):
     """``checkpoint_dir(name)`` -> a written HF checkpoint from CHECKPOINTS (once per session)."""
-    from servelab.model.random_checkpoint import cached_random_checkpoint
+    from servelab.exec.model.random_checkpoint import cached_random_checkpoint
 
     root = tmp_path_factory.mktemp("checkpoints")
 
@@ -72,8 +72,8 @@ def compose(*overrides: str, **values):
 @pytest.fixture
 def fake_stack():
     """``fake_stack(*overrides, num_kv_blocks=N)`` -> (stack, clock) with a FakeExecutor (no model)."""
-    from servelab.stack import build_stack
-    from servelab.testing import FakeExecutor, VirtualClock
+    from servelab.run.stack import build_stack
+    from servelab.kit.testing import FakeExecutor, VirtualClock
 
     def make(*overrides: str, num_kv_blocks: int = 256, **values):
         clock = VirtualClock()

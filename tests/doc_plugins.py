@@ -6,9 +6,9 @@ import importlib.util
 import re
 from pathlib import Path
 
-from servelab.config import register_configs
+from servelab.run.config import register_configs
 from servelab.plugins import builtin
-from servelab.registry import Registry, build_registry, plugin_manager
+from servelab.core.registry import Registry, build_registry, plugin_manager
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

@@ -14,15 +14,15 @@ from functools import lru_cache
 
 from conftest import pin_test_defaults
 from servelab.api import compose
-from servelab.conformance_cases import VOCAB, Scenario, make_scenario
-from servelab.request import Request
-from servelab.runner import run_workload
-from servelab.session import collect_results
-from servelab.stack import build_stack
-from servelab.testing import KVCheckingExecutor, VirtualClock
+from servelab.kit.conformance_cases import VOCAB, Scenario, make_scenario
+from servelab.core.request import Request
+from servelab.run.runner import run_workload
+from servelab.run.session import collect_results
+from servelab.run.stack import build_stack
+from servelab.kit.testing import KVCheckingExecutor, VirtualClock
 
 MAX_STEPS = 5_000  # per case: far above what any case needs; reaching it is a livelock
-Case = Scenario  # the generator is the conformance kit's (servelab.conformance_cases)
+Case = Scenario  # the generator is the conformance kit's (servelab.kit.conformance_cases)
 
 
 def make_case(seed: int) -> Case:

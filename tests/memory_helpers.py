@@ -9,11 +9,11 @@ from hypothesis import strategies as st
 
 from conftest import pin_test_defaults
 from servelab.api import compose
-from servelab.request import Request
-from servelab.runner import run_workload
-from servelab.session import RunResult, collect_results
-from servelab.stack import Stack, build_stack
-from servelab.testing import KVCheckingExecutor, VirtualClock
+from servelab.core.request import Request
+from servelab.run.runner import run_workload
+from servelab.run.session import RunResult, collect_results
+from servelab.run.stack import Stack, build_stack
+from servelab.kit.testing import KVCheckingExecutor, VirtualClock
 
 VOCAB = 1000
 

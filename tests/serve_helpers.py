@@ -85,7 +85,7 @@ def start(output_dir: Path, *overrides: str, api_key: str | None = None) -> Serv
     chosen = {o.split("=", 1)[0] for o in overrides}
     args = [*overrides, *(d for d in TEST_DEFAULTS if d.split("=", 1)[0] not in chosen),
             f"serve.output_dir={output_dir}"]
-    cmd = [sys.executable, "-c", "from servelab.cli import main; main()", "serve", "--port", "0", *args]
+    cmd = [sys.executable, "-c", "from servelab.cli.main import main; main()", "serve", "--port", "0", *args]
     if api_key:
         cmd += ["--api-key", api_key]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}

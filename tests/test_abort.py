@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from servelab.engine import PluginFailure
-from servelab.interfaces import SchedulePlan, Scheduler, SpeculativeDrafter
-from servelab.request import Request, Status
-from servelab.scheduling import QueueScheduler
-from servelab.session import collect_results
+from servelab.engine.engine import PluginFailure
+from servelab.core.interfaces import SchedulePlan, Scheduler, SpeculativeDrafter
+from servelab.core.request import Request, Status
+from servelab.engine.scheduling import QueueScheduler
+from servelab.run.session import collect_results
 
 from memory_helpers import fake_stack, run_requests, tokens_by_id
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from servelab.interfaces import EngineLimits
+from servelab.core.interfaces import EngineLimits
 from servelab.plugins.allocators.contiguous import ContiguousAllocator, ContiguousConfig, ReserveFor
 from servelab.plugins.allocators.paged import PagedAllocator, PagedConfig
-from servelab.request import Request, Sequence
-from servelab.stack import ConfigError, validate
+from servelab.core.request import Request, Sequence
+from servelab.run.stack import ConfigError, validate
 
 from memory_helpers import _cfg
 

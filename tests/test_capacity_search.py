@@ -79,7 +79,7 @@ def test_search_over_sim_runs_finds_the_rate_where_p99_ttft_crosses_the_slo(tmp_
 
 def test_continuous_vs_static_sim_preset_is_70b_on_a100_in_the_sim(tmp_path):
     from servelab.api import compose
-    from servelab.session import run_job
+    from servelab.run.session import run_job
 
     tput = {}
     for scheduler in ("fcfs", "static"):

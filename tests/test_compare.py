@@ -9,8 +9,10 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from servelab import compare, loggers
-from servelab.compare import CompareError, find_runs, load_run
+from servelab.cli import compare
+
+from servelab.run import loggers
+from servelab.cli.compare import CompareError, find_runs, load_run
 
 from conftest import REPO
 
@@ -73,4 +75,4 @@ def test_multirun_jobs_share_a_wandb_group(monkeypatch):
 
 
 def test_cli_lists_compare():
-    assert "compare" in (REPO / "framework" / "cli.py").read_text()
+    assert "compare" in (REPO / "framework" / "cli" / "main.py").read_text()

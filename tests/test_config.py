@@ -6,7 +6,7 @@ import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from conftest import compose
-from servelab.stack import ConfigError, validate
+from servelab.run.stack import ConfigError, validate
 
 
 def test_default_stack_composes():

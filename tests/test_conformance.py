@@ -1,4 +1,4 @@
-"""The conformance kit (servelab.testing.check_plugin, ``servelab check-plugin``): every built-in
+"""The conformance kit (servelab.kit.testing.check_plugin, ``servelab check-plugin``): every built-in
 passes it, and deliberately broken plugins are caught with the broken contract named and a
 reproducing scenario printed."""
 
@@ -11,16 +11,16 @@ import sys
 import pytest
 
 from conftest import REPO
-from servelab.conformance_cases import make_scenario
-from servelab.hookspecs import hookimpl
-from servelab.interfaces import SpeculativeDrafter
+from servelab.kit.conformance_cases import make_scenario
+from servelab.core.hookspecs import hookimpl
+from servelab.core.interfaces import SpeculativeDrafter
 from servelab.plugins import builtin
 from servelab.plugins.allocators.paged import PagedAllocator
 from servelab.plugins.preemption.recompute import RecomputePreemption
-from servelab.registry import build_registry, default_registry, plugin_manager
-from servelab.request import Sequence, Status
-from servelab.scheduling import QueueScheduler
-from servelab.testing import check_plugin
+from servelab.core.registry import build_registry, default_registry, plugin_manager
+from servelab.core.request import Sequence, Status
+from servelab.engine.scheduling import QueueScheduler
+from servelab.kit.testing import check_plugin
 
 CASES = 5  # per built-in: a few seconds per kind (CI); servelab check-plugin runs 50 by default
 REAL_MODEL = {"scheduler": "priority", "allocator": "contiguous", "preemption": "swap", "drafter": "ngram"}

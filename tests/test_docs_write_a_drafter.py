@@ -5,12 +5,12 @@ import pytest
 
 from doc_plugins import page_code_blocks, register_page_plugin
 from servelab.api import compose
-from servelab.errors import ConfigError
-from servelab.runner import run_workload
-from servelab.session import collect_results
-from servelab.stack import build_stack
-from servelab.text import checkpoint_text
-from servelab.workloads import build_requests
+from servelab.core.errors import ConfigError
+from servelab.run.runner import run_workload
+from servelab.run.session import collect_results
+from servelab.run.stack import build_stack
+from servelab.workloads.text import checkpoint_text
+from servelab.workloads.build import build_requests
 
 BASE = ["model=tiny_code", "workload=corpus", "workload.num_requests=6", "workload.arrival=all_at_once",
         "workload.max_tokens=48", "backend.num_threads=1"]

@@ -5,10 +5,10 @@ import pytest
 
 from doc_plugins import page_code_blocks, register_page_plugin
 from servelab.api import compose
-from servelab.request import Request
-from servelab.runner import run_workload
-from servelab.stack import build_stack
-from servelab.testing import FakeExecutor, VirtualClock
+from servelab.core.request import Request
+from servelab.run.runner import run_workload
+from servelab.run.stack import build_stack
+from servelab.kit.testing import FakeExecutor, VirtualClock
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def test_the_pages_starvation_bound_admits_a_long_prompt_that_waited(bounded_reg
 
 
 def test_the_pages_starvation_bound_passes_the_kits_check(bounded_registry):
-    from servelab.testing import check_plugin
+    from servelab.kit.testing import check_plugin
 
     report = check_plugin("scheduler", "spf_bounded", registry=bounded_registry, cases=2, real_model=False)
     assert report.ok, str(report)

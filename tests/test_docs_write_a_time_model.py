@@ -5,8 +5,8 @@ import pytest
 
 from doc_plugins import page_code_blocks, register_page_plugin
 from servelab.api import compose
-from servelab.request import Request
-from servelab.stack import build_stack
+from servelab.core.request import Request
+from servelab.run.stack import build_stack
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):

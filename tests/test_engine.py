@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from servelab.engine import PluginFailure
-from servelab.request import Request, Status
-from servelab.runner import run_workload
-from servelab.session import collect_results
+from servelab.engine.engine import PluginFailure
+from servelab.core.request import Request, Status
+from servelab.run.runner import run_workload
+from servelab.run.session import collect_results
 
 
 def _req(i, prompt_len, max_tokens, arrival=0.0):

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from conftest import compose
-from servelab import corpus
-from servelab.config import PACKAGED_CHECKPOINTS
-from servelab.eval_ppl import evaluate
-from servelab.text import load_tokenizer
+from servelab.workloads import corpus
+from servelab.run.config import PACKAGED_CHECKPOINTS
+from servelab.cli.eval_ppl import evaluate
+from servelab.workloads.text import load_tokenizer
 
 
 def hf_heldout_nll(model_dir, docs, window: int) -> tuple[float, int]:

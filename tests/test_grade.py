@@ -10,17 +10,17 @@ import sys
 
 import pytest
 
-from servelab.errors import ServelabError
-from servelab.grade_workloads import WORKLOADS
-from servelab.grading import grade, main, to_csv, to_markdown
-from servelab.new_plugin import new_plugin
+from servelab.core.errors import ServelabError
+from servelab.kit.grade_workloads import WORKLOADS
+from servelab.kit.grading import grade, main, to_csv, to_markdown
+from servelab.kit.new_plugin import new_plugin
 from servelab.plugins import builtin
-from servelab.registry import build_registry, plugin_manager
+from servelab.core.registry import build_registry, plugin_manager
 
 
 def test_the_cli_prints_a_table_and_writes_what_a_second_run_computes(tmp_path):
     out = tmp_path / "grade.csv"
-    proc = subprocess.run([sys.executable, "-c", "from servelab.cli import main; main()", "grade",
+    proc = subprocess.run([sys.executable, "-c", "from servelab.cli.main import main; main()", "grade",
                            "scheduler=priority", "--out", str(out)], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stderr

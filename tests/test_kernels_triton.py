@@ -200,7 +200,7 @@ def test_dequantising_attention_matches_reference(name, kind):
 @pytest.mark.parametrize("m", [1, 5, 37])
 def test_int8_matmul_matches_the_dequantised_product(dtype, m):
     from servelab.kernels.triton_int8_matmul import int8_matmul
-    from servelab.quant import dequantize_weight, quantize_weight
+    from servelab.exec.quant import dequantize_weight, quantize_weight
 
     gen = torch.Generator().manual_seed(m)
     qweight, scales = quantize_weight(torch.randn(80, 72, generator=gen))

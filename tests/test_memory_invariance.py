@@ -17,7 +17,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from servelab.request import Request
+from servelab.core.request import Request
 
 from memory_helpers import VOCAB, fake_stack, run_requests, tokens_by_id, workloads
 

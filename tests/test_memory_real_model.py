@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from servelab.request import Request
-from servelab.session import collect_results
-from servelab.stack import build_stack
+from servelab.core.request import Request
+from servelab.run.session import collect_results
+from servelab.run.stack import build_stack
 
 from memory_helpers import _cfg, run_requests, tokens_by_id
 

@@ -7,10 +7,10 @@ import re
 import pytest
 
 from conftest import REPO, compose
-from servelab.request import Request
-from servelab.session import run_job
-from servelab.stack import build_stack
-from servelab.testing import FakeExecutor, VirtualClock
+from servelab.core.request import Request
+from servelab.run.session import run_job
+from servelab.run.stack import build_stack
+from servelab.kit.testing import FakeExecutor, VirtualClock
 
 DOC = REPO / "docs" / "metrics.md"
 

@@ -14,8 +14,8 @@ import pytest
 from conftest import REPO, compose
 from hf_reference import hf_greedy
 from servelab.api import LLM
-from servelab.model.random_checkpoint import write_random_checkpoint
-from servelab.model.spec import CheckpointError, load_spec
+from servelab.exec.model.random_checkpoint import write_random_checkpoint
+from servelab.core.model_spec import CheckpointError, load_spec
 
 BASE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=256, max_position_embeddings=256)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from servelab.new_plugin import TORCH_VERSION, new_plugin, servelab_version
-from servelab.registry import KINDS
-from servelab.testing import check_plugin
+from servelab.kit.new_plugin import TORCH_VERSION, new_plugin, servelab_version
+from servelab.core.registry import KINDS
+from servelab.kit.testing import check_plugin
 
 from doc_plugins import register_module_file
 
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def servelab_cli(*args, cwd=None, env_extra=None):
     env = {**os.environ, **(env_extra or {})}
-    return subprocess.run([sys.executable, "-c", "from servelab.cli import main; main()", *args],
+    return subprocess.run([sys.executable, "-c", "from servelab.cli.main import main; main()", *args],
                           capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
 
 

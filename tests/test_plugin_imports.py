@@ -12,7 +12,7 @@ def test_builtin_plugin_modules_import_without_torch_or_the_engine():
                      if p.stem != "__init__")
     code = ("import importlib, sys\n"
             f"for m in {modules!r}: importlib.import_module(m)\n"
-            "print(sorted(m for m in ('torch', 'servelab.engine', 'servelab.executor') if m in sys.modules))")
+            "print(sorted(m for m in ('torch', 'servelab.engine.engine', 'servelab.exec.executor') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]", proc.stdout

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from servelab.request import Request, Sequence
+from servelab.core.request import Request, Sequence
 from servelab.plugins.preemption.victims import VictimRule, select_victim
 
 from memory_helpers import fake_stack, run_requests, tokens_by_id
@@ -96,7 +96,7 @@ def test_configured_bandwidth_replaces_the_measurement():
 def test_cost_model_coefficients_stay_non_negative_on_noisy_steps():
     import numpy as np
 
-    from servelab.cost_model import StepCostModel, StepFeatures
+    from servelab.core.cost_model import StepCostModel, StepFeatures
 
     model, rng = StepCostModel(), np.random.default_rng(0)
     for _ in range(100):  # the time depends on prefill tokens only, plus noise as large as the signal

@@ -9,8 +9,8 @@ import pytest
 
 from servelab.plugins.allocators import paged
 from servelab.plugins.allocators.paged import block_digest
-from servelab.request import Request
-from servelab.workloads import WorkloadError, build_requests
+from servelab.core.request import Request
+from servelab.workloads.build import WorkloadError, build_requests
 
 from conftest import compose
 from memory_helpers import fake_stack, run_requests, tokens_by_id

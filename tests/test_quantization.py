@@ -15,15 +15,15 @@ import pytest
 import torch
 
 from conftest import compose, serve_tiny_code
-from servelab.config import PACKAGED_CHECKPOINTS
-from servelab.errors import ConfigError
+from servelab.run.config import PACKAGED_CHECKPOINTS
+from servelab.core.errors import ConfigError
 from servelab.kernels import reference
 from servelab.kernels.kv_quant import dequantize_kv, kv_storage_dtype, quantize_kv
-from servelab.model.layers import TPGroup
-from servelab.model.loader import load_model
-from servelab.quant import (ROUND_TRIP_BOUND, Int8Weight, decoder_linears, dequantize_weight, quantize_model,
+from servelab.exec.model.layers import TPGroup
+from servelab.exec.model.loader import load_model
+from servelab.exec.quant import (ROUND_TRIP_BOUND, Int8Weight, decoder_linears, dequantize_weight, quantize_model,
                             quantize_weight)
-from servelab.stack import build_stack
+from servelab.run.stack import build_stack
 
 REPO = Path(__file__).resolve().parents[1]
 SETTINGS = {
@@ -229,7 +229,7 @@ def test_quantised_triton_path_agrees_with_torch_path(heldout, quantised_referen
 
 
 def test_linear_kernel_choice():
-    from servelab.quant import linear_kernel
+    from servelab.exec.quant import linear_kernel
 
     cpu = torch.device("cpu")
     assert linear_kernel("triton", cpu, torch.float32) == "triton"
@@ -247,7 +247,7 @@ def test_bfloat16_int8_runs_through_int8pack_and_mostly_agrees(heldout, quantise
 
 
 def test_the_banner_says_what_is_quantised(tmp_path):
-    from servelab.banner import banner_lines
+    from servelab.run.banner import banner_lines
 
     cfg = compose("model.quantization=int8", "kv_cache_dtype=fp8_e4m3", "num_kv_blocks=8")
     stack = build_stack(cfg)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from conftest import compose
-from servelab.errors import ConfigError
-from servelab.interfaces import TimeModelContext
+from servelab.core.errors import ConfigError
+from servelab.core.interfaces import TimeModelContext
 from servelab.plugins.time_models.roofline import RooflineConfig, RooflineTime
-from servelab.shapes import StorageBytes
-from servelab.stack import build_sim_executor, build_stack
-from servelab.step_work import StepWork
+from servelab.core.shapes import StorageBytes
+from servelab.run.stack import build_sim_executor, build_stack
+from servelab.core.step_work import StepWork
 
 
 def sim(*overrides):
@@ -69,7 +69,7 @@ def test_roofline_prices_int8_weights_and_kv_bytes():
 
 
 def test_summary_states_the_kv_pool_for_every_run_in_the_simulator():
-    from servelab.session import run_job
+    from servelab.run.session import run_job
 
     cfg = compose("backend=sim", "model=llama3_70b", "tensor_parallel_size=4", "model.quantization=int8",
                   "kv_cache_dtype=int8", "workload.num_requests=4")

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from servelab.hookspecs import hookimpl
-from servelab.interfaces import Scheduler
-from servelab.registry import PluginError, Registry, build_registry, default_registry, plugin_manager
-from servelab.scheduling import QueueScheduler
+from servelab.core.hookspecs import hookimpl
+from servelab.core.interfaces import Scheduler
+from servelab.core.registry import PluginError, Registry, build_registry, default_registry, plugin_manager
+from servelab.engine.scheduling import QueueScheduler
 
 
 def test_builtins_come_through_the_entry_point():
@@ -56,7 +56,7 @@ def test_wrong_base_class_is_rejected():
         def servelab_register_schedulers(self):
             return [NotAScheduler]
 
-    with pytest.raises(PluginError, match="not a subclass of servelab.interfaces.Scheduler"):
+    with pytest.raises(PluginError, match="not a subclass of servelab.core.interfaces.Scheduler"):
         build_registry(_pm_with(A()))
 
 

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from test_cli import run_cli
-from servelab.registry import PluginError, build_registry, check_selection, default_registry, plugin_manager
+from servelab.core.registry import PluginError, build_registry, check_selection, default_registry, plugin_manager
 
 BROKEN_LINE = ("plugin package servelab-broken 0.3.1 (entry point broken = servelab_broken_xyz.plugin) failed to "
                "import: ModuleNotFoundError: No module named 'servelab_broken_xyz'")
@@ -39,7 +39,7 @@ def test_a_broken_package_is_one_line_and_the_rest_registers(broken_package):
 
 
 def test_selecting_warns_or_fails_with_the_line(broken_package, caplog):
-    with caplog.at_level(logging.WARNING, logger="servelab.registry"):
+    with caplog.at_level(logging.WARNING, logger="servelab.core.registry"):
         default_registry()
     assert BROKEN_LINE in caplog.text
     check_selection(["scheduler=fcfs", "allocator=paged", "block_size=16"])  # goes on

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from test_schedulers import fake_engine, first_step_of, req, run
-from servelab.errors import ConfigError
+from servelab.core.errors import ConfigError
 
 AGING_S = 0.05
 

@@ -9,11 +9,11 @@ import pytest
 
 from conftest import pin_test_defaults
 from servelab.api import compose as _compose
-from servelab.request import Request
-from servelab.runner import run_workload
-from servelab.session import collect_results, run_job
-from servelab.stack import ConfigError, build_stack
-from servelab.testing import FakeExecutor, StepTimeModel, VirtualClock
+from servelab.core.request import Request
+from servelab.run.runner import run_workload
+from servelab.run.session import collect_results, run_job
+from servelab.run.stack import ConfigError, build_stack
+from servelab.kit.testing import FakeExecutor, StepTimeModel, VirtualClock
 
 SCHEDULERS = ["fcfs", "static", "priority", "slo_aware"]
 

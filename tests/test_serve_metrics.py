@@ -7,10 +7,10 @@ import pytest
 
 pytest.importorskip("prometheus_client", reason="the serve extra (pip install servelab[serve]) is not installed")
 
-from servelab.engine import StepRecord  # noqa: E402
-from servelab.interfaces import PreemptionDecision  # noqa: E402
-from servelab.request import Request, Sequence, Status  # noqa: E402
-from servelab.serve_metrics import ServeMetrics  # noqa: E402
+from servelab.engine.engine import StepRecord  # noqa: E402
+from servelab.core.interfaces import PreemptionDecision  # noqa: E402
+from servelab.core.request import Request, Sequence, Status  # noqa: E402
+from servelab.serve.metrics import ServeMetrics  # noqa: E402
 
 
 def _value(metrics: ServeMetrics, name: str, **labels) -> float:

@@ -56,7 +56,7 @@ def test_sigterm_aborts_what_outlives_the_grace_period_and_writes_results(tmp_pa
 
 
 def test_the_simulator_is_refused_with_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", "from servelab.cli import main; main()", "serve", "backend=sim",
+    proc = subprocess.run([sys.executable, "-c", "from servelab.cli.main import main; main()", "serve", "backend=sim",
                            "logger=none"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if line.strip()]

@@ -11,9 +11,9 @@ import time
 import pytest
 
 from conftest import TRACES, compose
-from servelab.errors import ConfigError
-from servelab.session import run_job
-from servelab.stack import build_stack
+from servelab.core.errors import ConfigError
+from servelab.run.session import run_job
+from servelab.run.stack import build_stack
 
 TINY = ["model.hidden_size=64", "model.intermediate_size=128", "model.num_hidden_layers=2",
         "model.num_attention_heads=4", "model.num_key_value_heads=2", "model.vocab_size=512"]

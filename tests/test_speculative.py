@@ -21,13 +21,13 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import compose, serve_tiny_code
 from memory_helpers import VOCAB, fake_stack, run_requests, tokens_by_id, workloads
-from servelab.batch import StepBatch
-from servelab.errors import ConfigError
-from servelab.interfaces import SpeculativeDrafter
+from servelab.engine.batch import StepBatch
+from servelab.core.errors import ConfigError
+from servelab.core.interfaces import SpeculativeDrafter
 from servelab.plugins.drafters.ngram import prompt_lookup
-from servelab.request import Request, SamplingParams
-from servelab.sampler import sample_and_verify, target_probs
-from servelab.stack import build_stack
+from servelab.core.request import Request, SamplingParams
+from servelab.exec.sampler import sample_and_verify, target_probs
+from servelab.run.stack import build_stack
 
 settings.register_profile("spec_ci", max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("spec_long", max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -158,7 +158,7 @@ def test_rejected_drafts_give_their_blocks_back():
 
 def test_the_property_can_fail(monkeypatch):
     """A verifier that keeps drafts the target disagreed with changes the outputs, and is caught."""
-    import servelab.testing
+    import servelab.kit.testing
 
     def keep_every_draft(row_tokens, batch):
         tokens, accepted, row = [], [], 0
@@ -170,7 +170,7 @@ def test_the_property_can_fail(monkeypatch):
 
     requests = [Request(f"r{i}", tuple(range(i * 5, i * 5 + 12)), 16) for i in range(3)]
     expected = _reference(requests)
-    monkeypatch.setattr(servelab.testing, "verify_row_tokens", keep_every_draft)
+    monkeypatch.setattr(servelab.kit.testing, "verify_row_tokens", keep_every_draft)
     stack = with_drafter(fake_stack(["block_size=4", f"max_model_len={MAX_MODEL_LEN}"], 64), OracleDrafter(4, 0.5))
     assert tokens_by_id(run_requests(stack, requests)) != expected
 
@@ -284,7 +284,7 @@ _serve = serve_tiny_code
 @pytest.fixture(scope="module")
 def heldout():
     from test_trained_models import heldout_prompts, hf_generate
-    from servelab.config import PACKAGED_CHECKPOINTS
+    from servelab.run.config import PACKAGED_CHECKPOINTS
 
     prompts, max_tokens = heldout_prompts(12, seed=3)
     return prompts, max_tokens, hf_generate(PACKAGED_CHECKPOINTS / "tiny_code", prompts, max_tokens)
@@ -353,7 +353,7 @@ def test_k_out_of_range_names_the_key(k):
 
 
 def test_a_draft_model_with_another_vocabulary_is_refused():
-    from servelab.stack import model_path
+    from servelab.run.stack import model_path
 
     other = model_path(compose())  # the random tiny model: another vocabulary
     with pytest.raises(ConfigError, match=r"vocabulary of \d+ tokens but the target model has 259"):
@@ -375,7 +375,7 @@ def test_the_ngram_drafter_keeps_its_tables_in_step_with_the_sequences():
     """Incremental rows and keys (one token, several, rows reused after forget) give the same
     proposals as a search from scratch."""
     from servelab.plugins.drafters.ngram import NgramConfig, NgramDrafter
-    from servelab.request import Sequence
+    from servelab.core.request import Sequence
 
     rng = random.Random(5)
     for min_n, max_n in ((1, 3), (2, 4), (3, 5), (4, 4)):
@@ -397,7 +397,7 @@ def test_the_ngram_index_stays_exact_through_rebuilds_and_row_reuse(monkeypatch)
     """A tiny starting table forces many rebuilds and long probe runs; rows are reset and reused."""
     from servelab.plugins.drafters import ngram_index
     from servelab.plugins.drafters.ngram import NgramConfig, NgramDrafter
-    from servelab.request import Sequence
+    from servelab.core.request import Sequence
 
     monkeypatch.setattr(ngram_index, "_MIN_CAPACITY", 16)
     rng = random.Random(11)
@@ -443,8 +443,8 @@ def test_an_ngram_hash_collision_hides_an_occurrence_but_never_invents_one(monke
 def test_a_profile_prices_drafts_as_computed_tokens():
     """The virtual clock charges a verify's drafts like prompt tokens (roofline counts every
     computed token already): speculation is not free on the modelled clock."""
-    from servelab.step_profile import feature_vector
-    from servelab.step_work import StepWork
+    from servelab.sim.step_profile import feature_vector
+    from servelab.core.step_work import StepWork
 
     verify = StepWork(num_tokens=5, num_seqs=1, decode_seqs=1, num_sampled=5, attended=500, context_tokens=104,
                       draft_tokens=4)

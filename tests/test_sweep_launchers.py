@@ -19,7 +19,7 @@ pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason="the sweep ext
 SIM = ["backend=sim", "model=llama3_8b", "hardware=h100", "logger=none", "progress=false",
        "workload.num_requests=12", "workload.prompt_len.max=64", "workload.output_len.max=16"]
 # log lines start with the id of the process that wrote them: the launcher's (Hydra's own log, on
-# the console) and each job's (<sweep dir>/<job>/cli.log)
+# the console) and each job's (<sweep dir>/<job>/servelab.log)
 PID_LOG = ["hydra.hydra_logging.formatters.simple.format='%(process)d [HYDRA] %(message)s'",
            "hydra.job_logging.formatters.simple.format='%(process)d %(message)s'"]
 
@@ -44,7 +44,7 @@ def test_joblib_grid_runs_every_job_in_worker_processes(tmp_path):
         assert summary["status"] == "completed" and summary["num_finished"] == 12 and summary["leaked_blocks"] == 0
         cfg = yaml.safe_load((job / "config.yaml").read_text())
         grid.add((cfg["scheduler"]["name"], cfg["max_num_seqs"]))  # the plugin group composed in the worker
-        pids |= {int(line.split()[0]) for line in (job / "cli.log").read_text().splitlines() if line}
+        pids |= {int(line.split()[0]) for line in (job / "servelab.log").read_text().splitlines() if line}
     assert grid == {("fcfs", 8), ("fcfs", 16), ("slo_aware", 8), ("slo_aware", 16)}
     assert pids and not pids & launcher_pids, (pids, launcher_pids)  # worker processes, not the launcher
 

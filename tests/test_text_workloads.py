@@ -7,17 +7,17 @@ import json
 import pytest
 
 from conftest import compose
-from servelab import corpus
-from servelab.text import BYTE_VOCAB_SIZE, CheckpointText, TextError, build_byte_tokenizer
-from servelab.workload_text import unescape
-from servelab.workloads import WorkloadError, build_requests
+from servelab.workloads import corpus
+from servelab.workloads.text import BYTE_VOCAB_SIZE, CheckpointText, TextError, build_byte_tokenizer
+from servelab.workloads.text_prompts import unescape
+from servelab.workloads.build import WorkloadError, build_requests
 
 
 @pytest.fixture(scope="module")
 def text_checkpoint(tmp_path_factory):
     """A random-weight byte-level Llama with the byte tokenizer saved beside it (any HF checkpoint
     with a tokenizer must work, not only the shipped ones)."""
-    from servelab.model.random_checkpoint import write_random_checkpoint
+    from servelab.exec.model.random_checkpoint import write_random_checkpoint
 
     path = tmp_path_factory.mktemp("text_ckpt")
     write_random_checkpoint(path, "LlamaForCausalLM", seed=2, hidden_size=32, intermediate_size=64,
@@ -111,8 +111,8 @@ def test_corpus_workload_draws_heldout_prefixes_reproducibly(text_checkpoint):
 
 
 def test_requests_jsonl_carries_output_text(tmp_path, text_checkpoint):
-    from servelab.report import print_samples
-    from servelab.session import run_job
+    from servelab.run.report import print_samples
+    from servelab.run.session import run_job
     from rich.console import Console
 
     path = tmp_path / "w.jsonl"
@@ -133,7 +133,7 @@ def test_requests_jsonl_carries_output_text(tmp_path, text_checkpoint):
 
 
 def test_no_output_text_without_a_tokenizer(tmp_path):
-    from servelab.session import run_job
+    from servelab.run.session import run_job
 
     cfg = compose("workload.num_requests=2", "workload.prompt_len.max=20", "workload.output_len.max=9",
                   "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=1")
@@ -157,9 +157,9 @@ def test_any_hf_tokenizer_works(tmp_path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from servelab.eval_ppl import evaluate
-    from servelab.model.random_checkpoint import write_random_checkpoint
-    from servelab.session import run_job
+    from servelab.cli.eval_ppl import evaluate
+    from servelab.exec.model.random_checkpoint import write_random_checkpoint
+    from servelab.run.session import run_job
     from test_eval_ppl import hf_heldout_nll
 
     tok = Tokenizer(models.BPE())

@@ -8,14 +8,14 @@ import logging
 import pytest
 
 from conftest import compose
-from servelab.errors import ConfigError
-from servelab.interfaces import TimeModelContext
+from servelab.core.errors import ConfigError
+from servelab.core.interfaces import TimeModelContext
 from servelab.plugins.time_models.profile import ProfileConfig, ProfileTime
 from servelab.plugins.time_models.roofline import RooflineConfig, RooflineTime
-from servelab.shapes import HardwareProfile, ModelShape
-from servelab.stack import build_stack, model_shape
-from servelab.step_profile import StepProfile, feature_vector, fit_profile
-from servelab.step_work import StepWork
+from servelab.core.shapes import HardwareProfile, ModelShape
+from servelab.run.stack import build_stack, model_shape
+from servelab.sim.step_profile import StepProfile, feature_vector, fit_profile
+from servelab.core.step_work import StepWork
 
 LLAMA_70B = ModelShape(num_layers=80, hidden_size=8192, intermediate_size=28672, num_heads=64, num_kv_heads=8,
                        head_dim=128, vocab_size=32000)
@@ -209,8 +209,8 @@ def test_servelab_profile_fits_the_real_engine_and_a_virtual_run_uses_it(tmp_pat
     """The command end to end on a very small model: a profile with its provenance, usable at once."""
     import json
 
-    from servelab.profiling import profile_main
-    from servelab.session import run_job
+    from servelab.cli.profile import profile_main
+    from servelab.run.session import run_job
 
     small = ["model=tiny", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=1",
              "model.num_attention_heads=2", "model.num_key_value_heads=1", "model.vocab_size=256"]
@@ -239,8 +239,8 @@ def test_servelab_profile_fits_the_real_engine_and_a_virtual_run_uses_it(tmp_pat
 
 def test_a_profile_prices_each_distinct_step_by_the_median_of_its_rounds():
     """A burst of other work during one round moves that round's times, not the profile."""
-    from servelab.profiling import median_per_step, profile_main
-    from servelab.step_work import StepWork
+    from servelab.cli.profile import median_per_step, profile_main
+    from servelab.core.step_work import StepWork
 
     decode = StepWork(num_tokens=4, num_seqs=4, decode_seqs=4, num_sampled=4, attended=400, context_tokens=400)
     prefill = StepWork(num_tokens=64, num_seqs=1, prefill_tokens=64, num_sampled=1, attended=2080, context_tokens=64)
@@ -253,8 +253,8 @@ def test_a_profile_prices_each_distinct_step_by_the_median_of_its_rounds():
 def test_the_probe_measures_prefill_chunks_over_earlier_context(monkeypatch):
     """Chunked prefill (a chunk attending to its own earlier chunks, beside decodes) is a step
     shape of its own: the probe runs a phase of it under a small prefill cap."""
-    from servelab import profiling
-    from servelab.step_profile import feature_names
+    from servelab.cli import profile as profiling
+    from servelab.sim.step_profile import feature_names
 
     small = ["model=tiny", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=1",
              "model.num_attention_heads=2", "model.num_key_value_heads=1", "model.vocab_size=256", "max_num_seqs=4",

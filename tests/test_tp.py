@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from servelab.api import compose
-from servelab.batch import StepBatch
-from servelab.executor import LocalExecutor
-from servelab.model.random_checkpoint import write_random_checkpoint
-from servelab.session import run_job
-from servelab.stack import ConfigError, build_stack, worker_config
-from servelab.tp import TPExecutor, TPWorkerError
+from servelab.engine.batch import StepBatch
+from servelab.exec.executor import LocalExecutor
+from servelab.exec.model.random_checkpoint import write_random_checkpoint
+from servelab.run.session import run_job
+from servelab.run.stack import ConfigError, build_stack, worker_config
+from servelab.exec.tp import TPExecutor, TPWorkerError
 
 SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              max_position_embeddings=256, initializer_range=0.3)  # large weights: context matters

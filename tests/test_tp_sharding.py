@@ -14,13 +14,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from servelab import executor as executor_module
-from servelab.batch import StepBatch
-from servelab.executor import ModelWorker, WorkerConfig
-from servelab.model.layers import TPGroup
-from servelab.model.loader import load_model
-from servelab.model.random_checkpoint import write_random_checkpoint
-from servelab.tp_comm import pack_batch, unpack_batch
+from servelab.exec import executor as executor_module
+from servelab.engine.batch import StepBatch
+from servelab.exec.executor import ModelWorker, WorkerConfig
+from servelab.exec.model.layers import TPGroup
+from servelab.exec.model.loader import load_model
+from servelab.exec.model.random_checkpoint import write_random_checkpoint
+from servelab.exec.tp_comm import pack_batch, unpack_batch
 
 HEADS, HEAD_DIM = 8, 8
 SHAPE = dict(hidden_size=HEADS * HEAD_DIM, intermediate_size=96, num_hidden_layers=2, num_attention_heads=HEADS,

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import REPO, compose
-from servelab import corpus
+from servelab.workloads import corpus
 
 # Small stdlib modules: a corpus of ~100 KB whose held-out split (by hash of path) is not empty.
 FILES = ["abc.py", "bisect.py", "colorsys.py", "copyreg.py", "fnmatch.py", "genericpath.py", "glob.py",
@@ -56,7 +56,7 @@ def test_smoke_training_lowers_the_loss_and_saves_a_loadable_checkpoint(tmp_path
 
     assert AutoTokenizer.from_pretrained(str(out))("ab")["input_ids"] == [256, 97, 98]
     # the card's held-out figure is what servelab's own evaluation gives on the same text (float32)
-    from servelab.eval_ppl import evaluate
+    from servelab.cli.eval_ppl import evaluate
 
     docs = corpus.read_documents(corpus.split_files(small_corpus, 0.2)[1])
     result = evaluate(compose("model=hf", f"model.path={out}"), documents=docs)

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from conftest import compose
-from servelab import corpus
+from servelab.workloads import corpus
 from servelab.api import LLM
-from servelab.config import PACKAGED_CHECKPOINTS
-from servelab.text import load_tokenizer
+from servelab.run.config import PACKAGED_CHECKPOINTS
+from servelab.workloads.text import load_tokenizer
 
 MODELS = ["tiny_code", "tiny_code_draft"]
 

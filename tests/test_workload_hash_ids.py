@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from servelab.config import HashIdsWorkload
-from servelab.workloads import WorkloadError, build_requests
+from servelab.run.config import HashIdsWorkload
+from servelab.workloads.build import WorkloadError, build_requests
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "conversation_trace.jsonl"
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import REPO, TRACES, compose
-from servelab.workloads import WorkloadError, build_requests
+from servelab.workloads.build import WorkloadError, build_requests
 
 DATA = REPO / "tests" / "data"
 

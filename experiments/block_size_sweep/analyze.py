@@ -5,25 +5,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
 HERE = Path(__file__).resolve().parent
-OUT = HERE  # where outputs go: set by main() (common.output_dir)
 sys.path.insert(0, str(HERE.parent))
-from common import output_dir, sweep_arg  # noqa: E402
-from memory_common import latest_sweep, load_runs, markdown_table, write_readme  # noqa: E402
+from common import load_runs, open_sweep, plt, save_figure  # noqa: E402
+from memory_common import markdown_table, write_readme  # noqa: E402
 
 
 def main(sweep: Path | None = None) -> None:
-    sweep = sweep or latest_sweep("block_size_sweep")
-    global OUT
-    OUT = output_dir(HERE, sweep, "block_size_sweep")
+    sweep, out = open_sweep(HERE, "block_size_sweep", sweep)
     rows = []
-    for run in load_runs(sweep):
-        s = run["summary"]
+    for run in load_runs(sweep, strict=False):
+        s = run.summary
         rows.append({"block_size": s["block_size"], "kv_blocks": s["num_kv_blocks"],
                      "kv_slots": s["num_kv_blocks"] * s["block_size"], "kv_waste": s["kv_waste_fraction"],
                      "out_tok_s": s["output_throughput_tok_s"], "max_concurrent": s["max_concurrent_requests"],
@@ -43,17 +35,16 @@ def main(sweep: Path | None = None) -> None:
     ax2.legend(loc="upper left")
     ax.set_title("block size: internal waste vs batching (equal memory)")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(OUT / "block_size_sweep.png", dpi=120)
+    save_figure(fig, out / "block_size_sweep.png")
     cols = ["block_size", "kv_blocks", "kv_slots", "kv_waste", "out_tok_s", "max_concurrent", "kv_util_mean",
             "preemptions", "tpot_p50_ms", "finished", "duration_s", "steps"]
     body = ("Paged allocator, Azure conversation trace (first 100 requests, lengths x1/4 clipped to max_model_len "
             "1024, all at once), small tiny model, 8192 KV slots whatever the block size (`backend.kv_cache_memory_gb` fixed, so the block count "
             "follows the block size). The plot shows the engine steps needed for the same work (more steps = less "
             "batching, i.e. lower throughput on an unloaded machine) instead of the noisy wall-clock throughput.\n\n" + markdown_table(rows, cols) + "\n\n![block size sweep](block_size_sweep.png)\n")
-    write_readme(OUT, "Block size sweep 1..256", "python run.py -m experiment=block_size_sweep", sweep, body)
+    write_readme(out, "Block size sweep 1..256", "python run.py -m experiment=block_size_sweep", sweep, body)
     print(markdown_table(rows, cols))
 
 
 if __name__ == "__main__":
-    main(sweep_arg())
+    main()

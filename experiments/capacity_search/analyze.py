@@ -16,16 +16,10 @@ import re
 import sys
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import latest_sweep, load_runs, table, output_dir, sweep_arg  # noqa: E402
-
 HERE = Path(__file__).resolve().parent
-OUT = HERE  # where outputs go: set by main() (common.output_dir)
+sys.path.insert(0, str(HERE.parent))
+from common import load_runs, optional_sweep, output_dir, plt, save_figure, table, write_page  # noqa: E402
+
 CPU_README = HERE.parent / "continuous_vs_static" / "README.md"
 
 
@@ -56,7 +50,7 @@ def capacity_table(res: dict) -> str:
                   "p99 TPOT ms", "preemptions", "KV use max", "runs"], rows)
 
 
-def plot_capacity(series: list[tuple[str, dict]], stacks: list[str], title: str) -> None:
+def plot_capacity(series: list[tuple[str, dict]], stacks: list[str], title: str, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7.5, 0.5 * len(stacks) + 1.4 + 0.25 * len(series)))
     height = 0.8 / len(series)
     for i, (label, by_stack) in enumerate(series):
@@ -66,16 +60,14 @@ def plot_capacity(series: list[tuple[str, dict]], stacks: list[str], title: str)
     ax.invert_yaxis()
     ax.set(xlabel="highest request rate within the SLOs (req/s)", title=title)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=1, frameon=False)
-    fig.tight_layout()
-    fig.savefig(OUT / "capacity.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def roofline_at(st: dict, tp: int) -> dict:
     """The roofline's breakdown (ms) of one step carrying a full prefill chunk at ``tp``, and the hardware."""
     from servelab.api import compose
-    from servelab.stack import build_stack
-    from servelab.step_work import StepWork
+    from servelab.run.stack import build_stack
+    from servelab.core.step_work import StepWork
 
     cfg = compose(["backend=sim", f"hardware={st['hardware']}", f"model={st['model']}", f"tensor_parallel_size={tp}"],
                   logger="none", progress=False)
@@ -92,7 +84,7 @@ def pct(a: float, b: float) -> str:
     return f"{(a / b - 1) * 100:+.0f}%"
 
 
-def capacity_section(res: dict, tight: dict | None) -> str:
+def capacity_section(res: dict, tight: dict | None, out: Path) -> str:
     st = res["settings"]
     rows = res["rows"]
     tps = sorted({r["tp"] for r in rows}, reverse=True)
@@ -106,7 +98,8 @@ def capacity_section(res: dict, tight: dict | None) -> str:
         for tp in sorted({r["tp"] for r in tight["rows"]}, reverse=True):
             series.append((f"TP {tp}, {' '.join(tst['override'])}",
                            {r["stack"]: r for r in tight["rows"] if r["tp"] == tp}))
-    plot_capacity(series, stacks, f"{st['model']}: p99 TTFT <= {st['ttft_ms'] / 1e3:g} s, p99 TPOT <= {st['tpot_ms']:g} ms")
+    plot_capacity(series, stacks, f"{st['model']}: p99 TTFT <= {st['ttft_ms'] / 1e3:g} s, p99 TPOT <= {st['tpot_ms']:g} ms",
+                  out / "capacity.png")
 
     tm = res.get("time_model_config") or {}
     sl = next(iter(res["trace_slices"].values()))
@@ -264,7 +257,7 @@ def cpu_clock() -> str:
     return "virtual clock, a profile of the CPU" if "virtual clock" in text else "wall clock"
 
 
-def cvs_section(sweep: Path | None, steps: dict | None) -> str:
+def cvs_section(sweep: Path | None, steps: dict | None, out: Path) -> str:
     if sweep is None:
         return ("## Continuous vs static batching at 70B (simulator)\n\nNot run yet: "
                 "`python run.py -m experiment=continuous_vs_static_sim`.\n")
@@ -274,7 +267,7 @@ def cvs_section(sweep: Path | None, steps: dict | None) -> str:
     cpu = cpu_ratios()
     occupancy = {}
     for key, r in by.items():
-        recs = [json.loads(x) for x in (r.path / "steps.jsonl").read_text().splitlines() if x]
+        recs = r.steps()
         occupancy[key] = sum(s["num_seqs"] for s in recs) / len(recs)
     rows, ratios = [], {}
     for n in seats:
@@ -292,9 +285,7 @@ def cvs_section(sweep: Path | None, steps: dict | None) -> str:
     ax.set_xscale("log", base=2)
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(OUT / "continuous_vs_static_sim.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, out / "continuous_vs_static_sim.png")
 
     cfg = runs[0].config
     wl = cfg["workload"]
@@ -373,19 +364,11 @@ def main() -> None:
     res = json.loads((HERE / "results.json").read_text())
     tight_file = HERE / "results_memory_tight.json"
     tight = json.loads(tight_file.read_text()) if tight_file.is_file() else None
-    sweep = sweep_arg()
-    if sweep is None:
-        try:
-            sweep = latest_sweep("continuous_vs_static_sim")
-        except SystemExit:
-            sweep = None
-    global OUT
-    OUT = output_dir(HERE, sweep, "capacity_search")
+    sweep = optional_sweep("continuous_vs_static_sim")
+    out = output_dir(HERE, sweep, "capacity_search")
     steps_file = HERE / "step_times.json"
     steps = json.loads(steps_file.read_text()) if steps_file.is_file() else None
-    text = capacity_section(res, tight) + "\n" + cvs_section(sweep, steps)
-    (OUT / "README.md").write_text(text)
-    print(text)
+    write_page(out, capacity_section(res, tight, out) + "\n" + cvs_section(sweep, steps, out))
 
 
 if __name__ == "__main__":

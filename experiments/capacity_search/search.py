@@ -154,7 +154,7 @@ def run_at_rate(cfg, requests, native_rate: float, rate: float, ttft_ms: float, 
     """One sim run of ``requests`` at ``rate`` req/s; whether it meets the SLOs, and its figures."""
     from omegaconf import open_dict
 
-    from servelab.session import run_job
+    from servelab.run.session import run_job
 
     with open_dict(cfg):
         cfg.workload.time_scale = native_rate / rate
@@ -247,8 +247,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     from servelab.api import compose
-    from servelab.stack import build_stack
-    from servelab.workloads import build_requests
+    from servelab.run.stack import build_stack
+    from servelab.workloads.build import build_requests
 
     stacks = [StackSpec(s, c == "on", p) for s in args.schedulers for c in args.chunked for p in args.preemption]
     t_start = time.perf_counter()

@@ -11,17 +11,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import matplotlib
 import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import latest_sweep, load_runs, machine_note, table, output_dir, sweep_arg  # noqa: E402
-
 HERE = Path(__file__).resolve().parent
-OUT = HERE  # where outputs go: set by main() (common.output_dir)
+sys.path.insert(0, str(HERE.parent))
+from common import load_runs, machine_note, open_sweep, plt, save_figure, table, write_page  # noqa: E402
+
 ORDER = ["whole", "chunk512", "chunk256", "chunk128"]
 
 
@@ -31,9 +26,7 @@ def pct(values, q):
 
 
 def main() -> None:
-    sweep = sweep_arg() or latest_sweep("chunked_prefill")
-    global OUT
-    OUT = output_dir(HERE, sweep, "chunked_prefill")
+    sweep, out = open_sweep(HERE, "chunked_prefill")
     runs = {r.overrides["experiment/prefill"]: r for r in load_runs(sweep)}
     modes = [m for m in ORDER if m in runs]
     label = {m: ("off (whole prompts)" if m == "whole" else f"on, {m[5:]}-token budget") for m in modes}
@@ -69,8 +62,7 @@ def main() -> None:
     for ax in axes:
         ax.set_xticks(x, [m if m != "whole" else "off" for m in modes])
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(OUT / "latency.png", dpi=120)
+    save_figure(fig, out / "latency.png")
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for m in modes:
@@ -79,8 +71,7 @@ def main() -> None:
     ax.set(xscale="log", yscale="log", xlabel="inter-token latency of chat requests (ms)",
            ylabel="fraction of gaps >= x", title="ITL tail")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(OUT / "itl_cdf.png", dpi=120)
+    save_figure(fig, out / "itl_cdf.png")
 
     off, on = stats["whole"], stats.get("chunk256", stats[modes[-1]])
     if on["ttft_doc_p99"] < off["ttft_doc_p99"]:
@@ -121,8 +112,7 @@ more steps (its TTFT) and more steps overall. {doc_note} On the virtual clock (t
 are the profile's prices for the steps the real model ran, so they reproduce exactly; on the wall
 clock (`clock=wall time_model=measured`) they move with the machine's load.
 """
-    (OUT / "README.md").write_text(text)
-    print(text)
+    write_page(out, text)
 
 
 if __name__ == "__main__":

@@ -11,22 +11,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import latest_sweep, load_runs, machine_note, table, output_dir, sweep_arg  # noqa: E402
-
 HERE = Path(__file__).resolve().parent
-OUT = HERE  # where outputs go: set by main() (common.output_dir)
+sys.path.insert(0, str(HERE.parent))
+from common import load_runs, machine_note, open_sweep, plt, save_figure, table, write_page  # noqa: E402
 
 
 def main() -> None:
-    sweep = sweep_arg() or latest_sweep("continuous_vs_static")
-    global OUT
-    OUT = output_dir(HERE, sweep, "continuous_vs_static")
+    sweep, out = open_sweep(HERE, "continuous_vs_static")
     runs = load_runs(sweep)
     by = {(r.config["scheduler"]["name"], r.config["max_num_seqs"]): r.summary for r in runs}
     seats = sorted({k[1] for k in by})
@@ -45,8 +36,7 @@ def main() -> None:
     ax.set(xlabel="max_num_seqs (batch size)", ylabel="output tokens / s", title="Throughput")
     ax.set_xscale("log", base=2)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(OUT / "throughput.png", dpi=120)
+    save_figure(fig, out / "throughput.png")
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for name, label in (("fcfs", "continuous (fcfs)"), ("static", "static")):
@@ -55,8 +45,7 @@ def main() -> None:
     ax.set(xlabel="max_num_seqs (batch size)", ylabel="end-to-end latency (s)", title="Latency")
     ax.set_xscale("log", base=2)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(OUT / "latency.png", dpi=120)
+    save_figure(fig, out / "latency.png")
 
     cfg = runs[0].config
     wl = cfg["workload"]
@@ -94,8 +83,7 @@ about the same at batch 1 and 64, the gain is larger: the simulator's figures fo
 are the profile's prices for the steps the real model ran, so they reproduce exactly; on the wall
 clock (`clock=wall time_model=measured`) they move with the machine's load.
 """
-    (OUT / "README.md").write_text(text)
-    print(text)
+    write_page(out, text)
 
 
 if __name__ == "__main__":

@@ -5,16 +5,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
 HERE = Path(__file__).resolve().parent
-OUT = HERE  # where outputs go: set by main() (common.output_dir)
 sys.path.insert(0, str(HERE.parent))
-from common import output_dir, sweep_arg  # noqa: E402
-from memory_common import latest_sweep, load_runs, markdown_table, write_readme  # noqa: E402
+from common import load_runs, open_sweep, plt, save_figure  # noqa: E402
+from memory_common import markdown_table, write_readme  # noqa: E402
 
 
 def label(cfg: dict) -> str:
@@ -23,12 +17,10 @@ def label(cfg: dict) -> str:
 
 
 def main(sweep: Path | None = None) -> None:
-    sweep = sweep or latest_sweep("paged_vs_contiguous")
-    global OUT
-    OUT = output_dir(HERE, sweep, "paged_vs_contiguous")
+    sweep, out = open_sweep(HERE, "paged_vs_contiguous", sweep)
     rows = []
-    for run in load_runs(sweep):
-        s, c = run["summary"], run["config"]
+    for run in load_runs(sweep, strict=False):
+        s, c = run.summary, run.config
         rows.append({
             "allocator": label(c), "kv_blocks": c["num_kv_blocks"], "kv_slots": c["num_kv_blocks"] * c["block_size"],
             "max_concurrent": s["max_concurrent_requests"], "out_tok_s": s["output_throughput_tok_s"],
@@ -52,8 +44,7 @@ def main(sweep: Path | None = None) -> None:
         ax.set_title(title)
         ax.grid(alpha=0.3)
     axes[0].legend()
-    fig.tight_layout()
-    fig.savefig(OUT / "paged_vs_contiguous.png", dpi=120)
+    save_figure(fig, out / "paged_vs_contiguous.png")
     cols = ["allocator", "kv_blocks", "kv_slots", "max_concurrent", "out_tok_s", "req_s", "kv_waste",
             "ext_fragmentation", "kv_util_mean", "ttft_p50_ms", "preemptions", "finished", "duration_s", "steps"]
     paged_waste = ", ".join(f"{100 * r['kv_waste']:.2f}%" for r in rows if r["allocator"] == "paged")
@@ -69,10 +60,10 @@ def main(sweep: Path | None = None) -> None:
         "slots (the partial last block of each request); contiguous reservations waste the not-yet-generated part of "
         "max_tokens, and a max_model_len reservation wastes most of what it reserves.\n\n"
         "![paged vs contiguous](paged_vs_contiguous.png)\n")
-    write_readme(OUT, "paged vs contiguous KV allocation at equal memory", "python run.py -m experiment=paged_vs_contiguous",
+    write_readme(out, "paged vs contiguous KV allocation at equal memory", "python run.py -m experiment=paged_vs_contiguous",
                  sweep, body)
     print(markdown_table(rows, cols))
 
 
 if __name__ == "__main__":
-    main(sweep_arg())
+    main()

@@ -6,17 +6,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
 
 HERE = Path(__file__).resolve().parent
-OUT = HERE  # where outputs go: set by main() (common.output_dir)
 sys.path.insert(0, str(HERE.parent))
-from common import output_dir, sweep_arg  # noqa: E402
-from memory_common import latest_sweep, load_runs, markdown_table, write_readme  # noqa: E402
+from common import load_runs, open_sweep, plt, save_figure  # noqa: E402
+from memory_common import markdown_table, write_readme  # noqa: E402
 
 POLICIES = ["recompute", "swap", "adaptive"]
 
@@ -66,12 +61,10 @@ def conclusion(rows: list[dict], verdicts: list[dict]) -> str:
 
 
 def main(sweep: Path | None = None) -> None:
-    sweep = sweep or latest_sweep("preemption_modes")
-    global OUT
-    OUT = output_dir(HERE, sweep, "preemption_modes")
+    sweep, out = open_sweep(HERE, "preemption_modes", sweep)
     rows = []
-    for run in load_runs(sweep):
-        s, c = run["summary"], run["config"]
+    for run in load_runs(sweep, strict=False):
+        s, c = run.summary, run.config
         kinds = s["num_preemptions_by_kind"]
         rows.append({"prompt_len": int(c["workload"]["prompt_len"]["mean"]), "kv_blocks": c["num_kv_blocks"],
                      "policy": c["preemption"]["name"], "duration_s": s["duration_s"], "steps": s["num_steps"],
@@ -107,8 +100,7 @@ def main(sweep: Path | None = None) -> None:
         ax.set_title(f"KV pool {pool} blocks of 16")
         ax.grid(alpha=0.3, axis="y")
     axes[0][0].legend()
-    fig.tight_layout()
-    fig.savefig(OUT / "preemption_modes.png", dpi=120)
+    save_figure(fig, out / "preemption_modes.png")
     cols = ["prompt_len", "kv_blocks", "policy", "out_tok_s", "duration_s", "swaps", "recomputes", "swap_out_MB",
             "recomputed_tokens", "e2e_p50_ms", "steps", "repeats", "link_GB_s", "break_even_GB_s"]
     vcols = ["kv_blocks", "prompt_len", "faster", "swap/recompute", "adaptive/best", "adaptive swaps",
@@ -122,11 +114,11 @@ def main(sweep: Path | None = None) -> None:
             + "\n\nWhich is faster, and how close adaptive gets to the better one (throughput ratios):\n\n"
             + markdown_table(verdicts, vcols) + "\n\n" + conclusion(rows, verdicts)
             + "\n\n![preemption modes](preemption_modes.png)\n")
-    write_readme(OUT, "swap vs recompute vs adaptive preemption", "python run.py -m experiment=preemption_modes",
+    write_readme(out, "swap vs recompute vs adaptive preemption", "python run.py -m experiment=preemption_modes",
                  sweep, body)
     print(markdown_table(rows, cols))
     print(markdown_table(verdicts, vcols))
 
 
 if __name__ == "__main__":
-    main(sweep_arg())
+    main()

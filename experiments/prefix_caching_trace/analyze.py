@@ -5,16 +5,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
 HERE = Path(__file__).resolve().parent
-OUT = HERE  # where outputs go: set by main() (common.output_dir)
 sys.path.insert(0, str(HERE.parent))
-from common import output_dir, sweep_arg  # noqa: E402
-from memory_common import latest_sweep, load_runs, markdown_table, write_readme  # noqa: E402
+from common import load_runs, open_sweep, plt, save_figure  # noqa: E402
+from memory_common import markdown_table, write_readme  # noqa: E402
 
 
 def ideal_hit_rate(cfg: dict) -> tuple[int, int]:
@@ -22,7 +16,7 @@ def ideal_hit_rate(cfg: dict) -> tuple[int, int]:
     each prompt reuses its longest run of leading full blocks seen before, except the last token."""
     from omegaconf import OmegaConf
 
-    from servelab.workloads import build_requests
+    from servelab.workloads.build import build_requests
 
     requests = build_requests(OmegaConf.create(cfg["workload"]), cfg["model"]["vocab_size"], cfg["max_model_len"])
     bs, seen, cached = cfg["block_size"], set(), 0
@@ -35,12 +29,11 @@ def ideal_hit_rate(cfg: dict) -> tuple[int, int]:
 
 
 def main(sweep: Path | None = None) -> None:
-    sweep = sweep or latest_sweep("prefix_caching_trace")
-    global OUT
-    OUT = output_dir(HERE, sweep, "prefix_caching_trace")
+    sweep, out = open_sweep(HERE, "prefix_caching_trace", sweep)
     rows = []
-    for run in load_runs(sweep):
-        s, c = run["summary"], run["config"]
+    runs = load_runs(sweep, strict=False)
+    for run in runs:
+        s, c = run.summary, run.config
         rows.append({"prefix_caching": c["allocator"]["prefix_caching"], "hit_rate": s["prefix_cache_hit_rate"],
                      "prompt_tokens": s["prompt_tokens"], "prefill_computed": s["prefill_tokens_computed"],
                      "ttft_mean_ms": s["ttft_ms"]["mean"], "ttft_p50_ms": s["ttft_ms"]["p50"],
@@ -51,7 +44,7 @@ def main(sweep: Path | None = None) -> None:
     off = next(r for r in rows if not r["prefix_caching"])
     on = next(r for r in rows if r["prefix_caching"])
     saved = off["prefill_computed"] - on["prefill_computed"]
-    ideal_cached, ideal_prompt = ideal_hit_rate(load_runs(sweep)[0]["config"])
+    ideal_cached, ideal_prompt = ideal_hit_rate(runs[0].config)
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.8))
     names = ["off", "on"]
     axes[0].bar(names, [off["prefill_computed"], on["prefill_computed"]], color=["gray", "tab:green"])
@@ -63,8 +56,7 @@ def main(sweep: Path | None = None) -> None:
     for ax in axes:
         ax.set_xlabel("prefix caching")
         ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(OUT / "prefix_caching_trace.png", dpi=120)
+    save_figure(fig, out / "prefix_caching_trace.png")
     cols = list(rows[0])
     body = ("Mooncake conversation trace (`../shared/traces/conversation_trace.jsonl`, first 400 requests): each "
             "512-token trace block becomes 8 token ids generated from its hash id, so prompts share tokens exactly "
@@ -77,10 +69,10 @@ def main(sweep: Path | None = None) -> None:
             f"({saved / off['prefill_computed']:.1%}); TTFT p50 {off['ttft_p50_ms'] / 1e3:.2f} s -> "
             f"{on['ttft_p50_ms'] / 1e3:.2f} s; throughput x{on['out_tok_s'] / off['out_tok_s']:.2f}.\n\n"
             "![prefix caching](prefix_caching_trace.png)\n")
-    write_readme(OUT, "Prefix caching on a real shared-prefix trace", "python run.py -m experiment=prefix_caching_trace",
+    write_readme(out, "Prefix caching on a real shared-prefix trace", "python run.py -m experiment=prefix_caching_trace",
                  sweep, body)
     print(markdown_table(rows, cols))
 
 
 if __name__ == "__main__":
-    main(sweep_arg())
+    main()

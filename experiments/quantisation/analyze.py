@@ -11,23 +11,18 @@ import json
 import sys
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from common import output_dir, sweep_arg, table  # noqa: E402
-from memory_common import latest_sweep, load_runs, write_readme  # noqa: E402
+from common import load_runs, open_sweep, plt, save_figure, table  # noqa: E402
+from memory_common import write_readme  # noqa: E402
 
 KV_NAMES = {"auto": "float32", "int8": "int8", "fp8_e4m3": "fp8 (e4m3)"}
 
 
 def memory_bound_rows(sweep: Path) -> list[dict]:
     rows = []
-    for run in load_runs(sweep):
-        s, c = run["summary"], run["config"]
+    for run in load_runs(sweep, strict=False):
+        s, c = run.summary, run.config
         rows.append({"kv": c["kv_cache_dtype"], "weights": c["model"]["quantization"],
                      "bytes_per_block": s["bytes_per_block"], "kv_pool_blocks": s["kv_pool_blocks"],
                      "kv_pool_bytes": s["kv_pool_bytes"], "max_concurrent": s["max_concurrent_requests"],
@@ -87,8 +82,8 @@ def capacity_words(sim: dict) -> str:
 def decode_speedups() -> str:
     """Roofline step time of a decode step of Llama-3.1-70B at TP 4, bf16 vs INT8 weights (and INT8 KV)."""
     from servelab.api import compose
-    from servelab.stack import build_stack
-    from servelab.step_work import StepWork
+    from servelab.run.stack import build_stack
+    from servelab.core.step_work import StepWork
 
     rows = []
     for hw in ("a100_80gb", "h100"):
@@ -153,13 +148,11 @@ def plot(quality: dict, mem_rows: list[dict], sim: dict, path: Path) -> None:
     ax.set_ylabel("KV tokens per GPU (millions; 0 = weights do not fit)")
     ax.set_title(f"Llama-3.1-70B in the simulator (gpu_memory_utilization {util})")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
 
 
 def main() -> None:
-    sweep = sweep_arg() or latest_sweep("quantisation")
-    out = output_dir(HERE, sweep, "quantisation")
+    sweep, out = open_sweep(HERE, "quantisation")
     quality = json.loads((HERE / "quality.json").read_text())
     sim = json.loads((HERE / "sim.json").read_text())
     mem_rows = memory_bound_rows(sweep)

@@ -33,9 +33,9 @@ SETTINGS = {
 
 
 def heldout_prompts(n: int, seed: int, prefix_bytes: int) -> list[list[int]]:
-    from servelab import corpus
-    from servelab.config import PACKAGED_CHECKPOINTS
-    from servelab.text import load_tokenizer
+    from servelab.workloads import corpus
+    from servelab.run.config import PACKAGED_CHECKPOINTS
+    from servelab.workloads.text import load_tokenizer
 
     docs = [d for d in corpus.heldout_documents() if len(d.encode()) > prefix_bytes + 64]
     tok = load_tokenizer(PACKAGED_CHECKPOINTS / "tiny_code")
@@ -78,7 +78,7 @@ def main(argv=None) -> dict:
     p.add_argument("--out", default=str(HERE / "quality.json"))
     args = p.parse_args(argv)
     from servelab.api import compose
-    from servelab.eval_ppl import evaluate
+    from servelab.cli.eval_ppl import evaluate
 
     prompts = heldout_prompts(args.prompts, args.seed, args.prefix_bytes)
     rows, base = [], None

@@ -4,7 +4,7 @@ second it serves within the SLOs, with and without quantisation, on A100-80GB an
     python experiments/quantisation/sim.py                  # writes sim.json beside this script (~10 min)
     python experiments/quantisation/sim.py --no-capacity    # the memory table only (seconds)
 
-Memory: ``backend=sim`` plans each rank's memory (``servelab.sim_executor.plan_memory``): device
+Memory: ``backend=sim`` plans each rank's memory (``servelab.sim.executor.plan_memory``): device
 memory x ``gpu_memory_utilization``, minus the rank's weights at their stored size (INT8 decoder
 linears: 1 byte + a float32 scale per output channel; embeddings and LM head in bfloat16), minus
 the activation reserve (2 GB), over the KV bytes of a block (quantised KV: 1 byte per value + a
@@ -42,8 +42,8 @@ UTILISATIONS = (0.9, 0.95)
 
 def memory_row(hardware: str, tp: int, util: float, setting: str) -> dict:
     from servelab.api import compose
-    from servelab.errors import ConfigError
-    from servelab.stack import build_sim_executor, model_shape, storage_bytes
+    from servelab.core.errors import ConfigError
+    from servelab.run.stack import build_sim_executor, model_shape, storage_bytes
 
     cfg = compose(["backend=sim", "model=llama3_70b", f"hardware={hardware}", f"tensor_parallel_size={tp}",
                    f"backend.gpu_memory_utilization={util}", *SETTINGS[setting]], logger="none", progress=False)
@@ -78,8 +78,8 @@ def main(argv=None) -> dict:
     if not args.no_capacity:
         import search  # experiments/capacity_search/search.py
         from servelab.api import compose
-        from servelab.stack import build_stack
-        from servelab.workloads import build_requests
+        from servelab.run.stack import build_stack
+        from servelab.workloads.build import build_requests
 
         spec = search.StackSpec("fcfs", True, "recompute")
         for hw in HARDWARE:

@@ -10,22 +10,18 @@ Writes README.md, attainment.png and goodput.png next to this script.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-import matplotlib
 import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import latest_sweep, load_runs, machine_note, table, output_dir, sweep_arg  # noqa: E402
-
 HERE = Path(__file__).resolve().parent
-OUT = HERE  # where outputs go: set by main() (common.output_dir)
+sys.path.insert(0, str(HERE.parent))
+from common import (  # noqa: E402
+    load_runs, machine_note, open_sweep, optional_sweep, plt, save_figure, table, write_page,
+)
+
 SCHEDULERS = ["fcfs", "priority", "slo_aware"]
 
 
@@ -37,10 +33,7 @@ def offered_rate(run) -> float:
 def _steps(runs):
     """Every step record of every run that logged steps.jsonl."""
     for run in runs:
-        path = run.path / "steps.jsonl"
-        if path.is_file():
-            for line in path.read_text().splitlines():
-                yield json.loads(line)
+        yield from run.steps() or []
 
 
 def decode_step_ms(runs) -> dict[int, float]:
@@ -94,7 +87,7 @@ def section(title: str, runs, with_classes: bool) -> tuple[str, dict]:
     return f"### {title}\n\n" + table(headers, rows), cur
 
 
-def plot(all_curves: dict[str, dict], key: str, ylabel: str, filename: str) -> None:
+def plot(all_curves: dict[str, dict], key: str, ylabel: str, path: Path) -> None:
     fig, axes = plt.subplots(1, len(all_curves), figsize=(4.5 * len(all_curves), 3.5), squeeze=False)
     for ax, (title, cur) in zip(axes[0], all_curves.items()):
         for name in SCHEDULERS:
@@ -103,30 +96,22 @@ def plot(all_curves: dict[str, dict], key: str, ylabel: str, filename: str) -> N
         ax.set(xlabel="offered load (req/s)", ylabel=ylabel, title=title)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(OUT / filename, dpi=120)
+    save_figure(fig, path)
 
 
 def main() -> None:
-    bursty_dir = sweep_arg() or latest_sweep("slo_goodput")
-    global OUT
-    OUT = output_dir(HERE, bursty_dir, "slo_goodput")
+    bursty_dir, out = open_sweep(HERE, "slo_goodput")
     bursty = load_runs(bursty_dir)
     sections, all_curves = [], {}
     text, all_curves["bursty synthetic (Gamma CV 3)"] = section("Bursty synthetic stream", bursty, True)
     sections.append(text)
-    trace_dir = sweep_arg(1)
-    if trace_dir is None:
-        try:
-            trace_dir = latest_sweep("slo_goodput_trace")
-        except SystemExit:
-            trace_dir = None
+    trace_dir = optional_sweep("slo_goodput_trace", 1)
     if trace_dir is not None:
         trace = load_runs(trace_dir)
         text, all_curves["Azure conv trace replay"] = section("Azure conversation trace replay", trace, False)
         sections.append(text)
-    plot(all_curves, "slo_attainment", "SLO attainment (both SLOs)", "attainment.png")
-    plot(all_curves, "goodput_req_s", "goodput (req/s meeting both SLOs)", "goodput.png")
+    plot(all_curves, "slo_attainment", "SLO attainment (both SLOs)", out / "attainment.png")
+    plot(all_curves, "goodput_req_s", "goodput (req/s meeting both SLOs)", out / "goodput.png")
 
     cfg = bursty[0].config
     ttft, tpot = cfg["slo"]["ttft_ms"], cfg["slo"]["tpot_ms"]
@@ -192,8 +177,7 @@ between those two curves is a direct reading of the run-to-run noise on this sha
 The cost model is fitted online from this machine's measured step times, which other
 jobs on the 2 shared cores disturb; compare rows of one multirun.
 """
-    (OUT / "README.md").write_text(text)
-    print(text)
+    write_page(out, text)
 
 
 if __name__ == "__main__":

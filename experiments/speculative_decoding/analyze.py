@@ -11,21 +11,16 @@ this experiment's committed README.md and speedup.png. Every configuration ran t
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-import matplotlib
 import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import latest_sweep, load_runs, machine_note, table  # noqa: E402
-
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from common import latest_sweep, load_runs, machine_note, plt, save_figure, table  # noqa: E402
+
 SPECS = ["none"] + [f"{d}_k{k}" for d in ("ngram", "draft") for k in (1, 2, 4, 8)]
 LOADS = {"low": "low load (<= 2 running)", "high": "high load (64 running)"}
 
@@ -38,11 +33,10 @@ def _step_ms(runs) -> tuple[float | None, float | None]:
     """Median forward pass and drafting time (ms) of the decode steps (no prefill) of ``runs``."""
     model, draft = [], []
     for run in runs:
-        path = run.path / "steps.jsonl"
-        if not path.is_file():
+        steps = run.steps()
+        if steps is None:
             return None, None
-        for line in path.read_text().splitlines():
-            step = json.loads(line)
+        for step in steps:
             if step["prefill_tokens"] == 0:
                 model.append(step["model_s"] * 1e3)
                 draft.append(step.get("draft_s", 0.0) * 1e3)
@@ -108,18 +102,16 @@ def main() -> None:
         ax.set_title(LOADS[load])
     axes[0].set_ylabel("output tokens/s vs drafter=none")
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
 
     body = "\n\n".join(sections)
     text = README.format(machine=machine_note(sweep), tables=body, sweep=sweep.name, reading=_reading(plot_data))
     out = sweep / "analysis"
     out.mkdir(exist_ok=True)
+    save_figure(fig, out / "speedup.png", *([HERE / "speedup.png"] if args.update_readme else []))
     (out / "results.md").write_text(text)
-    fig.savefig(out / "speedup.png", dpi=120)
     print(f"wrote {out / 'results.md'} and {out / 'speedup.png'}")
     if args.update_readme:
         (HERE / "README.md").write_text(text)
-        fig.savefig(HERE / "speedup.png", dpi=120)
         print(f"wrote {HERE / 'README.md'} and {HERE / 'speedup.png'}")
 
 

@@ -21,8 +21,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path, help="a folder run.py wrote (profile.json, wall-*/)")
     args = ap.parse_args()
-    from servelab.step_profile import StepProfile, fit_profile
-    from servelab.step_work import StepWork
+    from servelab.sim.step_profile import StepProfile, fit_profile
+    from servelab.core.step_work import StepWork
 
     prof = StepProfile.load(args.out / "profile.json")
     col = {name: i for i, name in enumerate(prof.to_json()["features"])}

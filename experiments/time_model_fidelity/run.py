@@ -34,7 +34,7 @@ METRICS = [("duration_s", lambda s: s["duration_s"]), ("ttft_p50_ms", lambda s: 
 
 def run(overrides: list[str], out: Path) -> dict:
     from servelab.api import compose
-    from servelab.session import run_job
+    from servelab.run.session import run_job
 
     return run_job(compose(overrides), out).summary
 
@@ -48,7 +48,7 @@ def main() -> None:
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     profile = out / "profile.json"
-    from servelab.profiling import measure_profile
+    from servelab.cli.profile import measure_profile
 
     base = COMMON + WORKLOAD_B + args.overrides
     # One probe round, then one wall-clock run of B, and again: on a shared machine both sides then

@@ -4,7 +4,7 @@
     python experiments/train_tiny/train.py --preset draft    # -> framework/checkpoints/tiny_code_draft
 
 The model is transformers' own ``LlamaForCausalLM``; the corpus, the held-out split and the
-evaluation windows are ``servelab.corpus`` (the same ones ``workload=corpus`` and
+evaluation windows are ``servelab.workloads.corpus`` (the same ones ``workload=corpus`` and
 ``servelab eval-ppl`` use). Everything random comes from ``--seed``: the same command on the
 same machine (same Python stdlib, same torch, same thread count) gives the same weights.
 The output folder is a complete HF checkpoint: ``config.json``, ``generation_config.json``,
@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from servelab import corpus
-from servelab.text import BYTE_VOCAB_SIZE, build_byte_tokenizer
+from servelab.workloads import corpus
+from servelab.workloads.text import BYTE_VOCAB_SIZE, build_byte_tokenizer
 
 BOS_ID, EOS_ID, PAD_ID = 256, 257, 258
 PACKAGE_CHECKPOINTS = Path(__file__).resolve().parents[2] / "framework" / "checkpoints"

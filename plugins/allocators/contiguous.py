@@ -14,9 +14,9 @@ import bisect
 import enum
 from dataclasses import dataclass
 
-from servelab.interfaces import BlockAllocator
-from servelab.request import Sequence
-from servelab.errors import ConfigError
+from servelab.core.interfaces import BlockAllocator
+from servelab.core.request import Sequence
+from servelab.core.errors import ConfigError
 
 
 class ReserveFor(enum.Enum):

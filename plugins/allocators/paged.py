@@ -24,8 +24,8 @@ from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-from servelab.interfaces import BlockAllocator
-from servelab.request import Sequence
+from servelab.core.interfaces import BlockAllocator
+from servelab.core.request import Sequence
 
 
 def block_digest(parent: bytes, tokens) -> bytes:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servelab.drafting import MAX_DRAFT_TOKENS as MAX_DRAFTS
-from servelab.errors import ConfigError
-from servelab.interfaces import SpeculativeDrafter
+from servelab.engine.drafting import MAX_DRAFT_TOKENS as MAX_DRAFTS
+from servelab.core.errors import ConfigError
+from servelab.core.interfaces import SpeculativeDrafter
 
 
 @dataclass

@@ -3,7 +3,7 @@ vocabulary proposes ``k`` tokens per sequence, batched across sequences.
 
 The executor loads it beside the target (on rank 0 only under tensor parallelism: drafting is
 rank 0's business and the target's ranks need nothing from it) and keeps its KV consistent
-with what was verified (see :mod:`servelab.drafting`). For sampled requests the drafts are drawn
+with what was verified (see :mod:`servelab.engine.drafting`). For sampled requests the drafts are drawn
 from the draft model's distribution under the request's own temperature / top-k / top-p, and
 that distribution travels with them so rejection sampling stays exact.
 """
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from servelab.config import PACKAGED_CHECKPOINTS
-from servelab.drafting import build_draft_batch
-from servelab.errors import ConfigError
+from servelab.run.config import PACKAGED_CHECKPOINTS
+from servelab.engine.drafting import build_draft_batch
+from servelab.core.errors import ConfigError
 
 from .common import BuiltinDrafter, DrafterConfig
 

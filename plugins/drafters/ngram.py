@@ -14,7 +14,7 @@ from itertools import repeat
 
 import numpy as np
 
-from servelab.errors import ConfigError
+from servelab.core.errors import ConfigError
 
 from .common import BuiltinDrafter, DrafterConfig
 from .ngram_index import NgramIndex

@@ -1,6 +1,6 @@
 """No speculative decoding."""
 
-from servelab.interfaces import SpeculativeDrafter
+from servelab.core.interfaces import SpeculativeDrafter
 
 
 class NoDrafter(SpeculativeDrafter):

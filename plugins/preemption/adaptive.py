@@ -10,24 +10,20 @@ from __future__ import annotations
 
 import logging
 
-from servelab.interfaces import PreemptionDecision
+from servelab.core.interfaces import PreemptionDecision
 
-from .swap import swap_fallback_reason, warn_without_pool
-from .victims import VictimRulePolicy
+from .swap import SwapPreemption, swap_fallback_reason
 
 log = logging.getLogger(__name__)
 
 
+class AdaptivePreemption(SwapPreemption):
+    """Pick the cheaper of swap and recompute for each victim.
 
-class AdaptivePreemption(VictimRulePolicy):
-    """Pick the cheaper of swap and recompute for each victim."""
+    The host pool (``uses_host_pool``, the warning when it is empty) is set up as for ``swap``.
+    """
 
     name = "adaptive"
-    uses_host_pool = True  # gets the default host pool (servelab.swap_pool) unless one is configured
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        warn_without_pool(self)
 
     def estimates(self, victim) -> dict[str, float]:
         """``{"swap_s": ..., "recompute_s": ...}`` for ``victim`` now."""

@@ -1,6 +1,6 @@
 """Recompute preemption: drop the victim's KV and recompute prompt + generated tokens later."""
 
-from servelab.interfaces import PreemptionDecision
+from servelab.core.interfaces import PreemptionDecision
 
 from .victims import VictimRulePolicy
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from servelab.interfaces import PreemptionDecision, PreemptionPolicy
+from servelab.core.interfaces import PreemptionDecision, PreemptionPolicy
 
 from .victims import VictimRulePolicy
 
@@ -39,7 +39,7 @@ class SwapPreemption(VictimRulePolicy):
     """Swap whenever the host pool has room, else recompute."""
 
     name = "swap"
-    uses_host_pool = True  # gets the default host pool (servelab.swap_pool) unless one is configured
+    uses_host_pool = True  # gets the default host pool (servelab.run.swap_pool) unless one is configured
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

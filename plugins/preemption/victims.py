@@ -6,8 +6,8 @@ import enum
 from dataclasses import dataclass
 from typing import Sequence as Seq
 
-from servelab.interfaces import BlockAllocator, PreemptionPolicy
-from servelab.request import Sequence
+from servelab.core.interfaces import BlockAllocator, PreemptionPolicy
+from servelab.core.request import Sequence
 
 
 class VictimRule(enum.Enum):

@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from servelab.errors import ConfigError
-from servelab.scheduling import QueueScheduler
+from servelab.core.errors import ConfigError
+from servelab.engine.scheduling import QueueScheduler
 
 
 def urgency(seq) -> tuple[int, float]:

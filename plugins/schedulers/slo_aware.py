@@ -39,9 +39,9 @@ import heapq
 import itertools
 from dataclasses import dataclass
 
-from servelab.cost_model import StepFeatures
-from servelab.scheduling import QueueScheduler
-from servelab.errors import ConfigError
+from servelab.core.cost_model import StepFeatures
+from servelab.engine.scheduling import QueueScheduler
+from servelab.core.errors import ConfigError
 
 INF = float("inf")
 

@@ -9,7 +9,7 @@ It exists so the gain of continuous batching can be measured inside the framewor
 
 from itertools import islice
 
-from servelab.scheduling import QueueScheduler
+from servelab.engine.scheduling import QueueScheduler
 
 
 class StaticBatchScheduler(QueueScheduler):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from servelab.interfaces import TimeModel
+from servelab.core.interfaces import TimeModel
 
 
 class MeasuredTime(TimeModel):

@@ -6,9 +6,9 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from servelab.errors import ConfigError
-from servelab.interfaces import TimeModel, TimeModelContext
-from servelab.step_profile import StepProfile
+from servelab.core.errors import ConfigError
+from servelab.core.interfaces import TimeModel, TimeModelContext
+from servelab.sim.step_profile import StepProfile
 
 log = logging.getLogger(__name__)
 

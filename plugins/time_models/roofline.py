@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servelab.interfaces import TimeModel, TimeModelContext
-from servelab.shapes import INT8_SCALE_BYTES
+from servelab.core.interfaces import TimeModel, TimeModelContext
+from servelab.core.shapes import INT8_SCALE_BYTES
 
 
 @dataclass

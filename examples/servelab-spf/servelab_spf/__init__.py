@@ -6,8 +6,7 @@ Installed with pip, it is selectable as ``python run.py scheduler=spf`` and its 
 
 from dataclasses import dataclass
 
-from servelab import hookimpl
-from servelab.scheduling import QueueScheduler
+from servelab.plugin_api import QueueScheduler, hookimpl
 
 
 @dataclass

@@ -1,0 +1,403 @@
+"""The plugin interfaces and the small data types they exchange.
+
+Division of labour (the executor boundary):
+- a :class:`Scheduler` decides who runs this step and how many tokens each computes; it never
+  touches tensors;
+- a :class:`BlockAllocator` owns the logical -> physical block tables and the ref counts;
+- a :class:`PreemptionPolicy` picks victims and how each is preempted when blocks run out;
+- a :class:`SpeculativeDrafter` proposes draft tokens for a sequence;
+- a :class:`TimeModel` predicts how long a step takes (the virtual clock's ground truth);
+- the executor (not a plugin) owns the KV tensors and moves data when the plan says so.
+
+Every plugin class has a ``name`` (what ``scheduler=<name>`` selects) and a ``Config`` dataclass
+of typed parameters (what ``scheduler.<field>=...`` sets; OmegaConf checks the types).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Sequence as Seq
+
+from servelab.core.request import Sequence
+
+if TYPE_CHECKING:
+    from servelab.core.cost_model import StepCostModel
+    from servelab.core.shapes import HardwareProfile, ModelShape
+    from servelab.core.step_work import StepWork
+
+
+@dataclass
+class NoConfig:
+    """Config of a plugin without parameters."""
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """Run-wide knobs every policy sees (the top-level config keys)."""
+
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    chunked_prefill: bool
+    ttft_slo_ms: float | None = None
+    tpot_slo_ms: float | None = None
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    """One entry of a plan: ``seq`` computes ``num_tokens`` tokens starting at ``start``.
+
+    ``start`` is ``seq.num_computed_tokens`` when the plan was made; the chunk is
+    ``seq.token_ids[start:start + num_tokens]``. A *verify* entry (speculative decoding) is a
+    decode that also carries drafts: its ``num_tokens`` is ``1 + len(draft_token_ids)`` and its
+    chunk is the sequence's last token followed by the drafts.
+    """
+
+    seq: Sequence
+    num_tokens: int
+    start: int
+    draft_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class PreemptionDecision:
+    """How one victim is preempted, and why. ``kind`` is ``"recompute"`` or ``"swap"``.
+
+    ``estimates`` carries whatever the policy weighed (e.g. ``{"swap_s": ..., "recompute_s": ...}``)
+    so results can show each decision.
+    """
+
+    seq_id: str
+    kind: str
+    reason: str = ""
+    estimates: dict[str, float] = field(default_factory=dict)
+    num_computed_tokens: int = 0  # the victim's KV at preemption (what recompute discards), set by the scheduler
+
+
+@dataclass
+class SchedulePlan:
+    """What one engine step does. Block operations run before the forward pass, in the order
+    swap_out, swap_in, copy. Pairs are ``(src_block, dst_block)``."""
+
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[PreemptionDecision] = field(default_factory=list)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # device block -> host block
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # host block -> device block
+    copy_blocks: list[tuple[int, int]] = field(default_factory=list)  # device -> device
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled and not self.swap_out and not self.swap_in
+
+
+class Plugin(ABC):
+    """Common shape of every plugin: a registry name and a typed ``Config`` dataclass."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type] = NoConfig
+
+
+class BlockAllocator(Plugin):
+    """Owns the mapping of each sequence's logical blocks to physical KV blocks, and ref counts.
+
+    Block ids are ``0 .. num_blocks - 1`` and index the executor's KV tensors. All methods are
+    called from the scheduler's thread; none touches tensors.
+    """
+
+    def __init__(self, config, num_blocks: int, block_size: int, limits: EngineLimits) -> None:
+        self.config = config
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.limits = limits
+        self.num_swap_blocks = 0
+
+    def attach_swap_pool(self, num_blocks: int) -> None:
+        """Called once at build time with the size of the executor's host swap pool (blocks,
+        ``0`` = none). Allocators that can swap set up their host free list here."""
+        self.num_swap_blocks = num_blocks
+
+    @abstractmethod
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Make room for ``seq.num_computed_tokens + num_new_tokens`` tokens of ``seq``.
+
+        All-or-nothing: return ``False`` and change nothing if the pool cannot provide the blocks.
+        """
+
+    @abstractmethod
+    def free(self, seq: Sequence) -> None:
+        """Release every block ``seq`` holds (ref count - 1 each). Idempotent."""
+
+    @abstractmethod
+    def block_table(self, seq_id: str) -> list[int]:
+        """Physical block ids of ``seq_id`` in logical order (empty if it holds none)."""
+
+    @abstractmethod
+    def num_free_blocks(self) -> int:
+        """Blocks that an allocation could use right now (including evictable cached blocks)."""
+
+    def num_used_blocks(self) -> int:
+        """Blocks referenced by at least one live sequence."""
+        return self.num_blocks - self.num_free_blocks()
+
+    def can_ever_fit(self, num_tokens: int) -> bool:
+        """Whether a sequence of ``num_tokens`` tokens could be held with the pool empty."""
+        return -(-num_tokens // self.block_size) <= self.num_blocks
+
+    def admit(self, seq: Sequence) -> int:
+        """Called once when ``seq`` is (re)admitted, before its first ``allocate_slots``.
+
+        Returns how many leading tokens of ``seq.token_ids`` are already in the cache (prefix
+        caching; the blocks are then referenced by ``seq``), at most ``seq.num_tokens - 1`` so
+        the last token is always computed. Default: none.
+        """
+        return 0
+
+    def on_tokens_computed(self, seq: Sequence) -> None:
+        """Called after a step computed tokens of ``seq`` (e.g. to hash newly full blocks)."""
+
+    def release_slots(self, seq: Sequence, num_tokens: int) -> None:
+        """Shrink ``seq``'s reservation to its first ``num_tokens`` slots (``num_tokens`` <= what
+        :meth:`allocate_slots` last made room for): called after speculative decoding rejected
+        drafts whose slots were reserved. Blocks wholly past the new end go back to the pool.
+        Default: keep them (correct, but the pool holds the rejected slots until ``free``)."""
+
+    def leaked_blocks(self) -> int:
+        """With no live sequences: blocks still referenced (should be 0)."""
+        return self.num_used_blocks()
+
+    # Swap support (optional): allocators that can hold sequences in a host pool override these.
+    def can_swap_out(self, seq: Sequence) -> bool:
+        """Whether ``seq``'s blocks fit in the host swap pool now."""
+        return False
+
+    def swap_out(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Move ``seq`` to the host pool; return ``(device_block, host_block)`` copies to perform."""
+        raise NotImplementedError(f"allocator {self.name!r} does not support swapping")
+
+    def can_swap_in(self, seq: Sequence) -> bool:
+        """Whether ``seq``'s swapped blocks fit on the device now."""
+        return False
+
+    def swap_in(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Bring ``seq`` back; return ``(host_block, device_block)`` copies to perform."""
+        raise NotImplementedError(f"allocator {self.name!r} does not support swapping")
+
+    def usage_stats(self) -> dict[str, float]:
+        """Extra per-step gauges (e.g. ``{"kv_waste_fraction": ...}``); optional."""
+        return {}
+
+
+class PreemptionPolicy(Plugin):
+    """Chooses victims when the pool is exhausted, and whether each is swapped or recomputed."""
+
+    def __init__(self, config, limits: EngineLimits, allocator: BlockAllocator,
+                 cost_model: "StepCostModel") -> None:
+        self.config = config
+        self.limits = limits
+        self.allocator = allocator
+        self.cost_model = cost_model
+
+    def select_victim(self, candidates: Seq[Sequence]) -> Sequence:
+        """Pick one of ``candidates`` (non-empty, in the scheduler's order, most important
+        first) and return that very object. When a running sequence needs blocks, the candidates
+        include that requester itself (choosing it makes it wait). Default: the last one, i.e.
+        the scheduler's own order decides."""
+        return candidates[-1]
+
+    @abstractmethod
+    def decide(self, victim: Sequence) -> PreemptionDecision:
+        """Return how ``victim`` is preempted. Must return ``kind="recompute"`` when swapping is
+        impossible (``allocator.can_swap_out(victim)`` is false)."""
+
+
+class Scheduler(Plugin):
+    """Decides, each step, which sequences run and how many tokens each computes.
+
+    The engine calls :meth:`add` when a request arrives, :meth:`schedule` once per step,
+    :meth:`remove` when a sequence finishes and :meth:`abort` when one leaves early (any state). A scheduler allocates blocks through
+    ``self.allocator`` for everything it schedules (the plan must be runnable as is), asks
+    ``self.preemption`` for victims when blocks run out, and never touches tensors.
+    Most schedulers subclass :class:`servelab.engine.scheduling.QueueScheduler`, which implements the
+    unified token-budget loop and exposes the policy decisions as small overridable methods.
+    """
+
+    def __init__(self, config, limits: EngineLimits, allocator: BlockAllocator,
+                 preemption: PreemptionPolicy, cost_model: "StepCostModel") -> None:
+        self.config = config
+        self.limits = limits
+        self.allocator = allocator
+        self.preemption = preemption
+        self.cost_model = cost_model
+
+    @abstractmethod
+    def add(self, seq: Sequence) -> None:
+        """Accept a newly arrived sequence (status WAITING)."""
+
+    @abstractmethod
+    def schedule(self, now: float) -> SchedulePlan:
+        """Build the next step's plan. ``now`` is seconds since the run started.
+
+        Contract: ``sum(num_tokens) <= limits.max_num_batched_tokens``; at most
+        ``limits.max_num_seqs`` sequences; each scheduled sequence already has blocks for its
+        chunk; with ``chunked_prefill`` off a sequence's uncomputed tokens are scheduled whole.
+        """
+
+    @abstractmethod
+    def remove(self, seq: Sequence) -> None:
+        """Forget a finished sequence (the engine frees its blocks)."""
+
+    def abort(self, seq: Sequence) -> None:
+        """Forget ``seq`` in ANY state — waiting, running (mid-prefill or decoding), swapped —
+        because its client left; the engine then frees its blocks (device and host pool) and
+        records it as aborted. Called between steps, never during :meth:`schedule`.
+
+        Default: :meth:`remove`, enough for a scheduler whose ``remove`` forgets a sequence in any
+        state. :class:`servelab.engine.scheduling.QueueScheduler` takes it out of whichever queue holds it
+        and then calls ``remove`` (so a subclass's own bookkeeping there runs too). The engine
+        checks that :meth:`num_unfinished` dropped by one and names the scheduler if not.
+        """
+        self.remove(seq)
+
+    @abstractmethod
+    def num_unfinished(self) -> int:
+        """Sequences the scheduler still holds (waiting, running or swapped)."""
+
+    def queue_lengths(self) -> dict[str, int]:
+        """Gauges for logging, e.g. ``{"waiting": 3, "running": 8, "swapped": 0}``."""
+        return {}
+
+    def step_stats(self) -> dict[str, float]:
+        """Numbers behind the last :meth:`schedule` decision (e.g. a prefill cap), logged per
+        step in ``steps.jsonl``. Default: none."""
+        return {}
+
+
+@dataclass
+class Drafts:
+    """A drafter's proposal for a batch of sequences, in the order they were given.
+
+    ``token_ids[i]`` follows ``seqs[i].token_ids``; ``probs[i]`` (optional) is the drafter's
+    distribution each draft was drawn from, a float tensor ``[len(token_ids[i]), vocab]``; without
+    it a draft counts as certain (one-hot), which is what rejection sampling assumes of ngram drafts.
+    """
+
+    token_ids: list[list[int]]
+    probs: list | None = None
+
+
+class SpeculativeDrafter(Plugin):
+    """Proposes draft tokens that the target model verifies in one step (speculative decoding).
+
+    The engine calls :meth:`propose` once per step, after applying it, with every running
+    sequence that just got a token (the next step's decode candidates), and stores each
+    proposal on ``seq.draft_token_ids``. The scheduler decides how many of them a decode
+    verifies (token budget and blocks permitting; drafts never preempt anyone). Verification
+    keeps the longest prefix the target agrees with plus one token of the target's own, so
+    outputs never depend on the drafter — only speed does. The engine truncates a proposal
+    longer than ``k`` or holding ids outside the vocabulary (and warns, naming the drafter).
+
+    A drafter may keep per-sequence state (keyed by ``seq.id``); :meth:`on_verified` reports
+    each verification, :meth:`forget` a sequence that ended. ``self.executor`` is set by the
+    stack before the run (a drafter that runs a second model asks the executor to:
+    :meth:`model_path` names the checkpoint it must load beside the target).
+    """
+
+    executor = None
+
+    def __init__(self, config, limits: EngineLimits) -> None:
+        self.config = config
+        self.limits = limits
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """Upper bound ``k`` on drafts per sequence per step (0 = speculative decoding off)."""
+        return 0
+
+    @classmethod
+    def model_path(cls, config, target_path: str | None) -> str | None:
+        """A draft checkpoint the executor must load beside the target model (default: none)."""
+        return None
+
+    @abstractmethod
+    def propose(self, seqs: Seq[Sequence], k: int) -> "Drafts | list[list[int]]":
+        """Up to ``k`` draft ids to follow each ``seqs[i].token_ids`` (an empty list drafts
+        nothing for that sequence); a plain list of lists means no probabilities."""
+
+    def on_verified(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
+        """``num_accepted`` of the ``num_drafts`` drafts verified for ``seq`` were kept (adaptive
+        ``k`` hooks here). Default: nothing."""
+
+    def forget(self, seq: Sequence) -> None:
+        """``seq`` ended (finished or aborted): drop any state kept for it. Default: nothing."""
+
+
+@dataclass(frozen=True)
+class TimeModelContext:
+    """What a time model is built for: the model's shape, the hardware, the parallelism, the dtypes.
+
+    ``hardware`` is a :class:`servelab.core.shapes.HardwareProfile` (the ``hardware=`` choice) and
+    ``shape`` a :class:`servelab.core.shapes.ModelShape`; ``bytes_per_block`` is one KV block on one rank.
+    """
+
+    shape: "ModelShape"
+    hardware: "HardwareProfile"
+    tensor_parallel_size: int
+    dtype: str
+    weight_dtype_bytes: float
+    kv_dtype_bytes: float
+    block_size: int
+    model_name: str = ""
+    linear_weight_bytes: float | None = None  # model.quantization=int8: 1 per decoder-linear weight (None = dtype)
+    kv_scale_bytes: float = 0.0  # kv_cache_dtype=int8|fp8_e4m3: one float32 scale per (token, KV head)
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """K and V of one token on one rank (scales of a quantised cache included)."""
+        return self.shape.kv_bytes_per_token(self.kv_dtype_bytes, self.tensor_parallel_size, self.kv_scale_bytes)
+
+    @property
+    def bytes_per_block(self) -> float:
+        return self.kv_bytes_per_token * self.block_size
+
+    @property
+    def weight_bytes_per_rank(self) -> float:
+        return self.shape.weight_bytes_per_rank(self.weight_dtype_bytes, self.tensor_parallel_size,
+                                                self.linear_weight_bytes)
+
+
+class TimeModel(Plugin):
+    """Predicts how long one engine step takes (seconds) from what it does.
+
+    On ``clock=virtual`` the engine advances time by :meth:`predict` for every step it executes,
+    so every latency is a function of config + workload + seed. A time model is the *ground truth*
+    of that virtual world; policies never read it (they learn step costs through
+    ``self.cost_model`` from the times they observe, as on the wall clock).
+
+    ``measured = True`` marks the wall clock's stand-in (steps take what they take); such a model
+    is never asked to predict.
+    """
+
+    measured: ClassVar[bool] = False
+
+    def __init__(self, config, context: TimeModelContext) -> None:
+        self.config = config
+        self.context = context
+
+    @abstractmethod
+    def predict(self, work: "StepWork") -> float:
+        """Seconds the step described by ``work`` takes (>= 0), swap/copy traffic included."""
+
+    def swap_bytes_per_s(self) -> float | None:
+        """The host link a swap crosses in this model's world, if it has one; on the virtual clock
+        the policies' cost model takes it instead of timing a copy on this machine."""
+        return None
+
+    def describe(self) -> dict:
+        """What ``summary.json`` records about this model (its name and coefficients)."""
+        return {"name": self.name}

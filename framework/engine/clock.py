@@ -1,0 +1,68 @@
+"""Clocks the engine runs on.
+
+- :class:`WallClock`: ``time.perf_counter``; a step takes what it takes; idle waits sleep.
+- :class:`ModelledClock` (``clock=virtual``): time moves only by the time model's prediction for
+  each executed step, and idle waits jump straight to the next arrival. Every metric is then a
+  function of config + workload + seed, whatever else the machine is doing.
+
+Anything with the :class:`Clock` protocol's three methods works
+(``servelab.kit.testing.VirtualClock`` is moved by a fake executor instead).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol, runtime_checkable
+
+from servelab.core.interfaces import TimeModel
+from servelab.core.step_work import StepWork
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """What the engine's one ``clock`` attribute must do."""
+
+    def now(self) -> float:
+        """Seconds on this clock (any origin: the engine subtracts its start)."""
+
+    def sleep(self, seconds: float) -> None:
+        """Nothing can run for up to ``seconds``: nap, or jump in virtual time."""
+
+    def end_step(self, work: StepWork) -> None:
+        """A step described by ``work`` just ran (a virtual clock advances by its predicted time)."""
+
+
+class WallClock:
+    kind = "wall"
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(min(max(seconds, 0.0), 0.5))  # short naps: a caller may have more to do
+
+    def end_step(self, work: StepWork) -> None:
+        pass
+
+
+class ModelledClock:
+    """Virtual time advanced by ``time_model.predict`` for each step."""
+
+    kind = "virtual"
+
+    def __init__(self, time_model: TimeModel) -> None:
+        if time_model.measured:
+            raise ValueError(f"clock=virtual needs a time model that predicts; time_model={time_model.name!r} "
+                             "only measures (use time_model=roofline or time_model=profile)")
+        self.time_model = time_model
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            self.t += seconds
+
+    def end_step(self, work: StepWork) -> None:
+        self.t += self.time_model.predict(work)

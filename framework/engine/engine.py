@@ -1,0 +1,358 @@
+"""The engine: continuous (iteration-level) batching around one unified step.
+
+``step()`` is schedule -> execute -> apply, one way down::
+
+    plan  = scheduler.schedule(now)                  # policies decide; blocks are allocated
+    work  = step_work(plan)                          # the step as numbers (time models price it)
+    out   = executor.execute(build_batch(plan, tables, ...))   # or executor.execute_work(work)
+    clock.end_step(work); apply(plan, out)
+
+The engine reads each scheduled sequence's block table from the allocator and puts it in the
+batch: below the engine nothing calls a policy plugin. Requests join at any step boundary once
+they have arrived and leave as soon as they finish.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+from servelab.core.cost_model import StepCostModel, StepFeatures
+from servelab.core.executor import Executor, StepOutput
+from servelab.core.interfaces import (BlockAllocator, Drafts, EngineLimits, PreemptionDecision, Scheduler, SchedulePlan,
+                                      SpeculativeDrafter)
+from servelab.core.request import Request, Sequence, Status
+from servelab.core.step_work import StepWork
+from servelab.engine.batch import build_batch, step_work
+from servelab.engine.clock import Clock, WallClock
+from servelab.engine.step_totals import StepTotals
+
+
+log = logging.getLogger(__name__)
+
+
+class PluginFailure(RuntimeError):
+    """A policy plugin raised; the message names the plugin and the step."""
+
+
+@dataclass
+class StepRecord:
+    """What one step did and how long it took (one line of ``steps.jsonl``).
+
+    ``queues``, ``scheduled`` and ``scheduler`` are filled only while someone reads the records
+    (the engine's ``keep_steps``, or a step listener); otherwise they are empty.
+    """
+
+    step: int
+    time_s: float
+    duration_s: float
+    model_s: float
+    num_seqs: int
+    num_tokens: int
+    prefill_tokens: int
+    decode_seqs: int
+    kv_utilization: float
+    queues: dict[str, int]
+    comm_s: float = 0.0  # time in cross-rank communication (tensor parallel); not counted in model_s
+    preempted: list[PreemptionDecision] = field(default_factory=list)
+    extra: dict[str, float] = field(default_factory=dict)
+    scheduled: list[tuple[str, int]] = field(default_factory=list)  # (request id, tokens) in plan order
+    scheduler: dict[str, float] = field(default_factory=dict)  # the scheduler's step_stats()
+    swap_out_blocks: int = 0
+    swap_in_blocks: int = 0
+    work: StepWork | None = None  # the step's features, as time models see them
+    draft_tokens: int = 0  # speculative drafts verified this step
+    draft_s: float = 0.0  # drafting the next step's tokens (in duration_s; 0 on the virtual clock)
+    accepted_tokens: int = 0  # of which the target kept
+
+
+class Engine:
+    """Owns every sequence; asks the scheduler for a plan, the executor for tokens, and applies them."""
+
+    def __init__(self, limits: EngineLimits, scheduler: Scheduler, allocator: BlockAllocator,
+                 executor: Executor, cost_model: StepCostModel, seed: int = 0,
+                 clock: Clock | None = None, drafter: SpeculativeDrafter | None = None) -> None:
+        self.limits = limits
+        self.scheduler = scheduler
+        self.allocator = allocator
+        self.executor = executor
+        self.cost_model = cost_model
+        self.drafter = drafter if drafter is not None and drafter.num_speculative_tokens > 0 else None
+        self._drafter_warned: set[str] = set()
+        self.seed = seed
+        self.eos_token_ids = frozenset(executor.spec.eos_token_ids)
+        self.clock: Clock = clock if clock is not None else WallClock()
+        self._t0 = self.clock.now()
+        self.sequences: dict[str, Sequence] = {}
+        self.num_ended = 0  # finished or rejected
+        self.steps: list[StepRecord] = []  # every step's record while ``keep_steps``
+        self.keep_steps = True
+        self.totals = StepTotals()  # what the summary needs, whether or not the steps are kept
+        self.step_listeners: list[Callable[[StepRecord], None]] = []
+        # Told of each sequence as it ends (finished or rejected). With ``forget_ended`` the engine
+        # then drops it (a listener has recorded it): long runs hold only live sequences.
+        self.end_listeners: list[Callable[[Sequence], None]] = []
+        self.forget_ended = False
+        self._forgotten: set[str] = set()
+
+    def now(self) -> float:
+        """Seconds since the engine started."""
+        return self.clock.now() - self._t0
+
+    def reset_clock(self) -> None:
+        self._t0 = self.clock.now()
+
+    def sleep(self, seconds: float) -> None:
+        """Wait idle for up to ``seconds`` (the clock decides: a nap, or a jump in virtual time)."""
+        self.clock.sleep(seconds)
+
+    # ---- requests -----------------------------------------------------------------------
+    def add_request(self, request: Request, arrival_s: float | None = None) -> Sequence:
+        """Admit a request to the scheduler, or reject it (with a reason) if it can never run.
+
+        ``arrival_s`` is its arrival in engine seconds (SLO deadlines count from it); default
+        ``request.arrival_time`` (a time scale of 1).
+        """
+        if request.id in self.sequences or request.id in self._forgotten:
+            raise ValueError(f"duplicate request id {request.id!r}")
+        seq = Sequence(request, arrival_s=request.arrival_time if arrival_s is None else arrival_s)
+        self.sequences[request.id] = seq
+        reason = self._rejection_reason(request)
+        if reason:
+            seq.status, seq.rejected_reason, seq.finish_time = Status.REJECTED, reason, self.now()
+            self._ended(seq)
+        else:
+            self.scheduler.add(seq)
+        return seq
+
+    def rejection_reason(self, request: Request) -> str | None:
+        """Why ``request`` would be rejected on arrival, or None (``strict_requests`` asks up front)."""
+        return self._rejection_reason(request)
+
+    def _rejection_reason(self, request: Request) -> str | None:
+        if request.prompt_len == 0:
+            return "empty prompt"
+        if request.max_tokens < 1:
+            return f"max_tokens={request.max_tokens} < 1"
+        if request.prompt_len >= self.limits.max_model_len:
+            return (f"prompt of {request.prompt_len} tokens leaves no room to generate within "
+                    f"max_model_len={self.limits.max_model_len}")
+        vocab = self.executor.spec.vocab_size
+        if min(request.prompt_token_ids) < 0 or max(request.prompt_token_ids) >= vocab:
+            return f"prompt token id outside the vocabulary [0, {vocab})"
+        needed = min(request.prompt_len + request.max_tokens, self.limits.max_model_len)
+        if not self.allocator.can_ever_fit(needed):
+            blocks = -(-needed // self.limits.block_size)
+            return (f"needs {needed} KV slots ({blocks} blocks of {self.limits.block_size}) but the whole pool "
+                    f"has {self.allocator.num_blocks} blocks")
+        return None
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.num_unfinished() > 0
+
+    def abort(self, request_id: str) -> bool:
+        """End a live request now, whatever its state (waiting, running mid-prefill or decoding,
+        swapped, holding drafts): the scheduler forgets it, its blocks (swapped ones in the host
+        pool too) go back, the drafter forgets it, and it is recorded with ``finish_reason="abort"``.
+        Call between steps (the server's engine thread does). Returns False when the request is
+        unknown or has already ended."""
+        return self._end_early(request_id, Status.ABORTED, "abort")
+
+    def stop(self, request_id: str) -> bool:
+        """End a live request as finished with ``finish_reason="stop"`` (a stop string matched
+        outside the engine, e.g. in the server's detokenizer); otherwise like :meth:`abort`."""
+        return self._end_early(request_id, Status.FINISHED, "stop")
+
+    def _end_early(self, request_id: str, status: Status, reason: str) -> bool:
+        seq = self.sequences.get(request_id)
+        if seq is None or seq.is_finished:
+            return False
+        before = self.scheduler.num_unfinished()
+        self._call_plugin("scheduler", lambda: self.scheduler.abort(seq))
+        if self.scheduler.num_unfinished() != before - 1:
+            raise PluginFailure(f"scheduler plugin {type(self.scheduler).name!r} still holds aborted request "
+                                f"{request_id!r} ({seq.status.value}): its abort()/remove() must forget a sequence "
+                                "in any state (QueueScheduler does)")
+        self._retire(seq, status, reason, self.now())
+        return True
+
+    # ---- the step -----------------------------------------------------------------------
+    def step(self) -> StepRecord | None:
+        """One iteration: schedule -> execute -> apply. Returns None if nothing could run."""
+        start = self.now()
+        plan = self._call_plugin("scheduler", lambda: self.scheduler.schedule(start))
+        if plan.is_empty:
+            return None
+        work = step_work(plan)  # before _apply: it reads the sequences as the plan saw them
+        output = self._execute(plan, work)
+        self.clock.end_step(work)  # a virtual clock advances by the time model's prediction
+        finished_at = self.now()
+        grew = self._apply(plan, output.sampled, finished_at, output.accepted)
+        end = finished_at
+        if self.drafter is not None and grew:  # the next step's drafts are part of this step's time
+            self._call_plugin("drafter", lambda: self._draft(grew))
+            end = self.now()
+        record = self._record(plan, work, start, end, output.model_s, output.comm_s)
+        record.draft_s = end - finished_at
+        if output.accepted is not None:
+            record.draft_tokens = sum(len(e.draft_token_ids) for e in plan.scheduled)
+            record.accepted_tokens = sum(output.accepted)
+        for listener in self.step_listeners:
+            listener(record)
+        return record
+
+    def _execute(self, plan: SchedulePlan, work: StepWork) -> StepOutput:
+        """Hand the step down: the features alone to an executor without tensors, else the batch
+        with the block tables read here (the executor never asks the allocator)."""
+        if not self.executor.needs_batch:
+            return self.executor.execute_work(work)
+        block_table = self.allocator.block_table
+        tables = [block_table(e.seq.id) for e in plan.scheduled]
+        return self.executor.execute(build_batch(plan, tables, self.limits.block_size, self.seed))
+
+    def _apply(self, plan: SchedulePlan, sampled: list[int], now: float,
+               accepted: list[int] | None = None) -> list[Sequence]:
+        """Append each sampled sequence's new tokens and finish those that are done; returns the
+        sequences that got tokens and still run (the next step's decode candidates)."""
+        tokens = iter(sampled)
+        counts = iter(accepted) if accepted is not None else None
+        on_tokens_computed = self.allocator.on_tokens_computed
+        drafting = self.drafter is not None
+        grew: list[Sequence] = []
+        for entry in plan.scheduled:
+            seq = entry.seq
+            if entry.draft_token_ids:
+                self._apply_verified(entry, next(counts), tokens, now)
+                if seq.status is Status.RUNNING:
+                    grew.append(seq)
+                continue
+            seq.num_computed_tokens += entry.num_tokens
+            on_tokens_computed(seq)
+            if seq.num_computed_tokens < len(seq.token_ids):
+                continue  # a prompt chunk: nothing sampled yet
+            if counts is not None:
+                next(counts)  # a plain decode in a verifying step: 0 drafts accepted
+            token = next(tokens)
+            seq.append_token(token, now)
+            reason = self._finish_reason(seq, token)
+            if reason:
+                self._finish(seq, reason, now)
+            elif drafting:
+                grew.append(seq)
+        return grew
+
+    def _apply_verified(self, entry, num_accepted: int, tokens, now: float) -> None:
+        """A verify entry: keep the accepted drafts and the target's token; roll the rest back
+        (the KV of rejected drafts is never read: the slots are released, or overwritten later)."""
+        seq, drafts = entry.seq, entry.draft_token_ids
+        new = [next(tokens) for _ in range(num_accepted + 1)]
+        seq.num_draft_tokens += len(drafts)
+        seq.num_accepted_tokens += num_accepted
+        seq.num_verify_steps += 1
+        drafted, kept = seq.drafted_by_position, seq.accepted_by_position
+        if len(drafted) < len(drafts):
+            drafted.extend([0] * (len(drafts) - len(drafted)))
+            kept.extend([0] * (len(drafts) - len(kept)))
+        for i in range(len(drafts)):
+            drafted[i] += 1
+            kept[i] += i < num_accepted
+        if self.drafter is not None:
+            self.drafter.on_verified(seq, len(drafts), num_accepted)
+        seq.num_computed_tokens = entry.start + 1 + num_accepted  # the last token + accepted drafts
+        self.allocator.release_slots(seq, seq.num_computed_tokens)
+        for token in new:
+            seq.append_token(token, now)
+            reason = self._finish_reason(seq, token)
+            if reason:
+                self._finish(seq, reason, now)
+                return
+        self.allocator.on_tokens_computed(seq)  # hashes cover verified tokens only
+
+    def _finish(self, seq: Sequence, reason: str, now: float) -> None:
+        self.scheduler.remove(seq)
+        self._retire(seq, Status.FINISHED, reason, now)
+
+    def _retire(self, seq: Sequence, status: Status, reason: str, now: float) -> None:
+        """``seq`` has left the scheduler: free its blocks, drop drafter state, tell the listeners."""
+        seq.status, seq.finish_reason, seq.finish_time = status, reason, now
+        self.allocator.free(seq)
+        seq.compact()
+        if self.drafter is not None:
+            self.drafter.forget(seq)
+        self._ended(seq)
+
+    def _draft(self, seqs: list[Sequence]) -> None:
+        """Ask the drafter for the next step's drafts of ``seqs``; keep what is valid."""
+        k = self.drafter.num_speculative_tokens
+        proposal = self.drafter.propose(seqs, k)
+        drafts = proposal if isinstance(proposal, Drafts) else Drafts(list(proposal))
+        if len(drafts.token_ids) != len(seqs):
+            raise ValueError(f"propose() returned {len(drafts.token_ids)} proposals for {len(seqs)} sequences")
+        vocab, max_len = self.executor.spec.vocab_size, self.limits.max_model_len
+        for i, (seq, ids) in enumerate(zip(seqs, drafts.token_ids)):
+            # Room left: never draft past max_tokens or max_model_len (the target's token comes on top).
+            room = min(k, seq.request.max_tokens - seq.num_output_tokens - 1, max_len - seq.num_tokens - 1)
+            ids = list(ids[:max(room, 0)]) if len(ids) > room else list(ids)
+            if len(drafts.token_ids[i]) > k:
+                self._warn_drafter(f"proposed {len(drafts.token_ids[i])} drafts for {seq.id!r}, more than "
+                                   f"drafter.k={k}; truncated")
+            bad = next((j for j, t in enumerate(ids) if not (isinstance(t, int) and 0 <= t < vocab)), None)
+            if bad is not None:
+                self._warn_drafter(f"proposed token id {ids[bad]!r} for {seq.id!r}, outside the vocabulary "
+                                   f"[0, {vocab}); its drafts were cut there")
+                ids = ids[:bad]
+            seq.draft_token_ids = ids
+            seq.draft_probs = drafts.probs[i] if drafts.probs is not None and ids else None
+
+    def _warn_drafter(self, message: str) -> None:
+        """One warning per kind of fault, naming the drafter (a drafter bug must not flood the log)."""
+        kind = message.split(" ", 1)[0] + message.rsplit(";", 1)[-1]
+        if kind not in self._drafter_warned:
+            self._drafter_warned.add(kind)
+            log.warning("drafter %r %s", type(self.drafter).name, message)
+
+    def _ended(self, seq: Sequence) -> None:
+        self.num_ended += 1
+        for listener in self.end_listeners:
+            listener(seq)
+        if self.forget_ended:
+            del self.sequences[seq.id]
+            self._forgotten.add(seq.id)
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        request = seq.request
+        if not request.ignore_eos and token in self.eos_token_ids:
+            return "stop"
+        if len(seq.output_token_ids) >= request.max_tokens or len(seq.token_ids) >= self.limits.max_model_len:
+            return "length"
+        return None
+
+    def _record(self, plan: SchedulePlan, work: StepWork, start: float, end: float, model_s: float,
+                comm_s: float = 0.0) -> StepRecord:
+        # drafts are computed like prompt tokens: the policies' cost model sees them as such
+        self.cost_model.observe(StepFeatures(work.prefill_tokens + work.draft_tokens, work.decode_seqs, work.attended),
+                                end - start)
+        # with no reader (a long simulated run keeps only totals) the per-entry fields are skipped
+        detailed = self.keep_steps or self.step_listeners
+        record = StepRecord(
+            step=self.totals.num_steps, time_s=end, duration_s=end - start, model_s=model_s,
+            num_seqs=work.num_seqs, num_tokens=work.num_tokens, prefill_tokens=work.prefill_tokens,
+            decode_seqs=work.decode_seqs, kv_utilization=self.allocator.num_used_blocks() / max(1, self.allocator.num_blocks),
+            queues=self.scheduler.queue_lengths() if detailed else {}, comm_s=comm_s, preempted=plan.preempted,
+            extra=self.allocator.usage_stats(), swap_out_blocks=len(plan.swap_out), swap_in_blocks=len(plan.swap_in),
+            scheduled=[(e.seq.id, e.num_tokens) for e in plan.scheduled] if detailed else [],
+            scheduler=self.scheduler.step_stats() if detailed else {}, work=work,
+        )
+        self.totals.add(record)
+        if self.keep_steps:
+            self.steps.append(record)
+        return record
+
+    def _call_plugin(self, role: str, fn):
+        try:
+            return fn()
+        except Exception as exc:  # name the plugin and step in the error
+            plugin = getattr(self, role)
+            raise PluginFailure(f"{role} plugin {type(plugin).name!r} failed at step {self.totals.num_steps}: "
+                                f"{type(exc).__name__}: {exc}") from exc

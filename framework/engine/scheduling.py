@@ -1,0 +1,337 @@
+"""The unified token-budget scheduling loop that most schedulers share.
+
+One step (vLLM v1's idea): every scheduled sequence gets a number of tokens to compute now — a
+prompt chunk, or one decode token. Running sequences go first (in :meth:`running_order`), then
+waiting ones are admitted (in the waiting queue's order) while the token budget, ``max_num_seqs``
+and the allocator allow. When blocks run out, the preemption policy picks a victim among the
+running sequences not yet scheduled this step. A policy is a subclass overriding a few small
+methods: :meth:`waiting_key` (or :meth:`make_waiting_queue`), :meth:`running_order`,
+:meth:`may_admit`, :meth:`may_preempt_for`, :meth:`prefill_token_cap`. An order that depends on
+the time (aging, deadlines, starvation bounds) sets :attr:`QueueScheduler.time_dependent_key`:
+its key then also gets ``now`` and the queue is re-sorted once per step.
+
+A chunk is a *decode* when it is the one last token of a sequence whose prompt is computed
+(speculative decoding: plus the sequence's drafts, a *verify*, bounded by :meth:`draft_token_cap`);
+everything else (prompt chunks, recomputation after preemption) is *prefill* and counts against
+:meth:`prefill_token_cap` as well as the step's token budget.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from typing import Any, ClassVar, Iterable
+
+from servelab.core.interfaces import PreemptionDecision, SchedulePlan, ScheduledSeq, Scheduler
+from servelab.core.request import Sequence, Status
+
+
+class WaitQueue:
+    """Waiting sequences: FIFO when ``key`` is None, else a heap ordered by ``key(seq)``.
+
+    ``push_front`` puts a sequence back at the head (FIFO), or lets its key decide and puts it
+    first among equal keys.
+    """
+
+    def __init__(self, key=None) -> None:
+        self._key = key
+        self._fifo: deque[Sequence] = deque()
+        self._heap: list[tuple[Any, int, Sequence]] = []
+        self._counter = itertools.count()
+        self._front_counter = itertools.count(1)
+
+    def push(self, seq: Sequence) -> None:
+        if self._key is None:
+            self._fifo.append(seq)
+        else:
+            heapq.heappush(self._heap, (self._key(seq), next(self._counter), seq))
+
+    def push_front(self, seq: Sequence) -> None:
+        if self._key is None:
+            self._fifo.appendleft(seq)
+        else:
+            heapq.heappush(self._heap, (self._key(seq), -next(self._front_counter), seq))
+
+    def peek(self) -> Sequence:
+        return self._fifo[0] if self._key is None else self._heap[0][2]
+
+    def pop(self) -> Sequence:
+        return self._fifo.popleft() if self._key is None else heapq.heappop(self._heap)[2]
+
+    def remove(self, seq: Sequence) -> None:
+        if self._key is None:
+            self._fifo.remove(seq)
+        else:
+            self._heap = [e for e in self._heap if e[2] is not seq]
+            heapq.heapify(self._heap)
+
+    def rekey(self) -> None:
+        """Re-evaluate every key (time-dependent keys: once per step, O(n log n))."""
+        if self._key is not None:
+            self._heap = [(self._key(s), c, s) for _, c, s in self._heap]
+            heapq.heapify(self._heap)
+
+    def __iter__(self) -> Iterable[Sequence]:
+        return iter(self._fifo) if self._key is None else (e[2] for e in sorted(self._heap))
+
+    def __len__(self) -> int:
+        return len(self._fifo) if self._key is None else len(self._heap)
+
+
+class QueueScheduler(Scheduler):
+    """Base class implementing the unified loop; subclasses override the policy methods."""
+
+    #: True: :meth:`waiting_key` returns ``key(seq, now)`` (``now`` on the scheduler's clock, as
+    #: ``seq.arrival_s``) and the waiting queue is re-sorted by it at the start of every
+    #: :meth:`schedule` — for orders that change while requests wait. A queue of
+    #: :meth:`make_waiting_queue` then needs a ``rekey()`` method. May be a property of the config.
+    time_dependent_key: ClassVar[bool] = False
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.now = 0.0  # the ``now`` of the current (else the last) schedule(), for hooks without one
+        self.waiting = self.make_waiting_queue()
+        self.running: list[Sequence] = []
+        self.swapped: deque[Sequence] = deque()
+        self._prefill_left = self._prefill_cap = 0  # prefill tokens this step may (still) take
+        self._drafts_left = 0  # draft tokens this step may (still) verify
+
+    # ---- policy hooks -------------------------------------------------------------------
+    def waiting_key(self):
+        """A function ``seq -> sortable`` ordering the waiting queue (smallest first), or None for
+        FIFO; ``(seq, now) -> sortable`` when :attr:`time_dependent_key` is set."""
+        return None
+
+    def make_waiting_queue(self):
+        """The waiting queue: anything with WaitQueue's methods (push, push_front, peek, pop,
+        __len__, __iter__). Default: a :class:`WaitQueue` ordered by :meth:`waiting_key`."""
+        key = self.waiting_key()
+        if key is not None and self.time_dependent_key:
+            timed = key
+            key = lambda seq: timed(seq, self.now)  # noqa: E731
+        return WaitQueue(key)
+
+    def running_order(self, running: list[Sequence], now: float) -> list[Sequence]:
+        """Order in which running sequences get the budget; the last one is preempted first."""
+        return running
+
+    def may_admit(self, seq: Sequence, now: float) -> bool:
+        """Whether ``seq`` (the head of the waiting queue) may start now. Default: yes."""
+        return True
+
+    def may_preempt_for(self, seq: Sequence, victim: Sequence) -> bool:
+        """Whether waiting ``seq`` may preempt running ``victim`` to get blocks, or its seat when
+        ``max_num_seqs`` sequences run. Default: no."""
+        return False
+
+    def prefill_token_cap(self, now: float) -> int:
+        """How many prefill tokens (prompt chunks, recomputation) this step may take in all;
+        decodes are not counted. Default: the whole step budget (no extra cap). With chunked
+        prefill off a prompt larger than what is left waits for a later step."""
+        return self.limits.max_num_batched_tokens
+
+    def draft_token_cap(self, now: float) -> int:
+        """How many draft tokens (speculative decoding) this step may verify in all. Default: no
+        cap beyond the token budget, which running decodes and their drafts take first; a policy
+        that protects prefill under load returns less (0 = verify nothing this step)."""
+        return self.limits.max_num_batched_tokens
+
+    def step_stats(self) -> dict[str, float]:
+        """Numbers about the last :meth:`schedule` call for the step log (``steps.jsonl``)."""
+        return {"prefill_cap": self._prefill_cap}
+
+    # ---- the interface ------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        self.waiting.push(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+
+    def abort(self, seq: Sequence) -> None:
+        """Take ``seq`` out of whichever queue holds it, then :meth:`remove` (subclass bookkeeping).
+        A custom waiting queue (:meth:`make_waiting_queue`) needs a ``remove(seq)`` method for this."""
+        if seq.status is Status.SWAPPED:
+            self.swapped.remove(seq)
+        elif seq.status is Status.WAITING and any(s is seq for s in self.waiting):
+            self.waiting.remove(seq)
+        self.remove(seq)
+
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running) + len(self.swapped)
+
+    def queue_lengths(self) -> dict[str, int]:
+        return {"waiting": len(self.waiting), "running": len(self.running), "swapped": len(self.swapped)}
+
+    def schedule(self, now: float) -> SchedulePlan:
+        """Three phases: running sequences keep going, swapped ones come back, waiting ones are admitted."""
+        self.now = now
+        if self.time_dependent_key:
+            self.waiting.rekey()
+        plan = SchedulePlan()
+        self._prefill_left = self._prefill_cap = max(0, self.prefill_token_cap(now))
+        self._drafts_left = max(0, self.draft_token_cap(now))
+        self.running = self.running_order(self.running, now)
+        scheduled: list[Sequence] = []
+        budget = self._schedule_running(plan, scheduled, self.limits.max_num_batched_tokens)
+        if not plan.preempted:
+            self._swap_in(plan)
+        if not self.swapped:
+            self._admit(plan, scheduled, budget, now)
+        return plan
+
+    # ---- the three phases ---------------------------------------------------------------
+    def _schedule_running(self, plan: SchedulePlan, scheduled: list[Sequence], budget: int) -> int:
+        """Decodes (with drafts) and unfinished prompt chunks of running sequences, in
+        :meth:`running_order`; preempts from the back of that order when blocks run out. Returns
+        the budget left."""
+        i = 0
+        running, allocator = self.running, self.allocator
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            computed = seq.num_computed_tokens
+            if seq.num_tokens - computed == 1 and computed >= seq.request.prompt_len:
+                n = 1  # a decode: the common case, kept free of calls
+                if seq.draft_token_ids and budget > 1 and self._verify(seq, budget, plan):
+                    scheduled.append(seq)
+                    budget -= plan.scheduled[-1].num_tokens
+                    i += 1
+                    continue
+                if allocator.allocate_slots(seq, 1):
+                    plan.scheduled.append(ScheduledSeq(seq, 1, computed))
+                    scheduled.append(seq)
+                    budget -= 1
+                    i += 1
+                    continue
+            else:
+                n = self._chunk(seq, budget)
+            if n == 0:
+                i += 1
+                continue
+            while not allocator.allocate_slots(seq, n):
+                victim = self.preemption.select_victim(running[i:])
+                self._preempt(victim, plan)
+                if victim is seq:
+                    break
+            else:
+                self._take(seq, n, plan, scheduled)
+                budget -= n
+                i += 1
+        return budget
+
+    def _swap_in(self, plan: SchedulePlan) -> None:
+        """Swapped sequences come back (in order, while blocks and seats allow) before anyone new
+        is admitted."""
+        while self.swapped and self.allocator.can_swap_in(self.swapped[0]):
+            if len(self.running) >= self.limits.max_num_seqs:
+                break
+            seq = self.swapped.popleft()
+            plan.swap_in.extend(self.allocator.swap_in(seq))
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+
+    # ---- mechanics ----------------------------------------------------------------------
+    def _verify(self, seq: Sequence, budget: int, plan: SchedulePlan) -> bool:
+        """Schedule decode ``seq`` with as many of its drafts as the budget, :meth:`draft_token_cap`
+        and free blocks allow (drafts never preempt anyone); False if none fit."""
+        n = min(len(seq.draft_token_ids), budget - 1, self._drafts_left)
+        if n <= 0 or not self.allocator.allocate_slots(seq, 1 + n):
+            return False
+        self._drafts_left -= n
+        plan.scheduled.append(ScheduledSeq(seq, 1 + n, seq.num_computed_tokens, tuple(seq.draft_token_ids[:n])))
+        return True
+
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        """Tokens ``seq`` computes now: all it has, or a chunk when chunked prefill is on."""
+        n = seq.num_uncomputed_tokens
+        if n == 1 and seq.num_computed_tokens >= seq.request.prompt_len:
+            return 1  # a decode (budget > 0 here)
+        budget = min(budget, self._prefill_left)
+        if n <= budget:
+            return n
+        return budget if self.limits.chunked_prefill else 0
+
+    def _take(self, seq: Sequence, n: int, plan: SchedulePlan, scheduled: list[Sequence]) -> None:
+        """Put ``n`` tokens of ``seq`` (blocks already allocated) into the plan."""
+        if n > 1 or seq.num_computed_tokens < seq.request.prompt_len:
+            self._prefill_left -= n
+        plan.scheduled.append(ScheduledSeq(seq, n, seq.num_computed_tokens))
+        scheduled.append(seq)
+
+    def _admit(self, plan: SchedulePlan, scheduled: list[Sequence], budget: int, now: float) -> int:
+        """Waiting sequences, in the waiting queue's order, while budget, seats and blocks allow."""
+        while self.waiting and budget > 0:
+            seq = self.waiting.peek()
+            if not self.may_admit(seq, now):
+                break
+            self.waiting.pop()  # before any preemption, which puts its victim back in the queue
+            if len(self.running) >= self.limits.max_num_seqs and not self._free_seat_for(seq, plan, scheduled):
+                self.waiting.push_front(seq)
+                break
+            if seq.num_computed_tokens == 0:
+                seq.num_computed_tokens = self.allocator.admit(seq)
+                if seq.num_preemptions == 0:  # the hit rate counts first admissions only
+                    seq.num_cached_prompt_tokens = seq.num_computed_tokens
+            n = self._chunk(seq, budget)
+            if n == 0 or not self._allocate_for_waiting(seq, n, plan, scheduled):
+                if seq.num_computed_tokens:  # release the prefix-cache hit; retry next step
+                    self.allocator.free(seq)
+                    seq.num_computed_tokens = 0
+                    if seq.num_preemptions == 0:
+                        seq.num_cached_prompt_tokens = 0
+                self.waiting.push_front(seq)
+                break
+            seq.status = Status.RUNNING
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = now
+            self.running.append(seq)
+            self._take(seq, n, plan, scheduled)
+            budget -= n
+        return budget
+
+    def _free_seat_for(self, seq: Sequence, plan: SchedulePlan, scheduled: list[Sequence]) -> bool:
+        """Preempt one running sequence that :meth:`may_preempt_for` allows, to seat ``seq``."""
+        candidates = [s for s in self.running if self.may_preempt_for(seq, s)]
+        if not candidates:
+            return False
+        self._evict(self.preemption.select_victim(candidates), plan, scheduled)
+        return True
+
+    def _allocate_for_waiting(self, seq: Sequence, n: int, plan: SchedulePlan,
+                              scheduled: list[Sequence]) -> bool:
+        while not self.allocator.allocate_slots(seq, n):
+            candidates = [s for s in self.running if self.may_preempt_for(seq, s)]
+            if not candidates:
+                return False
+            self._evict(self.preemption.select_victim(candidates), plan, scheduled)
+        return True
+
+    def _evict(self, victim: Sequence, plan: SchedulePlan, scheduled: list[Sequence]) -> None:
+        """Preempt ``victim``, first taking back what it was granted this step."""
+        if victim in scheduled:
+            entry = next(e for e in plan.scheduled if e.seq is victim)
+            plan.scheduled.remove(entry)
+            scheduled.remove(victim)
+        self._preempt(victim, plan)
+
+    def _preempt(self, victim: Sequence, plan: SchedulePlan) -> None:
+        decision: PreemptionDecision = self.preemption.decide(victim)
+        decision.num_computed_tokens = victim.num_computed_tokens
+        self.running.remove(victim)
+        victim.num_preemptions += 1
+        # No swap-out in a plan that swaps in: the executor copies out first, so a host block
+        # released by this plan's swap-in could be overwritten before it is read.
+        if decision.kind == "swap" and not plan.swap_in and self.allocator.can_swap_out(victim):
+            plan.swap_out.extend(self.allocator.swap_out(victim))
+            victim.status = Status.SWAPPED
+            self.swapped.append(victim)
+        else:
+            if decision.kind != "recompute":
+                decision = PreemptionDecision(victim.id, "recompute", f"fallback: {decision.kind} impossible",
+                                              decision.estimates, victim.num_computed_tokens)
+            self.allocator.free(victim)
+            victim.num_computed_tokens = 0
+            victim.status = Status.WAITING
+            self.waiting.push_front(victim)
+        plan.preempted.append(decision)

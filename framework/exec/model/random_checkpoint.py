@@ -1,0 +1,71 @@
+"""Write real HF-format checkpoints with random weights (the embedded default model and test models).
+
+The checkpoint is made by transformers itself (``save_pretrained``: config.json + safetensors), so
+servelab loads it through the same loader a downloaded checkpoint would take.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+CONFIG_CLASSES = {
+    "LlamaForCausalLM": "LlamaConfig",
+    "MistralForCausalLM": "MistralConfig",
+    "Qwen2ForCausalLM": "Qwen2Config",
+    "Qwen3ForCausalLM": "Qwen3Config",
+}
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("SERVELAB_CACHE", Path.home() / ".cache" / "servelab"))
+
+
+def write_random_checkpoint(path: str | Path, architecture: str = "LlamaForCausalLM", seed: int = 0,
+                            **config_kwargs) -> Path:
+    """Create ``path`` holding a randomly initialised ``architecture`` model (seeded)."""
+    import torch  # noqa: PLC0415 - torch, transformers: only when a checkpoint is written
+    import transformers  # noqa: PLC0415
+
+    config_cls = getattr(transformers, CONFIG_CLASSES[architecture])
+    model_cls = getattr(transformers, architecture)
+    config = config_cls(architectures=[architecture], **config_kwargs)
+    torch.manual_seed(seed)
+    model = model_cls(config).eval()
+    with torch.no_grad():  # HF inits norms to 1 and biases to 0, which would hide bugs in their use
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.normal_(1.0, 0.2)
+            elif name.endswith("bias"):
+                param.normal_(0.0, 0.2)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def cached_random_checkpoint(architecture: str, seed: int, config_kwargs: dict,
+                             cache_dir: str | Path | None = None) -> Path:
+    """The checkpoint for these settings from the cache folder, written once (atomically)."""
+    key = json.dumps({"arch": architecture, "seed": seed, **config_kwargs}, sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    root = Path(cache_dir) if cache_dir else default_cache_dir() / "models"
+    target = root / f"{architecture}-{digest}"
+    if (target / "config.json").is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
+    try:
+        write_random_checkpoint(staging, architecture, seed, **config_kwargs)
+        (staging / "servelab_random.json").write_text(key)
+        try:
+            staging.rename(target)
+        except OSError:  # another process won the race
+            pass
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

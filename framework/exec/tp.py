@@ -1,0 +1,281 @@
+"""Tensor parallelism: rank 0 (this process) coordinates N-1 spawned worker processes.
+
+Rank 0 runs the engine, scheduler and allocator, and its own shard of the model. Each step it
+broadcasts the batch (see :mod:`servelab.exec.tp_comm`) and every rank runs its shard; rank 0's sampled
+tokens are the step's result. The KV pool is the minimum any rank can hold, so one allocator's
+decisions hold on every rank; block copy and swap operations travel with the plan and run on
+every shard.
+
+Faults: before each step rank 0 checks that every worker is alive; during a step every collective
+is bounded by ``step_timeout_s`` and a dead peer breaks gloo's connection at once. Either way the
+step raises :class:`TPWorkerError` naming the rank, and :meth:`TPExecutor.shutdown` (also run at
+interpreter exit) stops every worker, killing those that do not stop by themselves.
+
+On CUDA the forward's collectives are NCCL: a peer that dies or hangs inside the forward is caught
+by NCCL's own watchdog after ``step_timeout_s`` (torch's default handling then ends this process,
+so no partial results are written); the plan broadcast and liveness checks are as on CPU. This
+path has not been run on GPUs yet.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import os
+import signal
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from servelab.engine.batch import StepBatch
+from servelab.exec.executor import Executor, ModelWorker, StepOutput, WorkerConfig, resolve_device
+from servelab.core.model_spec import ModelSpec, load_spec
+from servelab.core.errors import ConfigError
+from servelab.exec.tp_comm import TPComm, store_key
+from servelab.exec.tp_worker import rank_config, worker_main
+
+log = logging.getLogger(__name__)
+
+
+class TPWorkerError(RuntimeError):
+    """A tensor-parallel worker died, hung or failed; the message names the rank."""
+
+
+def check_tensor_parallel(spec: ModelSpec, size: int, device: str, model_path: str = "") -> None:
+    """Raise :class:`ConfigError` naming the numbers if the model cannot be split ``size`` ways here."""
+    where = f" of model {model_path!r}" if model_path else ""
+    if size < 1:
+        raise ConfigError(f"tensor_parallel_size={size} must be >= 1")
+    if spec.num_heads % size:
+        raise ConfigError(f"tensor_parallel_size={size} does not divide num_attention_heads={spec.num_heads}{where}")
+    kv = spec.num_kv_heads
+    if size <= kv and kv % size:
+        raise ConfigError(f"tensor_parallel_size={size} does not divide num_key_value_heads={kv}{where}")
+    if size > kv and size % kv:
+        raise ConfigError(f"tensor_parallel_size={size} exceeds num_key_value_heads={kv}{where} and is not a "
+                          "multiple of it (each KV head is replicated on a whole number of ranks)")
+    if spec.intermediate_size % size:
+        raise ConfigError(f"tensor_parallel_size={size} does not divide intermediate_size={spec.intermediate_size}"
+                          f"{where}")
+    if resolve_device(device).type == "cuda" and size > torch.cuda.device_count():
+        raise ConfigError(f"tensor_parallel_size={size} needs {size} CUDA devices (one per rank) but "
+                          f"{torch.cuda.device_count()} are visible")
+
+
+def default_threads_per_rank(size: int) -> int:
+    """Share this process's CPU cores between the ranks (at least one thread each)."""
+    return max(1, len(os.sched_getaffinity(0)) // size)
+
+
+class TPExecutor(Executor):
+    """Runs the model sharded over ``size`` processes; this process is rank 0."""
+
+    def __init__(self, cfg: WorkerConfig, size: int, step_timeout_s: float = 120.0,
+                 num_threads: int | None = None, startup_timeout_s: float = 600.0) -> None:
+        check_tensor_parallel(load_spec(cfg.model_path), size, cfg.device, cfg.model_path)
+        self.size = size
+        self.step_timeout_s = step_timeout_s
+        self.procs: list[mp.Process] = []
+        self.comm: TPComm | None = None
+        self._seq = 0
+        self._in_step = False
+        self._failed = False
+        self._closed = False
+        threads = num_threads or default_threads_per_rank(size)
+        self._saved_threads = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        atexit.register(self.shutdown)
+        try:
+            self._store = dist.TCPStore("127.0.0.1", 0, size, True, timeout=timedelta(seconds=startup_timeout_s),
+                                        wait_for_workers=False)
+            ctx = mp.get_context("spawn")
+            for rank in range(1, size):
+                proc = ctx.Process(target=worker_main, name=f"servelab-tp-rank{rank}", daemon=True,
+                                   args=(rank, size, cfg, self._store.port, step_timeout_s, threads, os.getpid()))
+                proc.start()
+                self.procs.append(proc)
+            deadline = time.monotonic() + startup_timeout_s
+            self._wait_for_workers(deadline)
+            cfg0 = rank_config(cfg, 0)
+            device = resolve_device(cfg0.device)
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+            self.comm = TPComm(self._store, 0, size, device, step_timeout_s)
+            self.worker = ModelWorker(cfg0, self.comm.tp_group())
+            self.num_kv_blocks = self.comm.min_over_ranks(self.worker.available_kv_blocks(),
+                                                          poll=lambda: self._startup_poll(deadline))
+            self.worker.allocate_kv_cache(self.num_kv_blocks)
+        except TPWorkerError:
+            self.shutdown()
+            raise
+        except BaseException as exc:
+            error = self._diagnose(-1, exc) if self.procs else exc
+            self.shutdown()
+            if error is exc:
+                raise
+            raise error from exc
+        self.spec = self.worker.spec
+        self.bytes_per_block = self.worker.bytes_per_block()  # per rank (each holds its KV heads)
+        self.num_swap_blocks = self.worker.swap_pool_blocks()  # every rank allocates the same host pool
+        log.info("tensor parallel: %d ranks (pids %s), %d KV blocks each, %d torch threads per rank", size,
+                 [os.getpid()] + [p.pid for p in self.procs], self.num_kv_blocks, threads)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of ranks 1..N-1."""
+        return [p.pid for p in self.procs]
+
+    def draft(self, batch):
+        """Rank 0 holds the draft model (if any) and drafts alone."""
+        if self.worker.draft_model is None:
+            return super().draft(batch)
+        return self.worker.draft(batch)
+
+    def measure_swap_bandwidth(self) -> float:
+        """Rank 0's device <-> host copy bandwidth (every rank copies its own shard in parallel)."""
+        return self.worker.measure_swap_bandwidth()
+
+    def execute(self, batch: StepBatch) -> StepOutput:
+        """Broadcast ``batch`` to every rank and run rank 0's shard; raise :class:`TPWorkerError` on a fault.
+
+        ``model_s`` is rank 0's compute time; ``comm_s`` its time in collectives (the plan broadcast
+        and the forward's all-reduces/all-gathers, waiting for slower ranks included).
+        """
+        if self._failed or self._closed:
+            raise TPWorkerError("the tensor-parallel executor already failed or was shut down")
+        self._raise_if_dead(self._seq)
+        seq, comm = self._seq, self.comm
+        self._in_step = True
+        comm.comm_s = 0.0
+        try:
+            # Only rank 0 verifies drafts: the drafter's probabilities need not travel.
+            comm.send_plan(seq, dataclasses.replace(batch, draft_probs=[]) if batch.draft_probs else batch)
+            plan_s = comm.comm_s
+            out = self.worker.execute(batch)
+        except Exception as exc:
+            self._failed = True
+            error = self._diagnose(seq, exc)
+            if error is exc:
+                raise
+            raise error from exc
+        self._in_step = False
+        self._seq += 1
+        forward_comm_s = comm.comm_s - plan_s
+        return StepOutput(out.sampled, max(0.0, out.model_s - forward_comm_s), comm.comm_s, out.accepted)
+
+    def shutdown(self) -> None:
+        """Stop every worker (a stop message if the group is healthy, else kill) and free the group."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.shutdown)
+        healthy = self.comm is not None and not (self._failed or self._in_step) and \
+            all(p.exitcode is None for p in self.procs)
+        if healthy:
+            try:
+                self.comm.send_stop(self._seq)
+            except Exception:  # noqa: BLE001 - fall through to killing
+                healthy = False
+        deadline = time.monotonic() + (10.0 if healthy else 0.0)
+        for proc in self.procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(timeout=10.0)
+        if self.comm is not None:
+            try:
+                self.comm.close()
+            except Exception:  # noqa: BLE001
+                log.warning("could not destroy the tensor-parallel process group cleanly", exc_info=True)
+        torch.set_num_threads(self._saved_threads)
+
+    # ---- faults -------------------------------------------------------------------------
+    def _wait_for_workers(self, deadline: float) -> None:
+        keys = [store_key("joined", r) for r in range(1, self.size)]
+        while not self._store.check(keys):
+            self._startup_poll(deadline)
+            time.sleep(0.02)
+
+    def _startup_poll(self, deadline: float) -> None:
+        self._raise_if_dead(-1)
+        if time.monotonic() > deadline:
+            raise TPWorkerError("tensor-parallel workers did not start within the start-up timeout")
+
+    def _raise_if_dead(self, seq: int) -> None:
+        if any(p.exitcode is not None for p in self.procs):
+            self._failed = True
+            raise self._diagnose(seq, None)
+
+    def _diagnose(self, seq: int, exc: BaseException | None) -> BaseException:
+        """Name the rank behind a failed collective: a dead one, else a hung one; else ``exc`` itself."""
+        when = "during start-up" if seq < 0 else f"at step {seq}"
+        grace_s = 0.0 if exc is None else 0.5 if _is_timeout(exc) else 2.0
+        dead = self._wait_for_dead(grace_s)
+        if dead:
+            parts = [f"rank {rank} (pid {p.pid}) {_exit_text(p.exitcode)}{self._reported_error(rank)}"
+                     for rank, p in dead]
+            return TPWorkerError(f"tensor-parallel worker {'; '.join(parts)} {when}; the run is stopped"
+                                 + (f" [{type(exc).__name__}: {_first_line(exc)}]" if exc is not None else ""))
+        if exc is None:
+            return TPWorkerError(f"tensor-parallel workers failed {when}")
+        if seq >= 0 and _is_timeout(exc):
+            hung = self._hung_ranks(seq)
+            return TPWorkerError(f"tensor-parallel worker rank {', '.join(map(str, hung)) or '?'} did not finish "
+                                 f"step {seq} within {self.step_timeout_s:g} s (hung?); the run is stopped "
+                                 f"[{type(exc).__name__}: {_first_line(exc)}]")
+        return exc
+
+    def _wait_for_dead(self, grace_s: float) -> list[tuple[int, mp.Process]]:
+        """A peer's closed socket can be seen before its exit status: give the exit a moment."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            dead = [(rank, p) for rank, p in enumerate(self.procs, start=1) if p.exitcode is not None]
+            if dead or time.monotonic() >= deadline:
+                return dead
+            time.sleep(0.05)
+
+    def _hung_ranks(self, seq: int) -> list[int]:
+        """Alive ranks that did not finish step ``seq`` and reported no error of their own."""
+        lagging = []
+        for rank in range(1, self.size):
+            try:
+                done = int(self._store.get(store_key("step", rank))) if self._store.check(
+                    [store_key("step", rank)]) else -1
+            except Exception:  # noqa: BLE001
+                done = -1
+            if done < seq and not self._store.check([store_key("error", rank)]):
+                lagging.append(rank)
+        return lagging
+
+    def _reported_error(self, rank: int) -> str:
+        try:
+            if self._store.check([store_key("error", rank)]):
+                lines = self._store.get(store_key("error", rank)).decode().strip().splitlines()
+                return f": {lines[-1]}" if lines else ""
+        except Exception:  # noqa: BLE001
+            pass
+        return ""
+
+
+def _exit_text(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "timed out" in text or "timeout" in text
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:200] if lines else ""

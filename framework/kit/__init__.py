@@ -1,0 +1,2 @@
+"""The plugin kit: the conformance kit (``check-plugin``), test doubles, grading, and the
+``new-plugin`` templates."""

@@ -1,0 +1,405 @@
+"""The conformance kit: run one plugin through the properties the project checks on its built-ins.
+
+    from servelab.plugin_api import check_plugin
+    report = check_plugin("scheduler", "spf", cases=30)
+    assert report.ok, report          # str(report): each broken contract and how to reproduce it
+
+or ``servelab check-plugin scheduler=spf`` (exit code 0 only when it passes). Two parts:
+
+1. **Random scenarios** (:mod:`servelab.kit.conformance_cases`: random workloads x small pools x
+   chunked prefill on/off x block sizes, the other plugins drawn from the built-ins) on the
+   KV-checking fake executor. Contracts, each failure named by one of :data:`CONTRACTS`: every
+   plan within the token budget and ``max_num_seqs``, with blocks allocated for every scheduled
+   chunk starting at ``num_computed_tokens``; victims chosen among the candidates offered; the
+   KV cache reads back what was written; every valid request finishes (or is rejected because it
+   can never fit the pool) and every invalid one is rejected with a reason; no block leaks;
+   tokens equal the default stack's; drafts within ``k`` and the vocabulary; the run ends.
+2. **A real model** (``model=tiny``, random weights): greedy tokens equal the default stack's.
+
+A failure prints the contract, the seed, and the smallest scenario (requests dropped one at a
+time while the same contract still breaks) as overrides plus ``Request(...)`` lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from servelab.core.errors import ServelabError
+from servelab.core.registry import KINDS, Registry, default_registry
+from servelab.core.request import Request
+from servelab.kit.conformance_cases import VOCAB, Scenario, make_scenario
+from servelab.kit.conformance_starvation import promises_bound, starvation_message, starvation_scenario
+from servelab.run.config import register_configs
+from servelab.run.runner import run_workload
+
+MAX_STEPS = 5_000  # per scenario: far above what any needs; reaching it is a livelock
+KIT_KINDS = ("scheduler", "allocator", "preemption", "drafter")
+CONTRACTS = {
+    "budget": "a plan schedules at most max_num_batched_tokens tokens",
+    "seats": "a plan schedules at most max_num_seqs sequences, each once",
+    "blocks allocated": "every scheduled chunk has KV blocks, and starts at num_computed_tokens",
+    "victim among candidates": "select_victim returns one of the candidates it was given",
+    "kv integrity": "the KV cache reads back what was written (block tables, swaps, shared prefixes)",
+    "every request ends": "each valid request finishes, each invalid one is rejected with a reason",
+    "leaked blocks": "no block is held once every request has ended",
+    "abort": "a request aborted in any state (waiting, running, swapped, mid-prefill) leaves the scheduler, "
+             "frees its blocks and is recorded as aborted; the others keep their tokens",
+    "outputs": "greedy tokens equal the default stack's (fcfs, paged, recompute, no drafter)",
+    "drafts": "proposals hold at most k ids, all inside the vocabulary",
+    "starvation bound": "a scheduler with a max_wait_s field starts every request within that bound "
+                        "(plus the time a seat takes to free up)",
+    "progress": f"the run ends (within {MAX_STEPS} steps; no livelock)",
+    "plugin raised": "the plugin does not raise",
+}
+REAL_MODEL = ("model=tiny", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=1",
+              "model.num_attention_heads=2", "model.num_key_value_heads=1", "max_model_len=128")
+log = logging.getLogger(__name__)
+
+
+class ContractViolation(AssertionError):
+    """One broken contract (``contract`` is a key of :data:`CONTRACTS`)."""
+
+    def __init__(self, contract: str, message: str) -> None:
+        super().__init__(f"{contract}: {message}")
+        self.contract = contract
+
+
+@dataclass
+class Failure:
+    contract: str
+    message: str
+    scenario: Scenario | None = None  # None: the real-model check
+
+    def __str__(self) -> str:
+        text = f"contract broken: {self.contract} ({CONTRACTS[self.contract]})\n  {self.message}"
+        if self.scenario is not None:
+            text += f"\n  reproduce: {self.scenario.describe()}\n{self.scenario.reproducer()}"
+        return text
+
+
+@dataclass
+class Report:
+    """What :func:`check_plugin` found; ``ok`` when no contract broke."""
+
+    kind: str
+    name: str
+    cases: int = 0
+    real_model: bool = False
+    failures: list[Failure] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    @property
+    def contracts_broken(self) -> list[str]:
+        return sorted({f.contract for f in self.failures})
+
+    def __str__(self) -> str:
+        head = (f"{self.kind}={self.name}: {'PASS' if self.ok else 'FAIL'} ({self.cases} random scenarios"
+                f"{', real-model check' if self.real_model else ''})")
+        return "\n".join([head, *(f"note: {n}" for n in self.notes), *(str(f) for f in self.failures)])
+
+
+def check_plugin(kind: str, name: str, registry: Registry | None = None, cases: int = 20, seed: int = 0,
+                 real_model: bool = True, max_failures: int = 3) -> Report:
+    """Run plugin ``kind=name`` through ``cases`` random scenarios (seeds ``seed ..``) and, with
+    ``real_model``, the tiny-model equality check. ``registry``: one holding the plugin (default:
+    the installed entry points). Stops after ``max_failures`` failing scenarios."""
+    if kind not in KIT_KINDS:
+        raise ValueError(f"check_plugin: kind {kind!r} is not one of {', '.join(KIT_KINDS)}")
+    registry = registry or default_registry()
+    registry.get(kind, name)  # an unknown name fails here, listing the known ones
+    register_configs(registry)
+    report = Report(kind, name)
+    with _captured_warnings() as warnings:
+        if kind == "drafter" and _needs_draft_model(registry.get("drafter", name)):
+            report.notes.append("needs a draft model: random scenarios (fake executor) skipped")
+            cases = 0
+        for s in range(seed, seed + cases):
+            report.cases += 1
+            failure = _check_scenario(make_scenario(s, kind, name), registry, warnings)
+            if failure is not None:
+                report.failures.append(_shrink(failure, registry, warnings))
+                if len(report.failures) >= max_failures:
+                    break
+        if kind == "scheduler" and promises_bound(registry.get(kind, name)):
+            failure = _check_starvation(name, registry)
+            if failure is not None:
+                report.failures.append(failure)
+        if real_model:
+            report.real_model = True
+            failure = _check_real_model(kind, name, registry)
+            if failure is not None:
+                report.failures.append(failure)
+        else:
+            report.notes.append("real-model check skipped")
+    return report
+
+
+def _check_starvation(name: str, registry: Registry) -> Failure | None:
+    overrides, requests = starvation_scenario()
+    try:
+        _, result = _run((f"scheduler={name}", *overrides), 4096, 0, requests, registry, checked=True)
+    except ContractViolation as exc:
+        return Failure(exc.contract, str(exc).split(": ", 1)[1])
+    message = starvation_message({r["id"]: r for r in result.requests})
+    return Failure("starvation bound", message) if message else None
+
+
+def _needs_draft_model(drafter_cls) -> bool:
+    try:
+        return drafter_cls.model_path(drafter_cls.Config(), None) is not None
+    except ServelabError:  # e.g. "needs drafter.path"
+        return True
+
+
+# ---- one scenario ---------------------------------------------------------------------------
+def _check_scenario(scenario: Scenario, registry: Registry, warnings: list[str]) -> Failure | None:
+    try:
+        _check_outcome(scenario, registry, warnings)
+    except ContractViolation as exc:
+        return Failure(exc.contract, str(exc).split(": ", 1)[1], scenario)
+    return None
+
+
+def _check_outcome(scenario: Scenario, registry: Registry, warnings: list[str]) -> None:
+    del warnings[:]
+    stack, result = _run(scenario.overrides, scenario.num_blocks, scenario.num_swap_blocks, scenario.requests,
+                         registry, checked=True)
+    drafter_warnings = [w for w in warnings if w.startswith("drafter")]
+    if drafter_warnings:
+        raise ContractViolation("drafts", drafter_warnings[0])
+    allocator = stack.engine.allocator
+    records = {r["id"]: r for r in result.requests}
+    valid = [r for r in scenario.requests if r.id not in scenario.invalid]
+    expected = _reference(scenario.max_model_len, valid)
+    for req in scenario.requests:
+        rec = records[req.id]
+        reason = rec["rejected_reason"]
+        if req.id in scenario.invalid:
+            if not reason:
+                raise ContractViolation("every request ends", f"{req.id} ({scenario.invalid[req.id]}) was not "
+                                        f"rejected: finish_reason={rec['finish_reason']}")
+        elif reason is not None:
+            needed = min(req.prompt_len + req.max_tokens, scenario.max_model_len)
+            if allocator.can_ever_fit(needed):
+                raise ContractViolation("every request ends", f"valid {req.id} rejected: {reason}")
+        elif rec["finish_reason"] != "length":
+            raise ContractViolation("every request ends", f"{req.id} did not finish: {rec['finish_reason']}")
+        elif rec["output_token_ids"] != expected[req.id]:
+            raise ContractViolation("outputs", f"{req.id}: {rec['output_token_ids']} != {expected[req.id]} "
+                                    "(the default stack's)")
+    leaked = result.summary["leaked_blocks"]
+    if leaked:
+        raise ContractViolation("leaked blocks", f"{leaked} blocks still held after every request ended")
+    _check_aborts(scenario, registry, expected)
+
+
+def _check_aborts(scenario: Scenario, registry: Registry, expected: dict[str, list[int]]) -> None:
+    """The scenario again, aborting a seeded third of its requests at seeded steps (a server's
+    client disconnecting): each aborted one ends as such, no block leaks, the others' tokens hold."""
+    rng = random.Random(scenario.seed)
+    plan = {r.id: rng.randint(0, 12) for r in scenario.requests if rng.random() < 0.35}
+    if not plan:
+        return
+
+    def abort_due(engine, record) -> None:
+        for rid, step in plan.items():
+            if step <= record.step and rid in engine.sequences:
+                engine.abort(rid)
+
+    stack, result = _run(scenario.overrides, scenario.num_blocks, scenario.num_swap_blocks, scenario.requests,
+                         registry, checked=True, on_step=abort_due)
+    for rec in result.requests:
+        rid, reason = rec["id"], rec["finish_reason"]
+        if rec["rejected_reason"] is not None:
+            continue
+        if reason == "abort":
+            if rid not in plan:
+                raise ContractViolation("abort", f"{rid} was never aborted but ended with finish_reason=abort")
+        elif reason != "length":
+            raise ContractViolation("abort", f"{rid} did not end (finish_reason={reason}) in a run with aborts")
+        elif rid in expected and rec["output_token_ids"] != expected[rid]:
+            raise ContractViolation("abort", f"{rid}: {rec['output_token_ids']} != {expected[rid]} once "
+                                    f"{sorted(plan)} were aborted")
+    if stack.engine.scheduler.num_unfinished():
+        raise ContractViolation("abort", f"the scheduler still holds {stack.engine.scheduler.num_unfinished()} "
+                                "sequences once every request ended or was aborted")
+    leaked = result.summary["leaked_blocks"]
+    if leaked:
+        raise ContractViolation("abort", f"{leaked} blocks still held after aborting {sorted(plan)}")
+
+
+def _reference(max_model_len: int, valid: list) -> dict[str, list[int]]:
+    """Outputs of the default stack (fcfs, paged, recompute, whole prompts) with room for everything."""
+    overrides = (f"max_model_len={max_model_len}", "block_size=16", f"max_num_batched_tokens={max_model_len}")
+    _, result = _run(overrides, 64 * max(1, len(valid)), 0, valid, default_registry(), checked=False)
+    return {r["id"]: r["output_token_ids"] for r in result.requests}
+
+
+@lru_cache(maxsize=1024)
+def _compose(overrides: tuple[str, ...]):
+    from servelab.api import compose  # noqa: PLC0415 - torch
+
+    return compose([*overrides, "workload=synthetic"], logger="none", progress=False)
+
+
+def _run(overrides, num_blocks: int, num_swap_blocks: int, requests, registry: Registry, checked: bool,
+         on_step=None):
+    from servelab.kit.testing import KVCheckingExecutor, VirtualClock  # noqa: PLC0415 - torch
+    from servelab.run.session import collect_results  # noqa: PLC0415 - torch
+    from servelab.run.stack import build_stack  # noqa: PLC0415 - torch
+
+    cfg = _compose(("model=tiny", *overrides))
+    clock = VirtualClock()
+    executor = KVCheckingExecutor(clock, num_blocks, cfg.block_size, vocab_size=VOCAB,
+                                  num_swap_blocks=num_swap_blocks, max_positions=cfg.max_model_len)
+    stack = build_stack(cfg, registry, executor=executor, clock=clock)
+    if checked:
+        _guard(stack)
+    stack.engine.keep_steps = False
+    if on_step is not None:  # after each step's tokens are applied: the engine is between steps
+        stack.engine.step_listeners.append(lambda record: on_step(stack.engine, record))
+    try:
+        run_workload(stack.engine, requests, sleep=clock.sleep)
+    except Exception as exc:  # noqa: BLE001 - every way a run breaks is named as a contract
+        raise _as_violation(exc) from exc
+    return stack, collect_results(stack.engine, 1.0)
+
+
+def _as_violation(exc: Exception) -> ContractViolation:
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    if isinstance(cause, ContractViolation):
+        return cause
+    if isinstance(exc, AssertionError):  # the KV-checking executor
+        return ContractViolation("kv integrity", str(exc))
+    if "still holds aborted request" in str(exc):  # the engine's check after Scheduler.abort
+        return ContractViolation("abort", str(exc))
+    if isinstance(exc, RuntimeError) and "made no progress" in str(exc):
+        return ContractViolation("progress", str(exc))
+    return ContractViolation("plugin raised", f"{type(exc).__name__}: {exc}")
+
+
+def _guard(stack) -> None:
+    """Check every plan and every victim choice as the run goes (instance-level wrappers)."""
+    engine, limits = stack.engine, stack.limits
+    scheduler, allocator, preemption = engine.scheduler, engine.allocator, engine.scheduler.preemption
+    schedule, select_victim = scheduler.schedule, preemption.select_victim
+
+    def checked_schedule(now):
+        plan = schedule(now)
+        _check_plan(plan, limits, allocator, engine.totals.num_steps)
+        return plan
+
+    def checked_select_victim(candidates):
+        victim = select_victim(candidates)
+        if not any(victim is c for c in candidates):
+            raise ContractViolation("victim among candidates", f"select_victim returned {getattr(victim, 'id', victim)!r}, "
+                                    f"not one of {[c.id for c in candidates]}")
+        return victim
+
+    def cap(record):
+        if record.step >= MAX_STEPS:
+            raise ContractViolation("progress", f"no end after {MAX_STEPS} steps: queues {record.queues}")
+
+    scheduler.schedule, preemption.select_victim = checked_schedule, checked_select_victim
+    engine.step_listeners.append(cap)
+
+
+def _check_plan(plan, limits, allocator, step: int) -> None:
+    where = f"step {step}"
+    tokens = plan.num_batched_tokens
+    if tokens > limits.max_num_batched_tokens:
+        raise ContractViolation("budget", f"{where}: {tokens} tokens > max_num_batched_tokens="
+                                f"{limits.max_num_batched_tokens}")
+    ids = [e.seq.id for e in plan.scheduled]
+    if len(ids) > limits.max_num_seqs or len(set(ids)) < len(ids):
+        raise ContractViolation("seats", f"{where}: {len(ids)} entries ({len(set(ids))} sequences) for "
+                                f"max_num_seqs={limits.max_num_seqs}")
+    for e in plan.scheduled:
+        if e.start != e.seq.num_computed_tokens or e.num_tokens < 1:
+            raise ContractViolation("blocks allocated", f"{where}: {e.seq.id} chunk of {e.num_tokens} at {e.start}, "
+                                    f"but {e.seq.num_computed_tokens} tokens are computed")
+        slots = len(allocator.block_table(e.seq.id)) * limits.block_size
+        if slots < e.start + e.num_tokens:
+            raise ContractViolation("blocks allocated", f"{where}: {e.seq.id} computes tokens up to "
+                                    f"{e.start + e.num_tokens} but holds {slots} KV slots")
+
+
+def _shrink(failure: Failure, registry: Registry, warnings: list[str]) -> Failure:
+    """Drop requests one at a time while the same contract still breaks: the smallest scenario."""
+    for req in list(failure.scenario.requests):
+        if len(failure.scenario.requests) == 1:
+            break
+        smaller = _check_scenario(failure.scenario.without(req.id), registry, warnings)
+        if smaller is not None and smaller.contract == failure.contract:
+            failure = smaller
+    return failure
+
+
+# ---- the real model -------------------------------------------------------------------------
+def _check_real_model(kind: str, name: str, registry: Registry) -> Failure | None:
+    """Greedy tokens of a few requests on the tiny random model equal the default stack's."""
+    from servelab.run.stack import build_stack  # noqa: PLC0415 - torch
+
+    requests = [Request(f"m{i}", tuple((7 * i + 3 * j) % 300 + 1 for j in range(5 + 9 * i)), 6 + i,
+                        arrival_time=0.0) for i in range(4)]
+    outputs = {}
+    for label, overrides in (("default", ()), ("plugin", (f"{kind}={name}", "num_kv_blocks=40", "block_size=4",
+                                                          "max_num_batched_tokens=32", "max_num_seqs=3"))):
+        try:
+            cfg = _compose((*REAL_MODEL, *overrides))
+            engine = build_stack(cfg, registry).engine
+            run_workload(engine, requests)
+        except Exception as exc:  # noqa: BLE001
+            return Failure("plugin raised", f"real model ({label} stack {' '.join(overrides)}): "
+                           f"{type(exc).__name__}: {exc}")
+        outputs[label] = {s.id: list(s.output_token_ids) for s in engine.sequences.values()}
+        if label == "plugin" and engine.allocator.leaked_blocks():
+            return Failure("leaked blocks", f"real model: {engine.allocator.leaked_blocks()} blocks held at the end")
+    for rid, tokens in outputs["default"].items():
+        if outputs["plugin"].get(rid) != tokens:
+            return Failure("outputs", f"real model (model=tiny, greedy), {rid}: {outputs['plugin'].get(rid)} != "
+                           f"{tokens} (the default stack's)")
+    return None
+
+
+class _captured_warnings:
+    """Collect servelab's warnings (drafter faults) instead of printing them (fallbacks are expected)."""
+
+    def __enter__(self) -> list[str]:
+        self.logger = logging.getLogger("servelab")
+        self.messages: list[str] = []
+        self.handler = logging.Handler(logging.WARNING)
+        self.handler.emit = lambda record: self.messages.append(record.getMessage())
+        self.propagate, self.logger.propagate = self.logger.propagate, False
+        self.logger.addHandler(self.handler)
+        return self.messages
+
+    def __exit__(self, *exc) -> None:
+        self.logger.removeHandler(self.handler)
+        self.logger.propagate = self.propagate
+
+
+# ---- the command line -----------------------------------------------------------------------
+def main(argv: list[str]) -> int:
+    """``servelab check-plugin <kind>=<name> [--cases N] [--seed S] [--no-real-model]``."""
+    parser = argparse.ArgumentParser(prog="servelab check-plugin",
+                                     description="Run a plugin through servelab's conformance kit.")
+    parser.add_argument("plugin", help=f"<kind>=<name>, kind one of {', '.join(KIT_KINDS)}")
+    parser.add_argument("--cases", type=int, default=50, help="random scenarios (default 50)")
+    parser.add_argument("--seed", type=int, default=0, help="first scenario seed (default 0)")
+    parser.add_argument("--no-real-model", action="store_true", help="skip the tiny-model equality check")
+    args = parser.parse_args(argv)
+    kind, sep, name = args.plugin.partition("=")
+    if not sep or kind not in KIT_KINDS or not name:
+        parser.error(f"expected <kind>=<name> with kind one of {', '.join(KIT_KINDS)}, got {args.plugin!r}")
+    report = check_plugin(kind, name, cases=args.cases, seed=args.seed, real_model=not args.no_real_model)
+    print(report)
+    return 0 if report.ok else 1

@@ -1,0 +1,74 @@
+"""The fixed workloads ``servelab grade`` scores a plugin on.
+
+Each is a seeded list of requests plus the engine settings it runs under, on the simulator
+(``backend=sim``, the roofline time model, the virtual clock): the same numbers on every
+machine, a few hundred milliseconds a run. Changing one changes every grade: add, don't edit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from servelab.core.request import Request
+
+# Priced on a catalogue model and GPU: no weights, no device, the same on every machine.
+SIM = ("backend=sim", "model=llama3_8b", "hardware=h100", "seed=0", "max_num_seqs=32")
+VOCAB = 32_000  # placeholder token ids: the simulator never reads them
+
+
+@dataclass(frozen=True)
+class GradeWorkload:
+    """``name``; what it stresses; the overrides it runs under (after :data:`SIM`); its requests."""
+
+    name: str
+    about: str
+    overrides: tuple[str, ...]
+    requests: Callable[[], list[Request]]
+
+
+def _request(rng: np.random.Generator, rid: str, prompt: int, output: int, arrival: float,
+             ttft_ms: float, tpot_ms: float, priority: int = 0) -> Request:
+    tokens = tuple(int(t) for t in rng.integers(1, VOCAB, size=prompt))
+    return Request(rid, tokens, output, arrival_time=arrival, priority=priority,
+                   ttft_slo_ms=ttft_ms, tpot_slo_ms=tpot_ms)
+
+
+def chat_burst() -> list[Request]:
+    """Three bursts of 48 requests 3 s apart: 70% interactive (TTFT 400 ms, TPOT 40 ms,
+    priority 0), 30% batch (TTFT 5 s, TPOT 150 ms, priority 1)."""
+    rng = np.random.default_rng(1)
+    out = []
+    for burst in range(3):
+        for i in range(48):
+            interactive = rng.random() < 0.7
+            out.append(_request(rng, f"b{burst}-{i}", int(rng.integers(64, 768)), int(rng.integers(32, 256)),
+                                3.0 * burst + float(rng.uniform(0, 0.2)),
+                                400.0 if interactive else 5000.0, 40.0 if interactive else 150.0,
+                                0 if interactive else 1))
+    return out
+
+
+def long_prompts() -> list[Request]:
+    """48 long prompts (1-6k tokens) with short answers, Poisson at 12/s: prefill-bound."""
+    rng = np.random.default_rng(2)
+    arrivals = np.cumsum(rng.exponential(1 / 12.0, size=48))
+    return [_request(rng, f"l{i}", int(rng.integers(1024, 6144)), int(rng.integers(16, 64)), float(arrivals[i]),
+                     2000.0, 100.0) for i in range(48)]
+
+
+def tight_pool() -> list[Request]:
+    """64 requests in the first second into a 256-block pool (4,096 tokens): preemption-bound."""
+    rng = np.random.default_rng(3)
+    return [_request(rng, f"t{i}", int(rng.integers(128, 640)), int(rng.integers(64, 320)), float(rng.uniform(0, 1.0)),
+                     4000.0, 60.0) for i in range(64)]
+
+
+WORKLOADS = (
+    GradeWorkload("chat_burst", "bursty chat mix, two SLO classes", ("max_model_len=2048",), chat_burst),
+    GradeWorkload("long_prompts", "long prompts, short answers", ("max_model_len=8192",), long_prompts),
+    GradeWorkload("tight_pool", "small KV pool: preemptions", ("max_model_len=2048", "num_kv_blocks=256",
+                                                               "backend.num_swap_blocks=512"), tight_pool),
+)

@@ -1,0 +1,380 @@
+"""Typed configuration: the schema Hydra composes into, and the registration of every group option.
+
+Every group option is a dataclass in Hydra's ConfigStore, so unknown keys and wrong types are
+rejected at compose time with Hydra's own message. Plugin groups (scheduler, allocator,
+preemption, drafter) are generated from the plugin registry: each plugin's ``Config`` dataclass
+plus its ``name``, so a pip-installed plugin is selectable as ``scheduler=<name>`` with
+``scheduler.<field>=...`` type-checked, without any file in this repo.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from servelab.core.registry import KINDS, Registry, default_registry
+
+# The trained checkpoints shipped inside the package (experiments/train_tiny made them).
+PACKAGED_CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
+PACKAGED_MODELS = ("tiny_code", "tiny_code_draft")
+
+
+class DType(enum.Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class AttentionBackend(enum.Enum):
+    auto = "auto"
+    torch = "torch"
+    triton = "triton"
+
+
+class Quantization(enum.Enum):
+    """``model.quantization``: ``int8`` = weight-only INT8 of every decoder linear layer (``servelab.exec.quant``)."""
+
+    none = "none"
+    int8 = "int8"
+
+
+class KVCacheDType(enum.Enum):
+    """``kv_cache_dtype``: ``auto`` = the model's dtype; ``int8`` / ``fp8_e4m3`` = quantised K/V with one
+    float32 scale per token and KV head (``servelab.kernels.kv_quant``)."""
+
+    auto = "auto"
+    int8 = "int8"
+    fp8_e4m3 = "fp8_e4m3"
+
+
+class Clock(enum.Enum):
+    auto = "auto"  # virtual for backend=sim, wall otherwise
+    wall = "wall"
+    virtual = "virtual"
+
+
+class Arrival(enum.Enum):
+    poisson = "poisson"
+    all_at_once = "all_at_once"
+
+
+class LengthDist(enum.Enum):
+    uniform = "uniform"
+    lognormal = "lognormal"
+    fixed = "fixed"
+
+
+@dataclass
+class ModelConfig:
+    """``path`` = an HF-format checkpoint directory; null = the embedded tiny model below, written
+    once with random weights (seeded) to the cache folder and loaded through the same loader.
+    ``model=tiny_code`` / ``model=tiny_code_draft`` set ``path`` to a trained checkpoint shipped in
+    the package (the shape fields then do not apply: the checkpoint's config.json rules).
+
+    ``shape_only`` entries (the catalogue: ``model=llama3_70b`` ...) are public ``config.json``
+    shapes without weights, for ``backend=sim``. With ``backend=sim`` a ``path`` may also point
+    at any ``config.json`` (or the directory holding one)."""
+
+    name: str = "tiny"
+    path: Optional[str] = None
+    shape_only: bool = False
+    dtype: DType = DType.float32
+    quantization: Quantization = Quantization.none  # int8: decoder linears in INT8 (embeddings, LM head stay in dtype)
+    architecture: str = "LlamaForCausalLM"
+    hidden_size: int = 256
+    intermediate_size: int = 688
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 8
+    num_key_value_heads: int = 4
+    vocab_size: int = 4096
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    initializer_range: float = 0.02
+    weights_seed: int = 0
+
+
+@dataclass
+class LengthConfig:
+    dist: LengthDist = LengthDist.uniform
+    min: int = 16
+    max: int = 256
+    mean: float = 64.0  # lognormal: the median; fixed: the value (min/max then do not apply)
+    sigma: float = 0.8
+
+
+@dataclass
+class SyntheticWorkload:
+    name: str = "synthetic"
+    num_requests: int = 256
+    arrival: Arrival = Arrival.poisson
+    rate: float = 8.0  # requests per second (poisson)
+    prompt_len: LengthConfig = field(default_factory=lambda: LengthConfig(LengthDist.uniform, 16, 256))
+    output_len: LengthConfig = field(default_factory=lambda: LengthConfig(LengthDist.uniform, 8, 128))
+    seed: int = "${seed}"  # type: ignore[assignment]
+    time_scale: float = 1.0
+
+
+@dataclass
+class JsonlWorkload:
+    """One JSON object per line: ``prompt`` (text, tokenized with the checkpoint's tokenizer),
+    ``prompt_token_ids`` or ``prompt_len``, ``max_tokens``, optional
+    ``arrival_time`` (s), ``id``, ``priority``, ``ttft_slo_ms``, ``tpot_slo_ms``, ``ignore_eos``,
+    ``temperature``/``top_p``/``top_k``/``seed``."""
+
+    name: str = "jsonl"
+    path: str = MISSING
+    seed: int = "${seed}"  # type: ignore[assignment]
+    time_scale: float = 1.0
+
+
+@dataclass
+class TextRequestsConfig:
+    """What every text-prompt workload shares: how much each request generates, how requests
+    arrive, and how tokens are chosen."""
+
+    max_tokens: int = 128
+    ignore_eos: bool = False
+    arrival: Arrival = Arrival.poisson
+    rate: float = 1.0  # requests per second (poisson)
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = "${seed}"  # type: ignore[assignment]
+    time_scale: float = 1.0
+
+
+@dataclass
+class PromptsWorkload(TextRequestsConfig):
+    """A plain text file, one prompt per line (``\\n`` and ``\\t`` escapes, ``\\\\`` for a backslash),
+    tokenized with the checkpoint's tokenizer; blank lines are skipped. Each request generates up
+    to ``max_tokens`` and stops at EOS unless ``ignore_eos``."""
+
+    name: str = "prompts"
+    path: str = MISSING
+    arrival: Arrival = Arrival.all_at_once
+
+
+@dataclass
+class CorpusWorkload(TextRequestsConfig):
+    """Prompts from the held-out split of the stdlib corpus (``servelab.workloads.corpus``): the first
+    ``prefix_bytes`` bytes of a held-out document (a module header or a top-level definition,
+    longer than the prefix), drawn with a seed; each generates up to ``max_tokens`` and stops at
+    EOS unless ``ignore_eos``."""
+
+    name: str = "corpus"
+    num_requests: int = 100  # at rate 2/s: the default run is a ~1 min session far from saturating 2 cores
+    prefix_bytes: int = 96
+    rate: float = 2.0  # requests per second (poisson)
+
+
+@dataclass
+class TraceWorkload:
+    """A CSV trace: Azure form ``TIMESTAMP,ContextTokens,GeneratedTokens`` or the
+    ``arrived_at,num_prefill_tokens,num_decode_tokens`` form. Transformations are explicit and logged."""
+
+    name: str = "trace"
+    path: str = MISSING
+    # null = every row; default: 200 rows on the real engine, every row in the simulator
+    num_requests: Optional[int] = "${backend.trace_rows}"  # type: ignore[assignment]
+    sample: str = "head"  # head | random
+    start_row: int = 0
+    length_scale: float = 1.0
+    output_scale: Optional[float] = None  # null = length_scale
+    min_len: int = 1
+    rate: float = 4.0  # Poisson arrivals for traces without timestamps (req/s)
+    seed: int = "${seed}"  # type: ignore[assignment]
+    time_scale: float = 1.0
+
+
+@dataclass
+class HashIdsWorkload:
+    """A Mooncake-style jsonl trace (``timestamp`` ms, ``input_length``, ``output_length``,
+    ``hash_ids``: one id per ``trace_block_tokens``-token prompt block, equal ids = equal prefixes).
+
+    Each hash id becomes ``block_tokens`` token ids generated from (seed, id), so prompts share
+    token ids exactly where the trace shares blocks; lengths scale by ``block_tokens /
+    trace_block_tokens`` (the output by ``output_scale`` when set) and prompts are cut to the
+    scaled ``input_length``."""
+
+    name: str = "hash_ids"
+    path: str = "../shared/traces/conversation_trace.jsonl"
+    num_requests: Optional[int] = 200  # null = every row
+    start_row: int = 0
+    trace_block_tokens: int = 512
+    block_tokens: int = 16
+    output_scale: Optional[float] = None  # null = block_tokens / trace_block_tokens
+    min_output_len: int = 1
+    seed: int = "${seed}"  # type: ignore[assignment]
+    time_scale: float = 1.0
+
+
+@dataclass
+class BackendConfig:
+    """The executor: ``torch`` runs the model in this process (TP comes with ``tensor_parallel_size``)."""
+
+    name: str = "torch"
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    kv_cache_memory_gb: float = 0.5  # CPU: KV pool budget when num_kv_blocks is null
+    gpu_memory_utilization: float = 0.9  # CUDA: fraction of device memory the run may use
+    # host swap pool: num_swap_blocks (blocks) or swap_space_gb (GiB), not both; both null = none,
+    # except preemption=swap|adaptive: 4 GiB capped at half the free host memory (``servelab.run.swap_pool``)
+    num_swap_blocks: Optional[int] = None
+    swap_space_gb: Optional[float] = None
+    swap_bandwidth_gb_s: Optional[float] = None  # device<->host link; null = measured at start-up
+    num_threads: Optional[int] = None  # torch intra-op threads (per rank); null = torch's default (TP: cores / ranks)
+    tp_step_timeout_s: float = 120.0  # tensor parallel: longest wait on another rank in a step before the run fails
+    activation_reserve_gb: float = 2.0  # sim: device memory per rank kept for activations (not weights, not KV)
+    trace_rows: Optional[int] = 200  # workload=trace's default num_requests (sim: null = the whole trace)
+
+
+@dataclass
+class HardwareConfig:
+    """An accelerator's spec sheet (``conf/hardware/*.yaml``; decimal GB). The time models and the
+    simulator's memory accounting read it; the torch backend on its wall clock does not."""
+
+    name: str = MISSING
+    memory_gb: float = MISSING
+    hbm_bandwidth_gb_s: float = MISSING
+    peak_tflops: float = MISSING  # dense bf16/fp16
+    link_bandwidth_gb_s: float = MISSING  # GPU<->GPU per direction (NVLink, or PCIe)
+    host_link_gb_s: float = MISSING  # GPU<->host per direction (PCIe)
+    link_latency_us: float = 10.0  # per all-reduce call
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "wandb"
+    mode: str = "offline"  # offline | online | disabled
+    project: str = "servelab"
+    entity: Optional[str] = None
+    group: Optional[str] = None
+    tags: list[str] = field(default_factory=list)
+    log_requests_table: bool = True
+    step_interval: Optional[int] = None  # log every Nth step's series; null = all of the first 1,000, then thinning x10 per decade
+
+
+@dataclass
+class SLOConfig:
+    ttft_ms: Optional[float] = None
+    tpot_ms: Optional[float] = None
+
+
+@dataclass
+class DebugConfig:
+    log_steps: bool = False  # write steps.jsonl (per-step decisions)
+
+
+@dataclass
+class EvalPPLConfig:
+    """``servelab eval-ppl``: held-out perplexity of the configured checkpoint through servelab's
+    model. ``window`` null = the model's context (``max_position_embeddings``, capped by
+    ``max_model_len``); ``max_tokens`` null = the whole held-out split; ``output_dir`` null =
+    ``outputs/eval-ppl/<date>/<time>``."""
+
+    window: Optional[int] = None
+    max_tokens: Optional[int] = None
+    batch_windows: int = 8
+    output_dir: Optional[str] = None
+
+
+@dataclass
+class ServeConfig:
+    """``servelab serve``: the OpenAI-compatible server (flags ``--host``/``--port``/``--api-key``
+    set the first three). ``api_key`` null = no authentication. Bounds: request bodies over
+    ``max_body_bytes`` get 413; once ``max_waiting_requests`` wait in the scheduler new ones get 503;
+    on SIGINT/SIGTERM in-flight requests get ``shutdown_grace_s`` seconds to finish, then are
+    aborted. ``default_max_tokens``: when a request gives none (OpenAI's completions default).
+    ``model_name`` null = ``model.name``; ``output_dir`` null = ``outputs/serve/<date>/<time>``."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: Optional[str] = None
+    model_name: Optional[str] = None
+    max_body_bytes: int = 1_000_000
+    max_waiting_requests: int = 256
+    default_max_tokens: int = 16
+    shutdown_grace_s: float = 10.0
+    output_dir: Optional[str] = None
+
+
+@dataclass
+class ServelabConfig:
+    """Top-level keys; groups are filled by the defaults list in ``conf/config.yaml``."""
+
+    scheduler: Any = MISSING
+    allocator: Any = MISSING
+    preemption: Any = MISSING
+    drafter: Any = MISSING
+    time_model: Any = MISSING
+    hardware: HardwareConfig = MISSING
+    model: ModelConfig = MISSING
+    workload: Any = MISSING
+    backend: BackendConfig = MISSING
+    logger: LoggerConfig = MISSING
+    block_size: int = 16
+    seed: int = 0
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    num_kv_blocks: Optional[int] = None
+    max_model_len: int = 2048
+    chunked_prefill: bool = True
+    kv_cache_dtype: KVCacheDType = KVCacheDType.auto
+    attention_backend: AttentionBackend = AttentionBackend.auto
+    tensor_parallel_size: int = 1
+    clock: Clock = Clock.auto
+    slo: SLOConfig = field(default_factory=SLOConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+    eval_ppl: EvalPPLConfig = field(default_factory=EvalPPLConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
+    progress: bool = True
+    strict_requests: bool = False  # a request the engine would reject is a start-up error (not a rejection)
+
+
+def plugin_node(cls: type) -> Any:
+    """A dataclass instance: the plugin's ``Config`` fields plus ``name`` (what selects it)."""
+    node_cls = dataclasses.make_dataclass(
+        f"{cls.__name__}Node", [("name", str, field(default=cls.name))], bases=(cls.Config,))
+    return node_cls()
+
+
+def packaged_model_node(name: str) -> dict:
+    """``model=tiny_code`` and friends (global, like the catalogue models): the checkpoint's path,
+    ``max_model_len`` = its context, and one torch thread (these models gain nothing from a second
+    one, and on a shared box a descheduled second thread stalls every op: TPOT 4 ms -> 500 ms)."""
+    path = PACKAGED_CHECKPOINTS / name
+    try:
+        context = json.loads((path / "config.json").read_text())["max_position_embeddings"]
+    except (OSError, ValueError, KeyError):
+        context = 512
+    return {"model": ModelConfig(name=name, path=str(path)), "max_model_len": context,
+            "backend": {"num_threads": 1}}
+
+
+def register_configs(registry: Registry | None = None) -> None:
+    """Put the schema and every group option into Hydra's ConfigStore (idempotent)."""
+    registry = registry or default_registry()
+    cs = ConfigStore.instance()
+    cs.store(name="servelab_schema", node=ServelabConfig)
+    for kind in KINDS:
+        for name in registry.names(kind):
+            cs.store(group=kind, name=name, node=plugin_node(registry.get(kind, name)))
+    cs.store(group="model", name="tiny", node=ModelConfig())
+    cs.store(group="model", name="hf", node=ModelConfig(name="hf", path=MISSING))
+    for name in PACKAGED_MODELS:
+        cs.store(group="model", name=name, node=packaged_model_node(name), package="_global_")
+    cs.store(group="workload", name="synthetic", node=SyntheticWorkload)
+    cs.store(group="workload", name="jsonl", node=JsonlWorkload)
+    cs.store(group="workload", name="trace", node=TraceWorkload)
+    cs.store(group="workload", name="hash_ids", node=HashIdsWorkload)
+    cs.store(group="workload", name="prompts", node=PromptsWorkload)
+    cs.store(group="workload", name="corpus", node=CorpusWorkload)
+    cs.store(group="backend", name="torch", node=BackendConfig)
+    cs.store(group="logger", name="wandb", node=LoggerConfig)
+    cs.store(group="logger", name="none", node=LoggerConfig(name="none", mode="disabled"))

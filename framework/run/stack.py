@@ -1,0 +1,283 @@
+"""Build a runnable stack (policies + executor + engine) from a composed config."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import platform
+from dataclasses import dataclass
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from servelab.engine.clock import ModelledClock, WallClock
+from servelab.core.cost_model import StepCostModel
+from servelab.engine.drafting import MAX_DRAFT_TOKENS, scratch_blocks_per_seq
+from servelab.core.errors import ConfigError
+from servelab.engine.engine import Engine
+from servelab.exec.executor import Executor, LocalExecutor, WorkerConfig
+from servelab.exec.tp import TPExecutor
+from servelab.core.interfaces import EngineLimits, TimeModel, TimeModelContext
+from servelab.exec.model.random_checkpoint import cached_random_checkpoint
+from servelab.core.registry import KINDS, Registry, default_registry
+from servelab.core.shapes import HardwareProfile, ModelShape, StorageBytes
+from servelab.sim.executor import SimExecutor, plan_memory
+from servelab.run.swap_pool import swap_pool_config
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Stack:
+    engine: Engine
+    executor: Executor
+    limits: EngineLimits
+    time_model: TimeModel | None = None
+    clock_kind: str = "wall"  # wall | virtual | custom (a clock handed in by the caller)
+
+    def describe_time(self) -> dict:
+        """What ``summary.json`` states about time: the clock, the time model, the hardware."""
+        if self.clock_kind == "virtual":  # a profile states the machine it measured, a roofline its spec sheet
+            hardware = getattr(self.time_model, "hardware_label", None) or self.time_model.context.hardware.name
+        else:
+            hardware = f"this machine ({platform.machine()}, {self.executor.__class__.__name__})"
+        return {"clock": self.clock_kind, "time_model": self.time_model.describe() if self.time_model else None,
+                "hardware": hardware}
+
+
+def validate(cfg: DictConfig) -> None:
+    """Cross-key checks Hydra's types cannot express; raise :class:`ConfigError` naming the key."""
+    bs = cfg.block_size
+    if bs < 1 or bs > 256 or bs & (bs - 1):
+        raise ConfigError(f"block_size={bs} must be a power of two between 1 and 256")
+    if cfg.max_num_seqs < 1:
+        raise ConfigError(f"max_num_seqs={cfg.max_num_seqs} must be >= 1")
+    if cfg.max_model_len < 2:
+        raise ConfigError(f"max_model_len={cfg.max_model_len} must be >= 2")
+    if cfg.max_num_batched_tokens < max(bs, cfg.max_num_seqs):
+        raise ConfigError(f"max_num_batched_tokens={cfg.max_num_batched_tokens} must be >= block_size ({bs}) and "
+                          f">= max_num_seqs ({cfg.max_num_seqs}, one token per running sequence)")
+    if not cfg.chunked_prefill and cfg.max_num_batched_tokens < cfg.max_model_len:
+        raise ConfigError(f"chunked_prefill=false needs max_num_batched_tokens ({cfg.max_num_batched_tokens}) >= "
+                          f"max_model_len ({cfg.max_model_len}) so any prompt fits one step")
+    if cfg.num_kv_blocks is not None and cfg.num_kv_blocks < 1:
+        raise ConfigError(f"num_kv_blocks={cfg.num_kv_blocks} must be >= 1 (or null to size from memory)")
+    if cfg.tensor_parallel_size < 1:
+        raise ConfigError(f"tensor_parallel_size={cfg.tensor_parallel_size} must be >= 1")
+    if cfg.backend.tp_step_timeout_s <= 0:
+        raise ConfigError(f"backend.tp_step_timeout_s={cfg.backend.tp_step_timeout_s} must be > 0")
+    swap_blocks = cfg.backend.get("num_swap_blocks")
+    if swap_blocks is not None and swap_blocks < 0:
+        raise ConfigError(f"backend.num_swap_blocks={swap_blocks} must be >= 0")
+    swap_gb = cfg.backend.get("swap_space_gb")
+    if swap_gb is not None and (swap_gb < 0 or swap_blocks is not None):
+        raise ConfigError(f"backend.swap_space_gb={swap_gb} must be >= 0 and is exclusive with "
+                          f"backend.num_swap_blocks={swap_blocks} (set one of them)")
+    bandwidth = cfg.backend.get("swap_bandwidth_gb_s")
+    if bandwidth is not None and bandwidth <= 0:
+        raise ConfigError(f"backend.swap_bandwidth_gb_s={bandwidth} must be > 0 (or null to measure it)")
+    for key in ("ttft_ms", "tpot_ms"):
+        value = cfg.slo[key]
+        if value is not None and value <= 0:
+            raise ConfigError(f"slo.{key}={value} must be > 0")
+    if cfg.backend.get("activation_reserve_gb", 0) < 0:
+        raise ConfigError(f"backend.activation_reserve_gb={cfg.backend.activation_reserve_gb} must be >= 0")
+    if cfg.backend.kv_cache_memory_gb <= 0:
+        raise ConfigError(f"backend.kv_cache_memory_gb={cfg.backend.kv_cache_memory_gb} must be > 0")
+
+
+def model_path(cfg: DictConfig) -> str:
+    """The checkpoint directory: ``model.path`` or the embedded tiny model (written once)."""
+    m = cfg.model
+    if m.shape_only:
+        raise ConfigError(f"model={m.name} is a shape from the catalogue (no weights): run it with backend=sim, "
+                          "or give a real checkpoint with model=hf model.path=<dir>")
+    if m.path is not None:
+        return str(m.path)
+    shape = {k: m[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                               "num_key_value_heads", "vocab_size", "max_position_embeddings",
+                               "tie_word_embeddings", "initializer_range")}
+    return str(cached_random_checkpoint(m.architecture, m.weights_seed, shape))
+
+
+def _swap_pool(cfg: DictConfig, registry: Registry | None = None) -> tuple[int, float | None]:
+    """(num_swap_blocks, swap_space_gb): configured, or the default pool of a policy that swaps."""
+    policy = (registry or default_registry()).get("preemption", cfg.preemption.name)
+    return swap_pool_config(cfg, getattr(policy, "uses_host_pool", False))
+
+
+def worker_config(cfg: DictConfig, registry: Registry | None = None) -> WorkerConfig:
+    num_swap_blocks, swap_space_gb = _swap_pool(cfg, registry)
+    return WorkerConfig(
+        model_path=model_path(cfg),
+        dtype=_value(cfg.model.dtype),
+        device=cfg.backend.device,
+        attention_backend=_value(cfg.attention_backend),
+        block_size=cfg.block_size,
+        max_model_len=cfg.max_model_len,
+        num_kv_blocks=cfg.num_kv_blocks,
+        kv_cache_memory_gb=cfg.backend.kv_cache_memory_gb,
+        gpu_memory_utilization=cfg.backend.gpu_memory_utilization,
+        num_swap_blocks=num_swap_blocks,
+        seed=cfg.seed,
+        swap_space_gb=swap_space_gb,
+        quantization=_value(cfg.model.get("quantization", "none")),
+        kv_cache_dtype=_value(cfg.get("kv_cache_dtype", "auto")),
+    )
+
+
+def model_shape(cfg: DictConfig) -> ModelShape:
+    """The model's sizes without loading weights: ``model.path``'s config.json, else the config fields."""
+    m = cfg.model
+    if m.path is not None:
+        return ModelShape.from_config_json(m.path)
+    return ModelShape(num_layers=m.num_hidden_layers, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+                      num_heads=m.num_attention_heads, num_kv_heads=m.num_key_value_heads,
+                      head_dim=m.hidden_size // m.num_attention_heads, vocab_size=m.vocab_size,
+                      tie_word_embeddings=m.tie_word_embeddings, max_position_embeddings=m.max_position_embeddings)
+
+
+def hardware_profile(cfg: DictConfig) -> HardwareProfile:
+    return HardwareProfile.from_config(cfg.hardware)
+
+
+def build_sim_executor(cfg: DictConfig, registry: Registry | None = None) -> Executor:
+    shape, hardware = model_shape(cfg), hardware_profile(cfg)
+    sizes = storage_bytes(cfg)
+    memory = plan_memory(shape, hardware, cfg.tensor_parallel_size, sizes.weight, sizes.kv, cfg.block_size,
+                         cfg.backend.gpu_memory_utilization, cfg.backend.activation_reserve_gb,
+                         sizes.linear, sizes.kv_scale)
+    num_swap_blocks, swap_space_gb = _swap_pool(cfg, registry)
+    return SimExecutor(shape, hardware, memory, model_name=cfg.model.name, num_kv_blocks=cfg.num_kv_blocks,
+                       num_swap_blocks=num_swap_blocks, swap_space_gb=swap_space_gb)
+
+
+def build_executor(cfg: DictConfig, draft_model_path: str | None = None, registry: Registry | None = None) -> Executor:
+    """The executor ``cfg`` asks for; ``draft_model_path``: a draft checkpoint to load beside the target;
+    ``registry``: where the preemption policy is looked up (default: the installed plugins)."""
+    if cfg.backend.name == "sim":
+        return build_sim_executor(cfg, registry)
+    if cfg.backend.num_threads:
+        torch.set_num_threads(cfg.backend.num_threads)
+    wcfg = worker_config(cfg, registry)
+    if draft_model_path is not None:
+        k = cfg.drafter.get("k", MAX_DRAFT_TOKENS)
+        wcfg = dataclasses.replace(wcfg, draft_model_path=draft_model_path,
+                                   draft_scratch_blocks=cfg.max_num_seqs * scratch_blocks_per_seq(k, cfg.block_size))
+    if cfg.tensor_parallel_size > 1:
+        return TPExecutor(wcfg, cfg.tensor_parallel_size, step_timeout_s=cfg.backend.tp_step_timeout_s,
+                          num_threads=cfg.backend.num_threads)
+    return LocalExecutor(wcfg)
+
+
+def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Executor | None = None,
+                clock=None) -> Stack:
+    """Validate ``cfg``, build the executor (unless given) and the policies, and wire the engine."""
+    validate(cfg)
+    registry = registry or default_registry()
+    classes = {kind: registry.get(kind, cfg[kind].name) for kind in KINDS}
+    clock_kind = _clock_kind(cfg)
+    drafter_config = _plugin_config(cfg.drafter)
+    if executor is None:
+        executor = build_executor(cfg, _draft_model_path(cfg, classes["drafter"], drafter_config), registry)
+    if executor.num_kv_blocks < 1:
+        raise ConfigError("the KV pool has no blocks: raise backend.kv_cache_memory_gb or set num_kv_blocks")
+    max_model_len = min(cfg.max_model_len, executor.spec.max_position_embeddings)
+    if max_model_len < cfg.max_model_len:
+        log.warning("max_model_len=%d capped to the model's max_position_embeddings=%d", cfg.max_model_len,
+                    max_model_len)
+    limits = EngineLimits(
+        block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+        max_model_len=max_model_len, chunked_prefill=cfg.chunked_prefill,
+        ttft_slo_ms=cfg.slo.ttft_ms, tpot_slo_ms=cfg.slo.tpot_ms)
+    cost_model = StepCostModel()
+    allocator = classes["allocator"](_plugin_config(cfg.allocator), executor.num_kv_blocks, cfg.block_size, limits)
+    try:
+        time_model = classes["time_model"](_plugin_config(cfg.time_model), time_model_context(cfg, executor))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    # On the virtual clock the host link is the time model's, not a copy timed now on this machine.
+    _attach_swap_pool(cfg, executor, allocator, cost_model,
+                      time_model.swap_bytes_per_s() if clock_kind == "virtual" and clock is None else None)
+    preemption = classes["preemption"](_plugin_config(cfg.preemption), limits, allocator, cost_model)
+    scheduler = classes["scheduler"](_plugin_config(cfg.scheduler), limits, allocator, preemption, cost_model)
+    drafter = classes["drafter"](drafter_config, limits)
+    if drafter.num_speculative_tokens:
+        if cfg.backend.name == "sim":
+            raise ConfigError(f"drafter={cfg.drafter.name}: backend=sim computes no tokens, so there is nothing "
+                              "to verify drafts against; use drafter=none with backend=sim")
+        drafter.executor, drafter.allocator, drafter.seed = executor, allocator, cfg.seed
+    if clock is None:
+        clock = ModelledClock(time_model) if clock_kind == "virtual" else WallClock()
+    else:
+        clock_kind = "custom"
+    engine = Engine(limits, scheduler, allocator, executor, cost_model, seed=cfg.seed, clock=clock, drafter=drafter)
+    return Stack(engine, executor, limits, time_model, clock_kind)
+
+
+def _draft_model_path(cfg: DictConfig, drafter_class, drafter_config) -> str | None:
+    """The draft checkpoint the drafter needs loaded beside the target, if any (never in the sim)."""
+    if cfg.backend.name == "sim":
+        return None
+    return drafter_class.model_path(drafter_config, model_path(cfg))
+
+
+def _clock_kind(cfg: DictConfig) -> str:
+    """``clock=auto`` resolved, and the combinations of clock, backend and time model checked."""
+    kind = _value(cfg.clock)
+    sim = cfg.backend.name == "sim"
+    if kind == "auto":
+        kind = "virtual" if sim else "wall"
+    tm = cfg.time_model.name
+    if sim and kind == "wall":
+        raise ConfigError("backend=sim has no wall time to measure: use clock=virtual (or clock=auto)")
+    if kind == "wall" and tm != "measured":
+        raise ConfigError(f"time_model={tm} prices steps on the virtual clock: add clock=virtual "
+                          "(on clock=wall steps are timed as they run: time_model=measured)")
+    if kind == "virtual" and tm == "measured":
+        raise ConfigError("clock=virtual needs a time model that predicts step times: time_model=roofline "
+                          "(hardware=<name>) or time_model=profile time_model.path=<profile.json>")
+    return kind
+
+
+def storage_bytes(cfg: DictConfig) -> StorageBytes:
+    """Bytes per stored weight and KV value under ``model.dtype``, ``model.quantization``, ``kv_cache_dtype``."""
+    return StorageBytes.of(_value(cfg.model.dtype), _value(cfg.model.get("quantization", "none")),
+                           _value(cfg.get("kv_cache_dtype", "auto")))
+
+
+def time_model_context(cfg: DictConfig, executor: Executor) -> TimeModelContext:
+    shape = getattr(executor, "shape", None) or ModelShape.from_spec(executor.spec)
+    dtype = _value(cfg.model.dtype)
+    name = cfg.model.name if cfg.model.path is None else str(cfg.model.path)
+    sizes = storage_bytes(cfg)
+    return TimeModelContext(shape=shape, hardware=hardware_profile(cfg), tensor_parallel_size=cfg.tensor_parallel_size,
+                            dtype=dtype, weight_dtype_bytes=sizes.weight, kv_dtype_bytes=sizes.kv,
+                            block_size=cfg.block_size, model_name=name, linear_weight_bytes=sizes.linear,
+                            kv_scale_bytes=sizes.kv_scale)
+
+
+def _attach_swap_pool(cfg: DictConfig, executor: Executor, allocator, cost_model: StepCostModel,
+                      modelled_bytes_per_s: float | None = None) -> None:
+    """Tell the allocator the host pool size and the cost model the host link's speed (configured,
+    else the time model's on the virtual clock, else measured now)."""
+    num_swap_blocks = getattr(executor, "num_swap_blocks", 0)
+    allocator.attach_swap_pool(num_swap_blocks)
+    cost_model.bytes_per_block = executor.bytes_per_block
+    bandwidth = cfg.backend.get("swap_bandwidth_gb_s")
+    if bandwidth is not None:
+        cost_model.swap_bytes_per_s = bandwidth * 1e9
+    elif modelled_bytes_per_s:
+        cost_model.swap_bytes_per_s = modelled_bytes_per_s
+    elif num_swap_blocks > 0:
+        cost_model.swap_bytes_per_s = executor.measure_swap_bandwidth()
+        log.info("swap bandwidth measured at start-up: %.2f GB/s", cost_model.swap_bytes_per_s / 1e9)
+
+
+def _plugin_config(node: DictConfig):
+    """The plugin's typed config object (its ``Config`` dataclass, with ``name``)."""
+    return OmegaConf.to_object(node)
+
+
+def _value(v):
+    return getattr(v, "value", v)

@@ -1,0 +1,1 @@
+"""``servelab serve``: the OpenAI-compatible server in front of a composed stack."""

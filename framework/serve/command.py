@@ -1,0 +1,222 @@
+"""``servelab serve [--host H] [--port P] [--api-key K] [hydra overrides]``: any composed stack
+behind an OpenAI-compatible HTTP server (FastAPI + uvicorn).
+
+The engine steps in its own thread; requests enter the scheduler as they arrive (arrival =
+receipt time, on the wall clock). At shutdown (SIGINT/SIGTERM) the server stops accepting,
+gives in-flight requests ``serve.shutdown_grace_s`` seconds, aborts the rest, and writes the same
+result files as a batch run (``requests.jsonl``, ``summary.json``, ``config.yaml``; W&B as
+configured) to ``serve.output_dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+from datetime import datetime
+from pathlib import Path
+
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+
+from servelab.api import compose
+from servelab.core.errors import ConfigError
+from servelab.run.loggers import RunLogger, make_logger
+from servelab.run.session import RequestWriter, collect_results
+from servelab.run.stack import Stack, build_stack
+from servelab.serve.engine_thread import EngineLoop
+from servelab.workloads.text import checkpoint_text, text_decorator
+
+log = logging.getLogger(__name__)
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(prog="servelab serve", description=__doc__.split("\n\n")[0],
+                                     epilog="Every other argument is a Hydra override, as for a batch run "
+                                            "(serve.* keys: see docs/serve.md).")
+    parser.add_argument("--host", help="address to bind (default serve.host = 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, help="TCP port (default serve.port = 8000; 0 = any free port)")
+    parser.add_argument("--api-key", default=os.environ.get("SERVELAB_API_KEY"),
+                        help="require 'Authorization: Bearer <key>' on /v1/* (default $SERVELAB_API_KEY; none)")
+    flags, overrides = parser.parse_known_args(argv)
+    unknown = [a for a in overrides if a.startswith("--")]
+    if unknown:
+        parser.error(f"unknown option {unknown[0]} (Hydra overrides are key=value)")
+    return flags, overrides
+
+
+def compose_serve_config(argv: list[str]) -> DictConfig:
+    """The composed config with the flags applied; refuses what cannot serve on the wall clock."""
+    flags, overrides = parse_args(argv)
+    try:
+        cfg = compose(overrides)
+    except HydraException as exc:
+        raise ConfigError(str(exc).splitlines()[0]) from None
+    for key, value in (("host", flags.host), ("port", flags.port), ("api_key", flags.api_key)):
+        if value is not None:
+            cfg.serve[key] = value
+    check_serve_config(cfg)
+    return cfg
+
+
+def check_serve_config(cfg: DictConfig) -> None:
+    clock = getattr(cfg.clock, "value", cfg.clock)
+    if cfg.backend.name == "sim" or clock == "virtual":
+        raise ConfigError("servelab serve answers real clients in real time: it needs the wall clock and a model "
+                          "(backend=torch clock=wall), not backend=sim / clock=virtual")
+    s = cfg.serve
+    for key, ok in (("port", 0 <= s.port <= 65535), ("max_body_bytes", s.max_body_bytes >= 1024),
+                    ("max_waiting_requests", s.max_waiting_requests >= 1),
+                    ("default_max_tokens", s.default_max_tokens >= 1), ("shutdown_grace_s", s.shutdown_grace_s >= 0)):
+        if not ok:
+            raise ConfigError(f"serve.{key}={s[key]} is out of range (port 0-65535, max_body_bytes >= 1024, "
+                              "max_waiting_requests >= 1, default_max_tokens >= 1, shutdown_grace_s >= 0)")
+
+
+def main(argv: list[str]) -> int:
+    cfg = compose_serve_config(argv)
+    return serve(cfg)
+
+
+def serve(cfg: DictConfig) -> int:
+    """Run the server until SIGINT/SIGTERM; write the result files; return the exit code."""
+    import uvicorn  # noqa: PLC0415 - optional
+
+    from servelab.serve.app import ServeState, TextCodec, build_app  # noqa: PLC0415 - optional
+    from servelab.serve.metrics import ServeMetrics  # noqa: PLC0415 - optional
+
+    s = cfg.serve
+    output_dir = _output_dir(s.output_dir)
+    stack = build_stack(cfg)
+    engine = stack.engine
+    engine.keep_steps = bool(cfg.debug.log_steps)
+    text = checkpoint_text(cfg)
+    codec = TextCodec(text)
+    model_name = s.model_name or cfg.model.name
+    metrics = ServeMetrics(model_name, stack.limits.ttft_slo_ms, stack.limits.tpot_slo_ms)
+    logger = make_logger(cfg.logger)
+    status, code, writer = "completed", 0, None
+    try:
+        logger.start(cfg, output_dir)
+        writer = _record(engine, logger, metrics, text, output_dir)
+        loop = _engine_loop(engine, codec, metrics, s.max_waiting_requests)
+        state = ServeState(loop, codec, metrics, model_name, stack.limits.max_model_len,
+                           stack.executor.spec.vocab_size, s.default_max_tokens, s.api_key, s.max_body_bytes)
+        banner = (f"{model_name} ({cfg.scheduler.name}/{cfg.allocator.name}/{cfg.preemption.name}/"
+                  f"{cfg.drafter.name}); results at shutdown: {output_dir}")
+        config = uvicorn.Config(build_app(state), host=s.host, port=s.port, log_level="warning", access_log=False,
+                                timeout_graceful_shutdown=s.shutdown_grace_s, lifespan="off")
+        status, code = _run_server(config, engine, loop, banner)
+    except BaseException as exc:
+        status, code = f"failed: {type(exc).__name__}: {exc}", 1
+        raise
+    finally:
+        try:
+            _write_results(cfg, stack, writer, logger, status, code, output_dir)
+        finally:
+            stack.executor.shutdown()
+    return code
+
+
+def _output_dir(path: str | None) -> Path:
+    """``serve.output_dir``, by default ``outputs/serve/<date>/<time>``; created."""
+    output_dir = Path(path or Path("outputs") / "serve" / datetime.now().strftime("%Y-%m-%d/%H-%M-%S"))
+    output_dir.mkdir(parents=True, exist_ok=True)
+    return output_dir
+
+
+def _record(engine, logger: RunLogger, metrics, text, output_dir: Path) -> RequestWriter:
+    """Hook the logger, the ``requests.jsonl`` writer and the metrics onto the engine; the writer."""
+    if type(logger).log_step is not RunLogger.log_step:
+        engine.step_listeners.append(logger.log_step)
+    writer = RequestWriter(output_dir / "requests.jsonl", engine, 1.0, decorate=text_decorator(text))
+    engine.end_listeners += [writer.on_end, metrics.on_end]
+    engine.forget_ended = True  # a long-running server holds only live requests
+    return writer
+
+
+def _engine_loop(engine, codec, metrics, max_waiting_requests: int) -> EngineLoop:
+    """The engine thread (not started), reporting queues and KV usage to the metrics."""
+    allocator = engine.allocator
+
+    def kv_usage() -> float:
+        return allocator.num_used_blocks() / max(1, allocator.num_blocks)
+
+    return EngineLoop(engine, codec.decode if codec.available else None, max_waiting_requests,
+                      on_step=lambda record: metrics.on_step(record, engine.scheduler.queue_lengths(), kv_usage()),
+                      on_queues=lambda: metrics.on_queues(engine.scheduler.queue_lengths(), kv_usage()))
+
+
+def _run_server(config, engine, loop: EngineLoop, banner: str) -> tuple[str, int]:
+    """Serve (uvicorn ``config``) with the engine thread running until the server stops; the run's
+    status and exit code."""
+    server = _Server(config, loop, banner=banner)
+    engine.reset_clock()
+    loop.start()
+    try:
+        server.run()
+    finally:
+        loop.stop()
+    if loop.error:
+        return f"failed: {loop.error}", 1
+    if not server.started:
+        return "failed: the server did not start (address in use?)", 1
+    return "completed", 0
+
+
+def _write_results(cfg: DictConfig, stack: Stack, writer: RequestWriter | None, logger: RunLogger, status: str,
+                   code: int, output_dir: Path) -> None:
+    """The batch run's result files and the logger's finish, then one line on stderr."""
+    result = collect_results(stack.engine, 1.0, status, {"tensor_parallel_size": cfg.tensor_parallel_size,
+                                                         **stack.describe_time()},
+                             writer=writer)
+    result.write(output_dir, cfg.debug.log_steps)
+    OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
+    logger.finish(result.summary, result.iter_requests(), code)
+    summary = result.summary
+    print(f"servelab serve: {summary['num_requests']} requests ({summary['num_finished']} finished, "
+          f"{summary['num_aborted']} aborted, {summary['num_rejected']} rejected), leaked blocks "
+          f"{summary['leaked_blocks']}; results written to {output_dir}", file=sys.stderr, flush=True)
+
+
+def _make_server_class():
+    import uvicorn  # noqa: PLC0415 - optional
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, telling the engine thread to refuse new requests at the first signal and
+        printing the bound address (``--port 0`` picks a free port) once it listens."""
+
+        def __init__(self, config, loop, banner: str) -> None:
+            super().__init__(config)
+            self.engine_loop, self.banner = loop, banner
+
+        def handle_exit(self, sig, frame) -> None:
+            self.engine_loop.close()
+            if not self.should_exit:
+                grace = self.config.timeout_graceful_shutdown
+                # abort what is left shortly before uvicorn would cancel it, so its client gets a last
+                # event (finish_reason "abort", then [DONE]) rather than a dropped connection
+                timer = threading.Timer(max(0.0, grace - min(1.0, grace / 2)), self.engine_loop.abort_all)
+                timer.daemon = True
+                timer.start()
+                print(f"servelab serve: shutting down: in-flight requests have "
+                      f"{self.config.timeout_graceful_shutdown:g} s (serve.shutdown_grace_s) to finish, then are "
+                      "aborted", file=sys.stderr, flush=True)
+            super().handle_exit(sig, frame)
+            self._captured_signals.clear()  # uvicorn re-raises them after shutdown: the results come first
+
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if self.should_exit:
+                return
+            host, port = self.servers[0].sockets[0].getsockname()[:2]
+            print(f"servelab serve: listening on http://{host}:{port} (OpenAI API under /v1) - {self.banner}",
+                  flush=True)
+
+    return Server
+
+
+def _Server(config, loop, banner):  # noqa: N802 - a class made on first use (uvicorn is an optional extra)
+    return _make_server_class()(config, loop, banner)

@@ -1,0 +1,1 @@
+"""``backend=sim``: the executor without tensors and the fitted step profiles."""

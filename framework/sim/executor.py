@@ -1,0 +1,106 @@
+"""``backend=sim``: an executor with no weights and no tensors.
+
+It answers each step with placeholder tokens (never EOS: a request generates exactly its
+``max_tokens``) and sizes the KV pool the way a GPU run would: device memory x
+``gpu_memory_utilization``, minus this rank's share of the weights, minus an activation reserve,
+over the KV bytes of one block on one rank. Time is not its business: on ``clock=virtual`` the
+time model prices every step. Tensor parallelism is a number.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+from servelab.core.errors import ConfigError
+from servelab.core.executor import Executor, StepOutput
+from servelab.core.step_work import StepWork
+from servelab.core.model_spec import ModelSpec
+from servelab.core.shapes import HardwareProfile, ModelShape
+
+log = logging.getLogger(__name__)
+
+PLACEHOLDER_TOKEN = 0
+
+
+@dataclass(frozen=True)
+class SimMemory:
+    """How the device memory of one rank is spent."""
+
+    device_bytes: float
+    usable_bytes: float
+    weight_bytes: float
+    activation_reserve_bytes: float
+    kv_bytes: float
+    bytes_per_block: float
+    num_blocks: int
+
+
+def plan_memory(shape: ModelShape, hardware: HardwareProfile, tp: int, weight_dtype_bytes: float,
+                kv_dtype_bytes: float, block_size: int, gpu_memory_utilization: float,
+                activation_reserve_gb: float, linear_weight_bytes: float | None = None,
+                kv_scale_bytes: float = 0.0) -> SimMemory:
+    """The KV pool one rank can hold; raises :class:`ConfigError` when the weights do not fit.
+
+    ``linear_weight_bytes`` / ``kv_scale_bytes``: quantised decoder linears and KV cache
+    (:class:`servelab.core.shapes.StorageBytes`)."""
+    shape.check_tp(tp)
+    usable = hardware.memory_bytes * gpu_memory_utilization
+    weights = shape.weight_bytes_per_rank(weight_dtype_bytes, tp, linear_weight_bytes)
+    reserve = activation_reserve_gb * 1e9
+    per_block = shape.kv_bytes_per_token(kv_dtype_bytes, tp, kv_scale_bytes) * block_size
+    kv = usable - weights - reserve
+    if kv < per_block:
+        raise ConfigError(
+            f"the weights do not fit: {weights / 1e9:.1f} GB per rank at tensor_parallel_size={tp} "
+            f"(+ {reserve / 1e9:.1f} GB activation reserve) but {hardware.name} offers {usable / 1e9:.1f} GB per rank "
+            f"({hardware.memory_gb:g} GB x gpu_memory_utilization={gpu_memory_utilization}); "
+            "raise tensor_parallel_size or pick larger hardware")
+    return SimMemory(hardware.memory_bytes, usable, weights, reserve, kv, per_block, int(kv // per_block))
+
+
+def sim_spec(shape: ModelShape, name: str) -> ModelSpec:
+    """A :class:`ModelSpec` for the engine's checks (vocabulary, positions); no EOS."""
+    return ModelSpec(architecture=name or "sim", family="sim", vocab_size=shape.vocab_size,
+                     hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
+                     num_layers=shape.num_layers, num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,
+                     head_dim=shape.head_dim, rms_norm_eps=1e-6,
+                     max_position_embeddings=shape.max_position_embeddings,
+                     tie_word_embeddings=shape.tie_word_embeddings, qkv_bias=False, qk_norm=False,
+                     rope_type="default", rope_theta=1e4, eos_token_ids=())
+
+
+class SimExecutor(Executor):
+    """Placeholder tokens, a KV pool sized from the hardware, no tensors: the engine hands it
+    the step's :class:`~servelab.core.step_work.StepWork`, never a batch."""
+
+    needs_batch = False
+
+    def __init__(self, shape: ModelShape, hardware: HardwareProfile, memory: SimMemory, *,
+                 model_name: str = "", num_kv_blocks: int | None = None, num_swap_blocks: int = 0,
+                 swap_space_gb: float | None = None) -> None:
+        self.shape = shape
+        self.hardware = hardware
+        self.memory = memory if num_kv_blocks is None else replace(memory, num_blocks=num_kv_blocks)
+        self.spec = sim_spec(shape, model_name)
+        self.num_kv_blocks = self.memory.num_blocks
+        self.bytes_per_block = int(memory.bytes_per_block)
+        self.num_swap_blocks = (int(swap_space_gb * 2**30 // memory.bytes_per_block) if swap_space_gb is not None
+                                else num_swap_blocks)
+        log.info("sim: %s, %.1f GB weights + %.1f GB reserve per rank, %d KV blocks (%.2f GB), %d host swap blocks",
+                 hardware.name, memory.weight_bytes / 1e9, memory.activation_reserve_bytes / 1e9,
+                 self.num_kv_blocks, self.num_kv_blocks * memory.bytes_per_block / 1e9, self.num_swap_blocks)
+
+    def execute_work(self, work: StepWork) -> StepOutput:
+        return StepOutput([PLACEHOLDER_TOKEN] * work.num_sampled, 0.0)
+
+    def execute(self, batch) -> StepOutput:
+        return StepOutput([PLACEHOLDER_TOKEN] * batch.num_sampled, 0.0)
+
+    def measure_swap_bandwidth(self) -> float:
+        return self.hardware.host_link_gb_s * 1e9
+
+    def summary(self) -> dict:
+        m = self.memory
+        return {"sim_weight_bytes_per_rank": m.weight_bytes, "sim_kv_pool_bytes_per_rank": self.num_kv_blocks * m.bytes_per_block,
+                "sim_activation_reserve_bytes": m.activation_reserve_bytes, "sim_usable_bytes_per_rank": m.usable_bytes}

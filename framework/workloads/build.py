@@ -1,0 +1,271 @@
+"""Workloads: synthetic, a jsonl file of requests, a CSV request trace, a hash-id trace
+(``workload_hash_ids``), or text prompts (``workload_text``: a prompts file, the held-out
+corpus), turned into Requests.
+
+Trace transformations (sample N rows, scale lengths, clip to max_model_len, compress time) are
+explicit config values and every one applied is logged; no row is dropped silently.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import functools
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+from servelab.core.errors import ServelabError, WorkloadError  # WorkloadError: also importable from here, as before
+from servelab.core.request import Request, SamplingParams
+from servelab.workloads.hash_ids import hash_ids_requests
+from servelab.workloads.text import CheckpointText
+from servelab.workloads.text_prompts import corpus_requests, prompts_requests
+
+log = logging.getLogger(__name__)
+
+
+def build_requests(cfg, vocab_size: int, max_model_len: int, text=None) -> list[Request]:
+    """The requests of workload config ``cfg`` (its ``name`` picks the kind). ``text`` is the
+    checkpoint's :class:`~servelab.workloads.text.CheckpointText` (text prompts need its tokenizer)."""
+    text = text if text is not None else CheckpointText(None)
+    kinds = {"synthetic": synthetic_requests, "jsonl": lambda c, v, m: jsonl_requests(c, v, m, text),
+             "trace": trace_requests, "hash_ids": hash_ids_requests,
+             "prompts": lambda c, v, m: prompts_requests(c, text), "corpus": lambda c, v, m: corpus_requests(c, text)}
+    if cfg.name not in kinds:
+        raise WorkloadError(f"workload.name={cfg.name!r} is not one of {sorted(kinds)}")
+    return kinds[cfg.name](cfg, vocab_size, max_model_len)
+
+
+def _lengths(rng: np.random.Generator, spec, n: int, key: str) -> np.ndarray:
+    dist = getattr(spec.dist, "value", spec.dist)
+    if dist == "fixed":  # the value is `mean`; min/max do not apply
+        if spec.mean < 1:
+            raise WorkloadError(f"workload.{key}.mean={spec.mean} must be >= 1 for a fixed length")
+        return np.full(n, int(spec.mean))
+    if spec.min < 1 or spec.max < spec.min:
+        raise WorkloadError(f"workload.{key}: need 1 <= min <= max, got min={spec.min} max={spec.max}")
+    if dist == "uniform":
+        values = rng.integers(spec.min, spec.max + 1, size=n)
+    elif dist == "lognormal":
+        values = np.rint(rng.lognormal(np.log(spec.mean), spec.sigma, size=n))
+    else:
+        raise WorkloadError(f"workload.{key}.dist={dist!r} is not one of uniform, lognormal, fixed")
+    return np.clip(values, spec.min, spec.max).astype(int)
+
+
+def _random_prompt(rng: np.random.Generator, length: int, vocab_size: int) -> tuple[int, ...]:
+    # Every prompt refers to one shared int object per token id: a whole trace's prompts (22M
+    # tokens for the Azure conversation trace) cost a pointer per token, not an int object each.
+    # (Indexing an object array is a C loop: 3x faster than mapping __getitem__ over a list.)
+    return tuple(_token_objects(vocab_size)[rng.integers(0, vocab_size, size=length)].tolist())
+
+
+@functools.lru_cache(maxsize=4)
+def _token_objects(vocab_size: int) -> np.ndarray:
+    return np.array(range(vocab_size), dtype=object)
+
+
+def synthetic_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
+    """N requests with seeded random prompts; Poisson or all-at-once arrivals. They ignore EOS."""
+    if cfg.num_requests < 0:
+        raise WorkloadError(f"workload.num_requests={cfg.num_requests} must be >= 0")
+    rng = np.random.default_rng(cfg.seed)
+    n = cfg.num_requests
+    prompts = _lengths(rng, cfg.prompt_len, n, "prompt_len")
+    outputs = _lengths(rng, cfg.output_len, n, "output_len")
+    if getattr(cfg.arrival, "value", cfg.arrival) == "poisson":
+        if cfg.rate <= 0:
+            raise WorkloadError(f"workload.rate={cfg.rate} must be > 0 for Poisson arrivals")
+        arrivals = np.cumsum(rng.exponential(1.0 / cfg.rate, size=n))
+        arrivals -= arrivals[0] if n else 0
+    else:
+        arrivals = np.zeros(n)
+    state = rng.bit_generator.state
+
+    def generate():  # prompts drawn in request order, as they are needed; the same on every pass
+        prompt_rng = np.random.default_rng()
+        prompt_rng.bit_generator.state = state
+        for i in range(n):
+            yield Request(id=f"req-{i}", prompt_token_ids=_random_prompt(prompt_rng, int(prompts[i]), vocab_size),
+                          max_tokens=int(outputs[i]), arrival_time=float(arrivals[i]), ignore_eos=True)
+
+    return InArrivalOrder(n, generate)
+
+
+class InArrivalOrder:
+    """Requests made one at a time, in arrival order, each time it is iterated (once per run):
+    a 100,000-request workload never holds more than the requests that have arrived."""
+
+    in_arrival_order = True
+
+    def __init__(self, count: int, generate) -> None:
+        self.count, self._generate = count, generate
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self):
+        return self._generate()
+
+    def __getitem__(self, index):
+        return list(self)[index]
+
+
+_JSONL_KEYS = {"id", "prompt", "prompt_token_ids", "prompt_len", "max_tokens", "arrival_time", "priority", "ttft_slo_ms",
+               "tpot_slo_ms", "ignore_eos", "temperature", "top_p", "top_k", "seed", "cache_salt"}
+
+
+def jsonl_requests(cfg, vocab_size: int, max_model_len: int, text=None) -> list[Request]:
+    """Requests from a jsonl file; they stop at ``max_tokens``. A ``prompt`` string is tokenized
+    with the checkpoint's tokenizer (``text``) and stops at EOS unless ``ignore_eos: true``; token
+    ids (``prompt_token_ids``, or seeded random ones for a ``prompt_len``) ignore EOS unless
+    ``ignore_eos: false``."""
+    path = Path(cfg.path)
+    if not path.is_file():
+        raise WorkloadError(f"workload.path={str(path)!r}: no such file")
+    rng = np.random.default_rng(cfg.seed)
+    requests, ids = [], set()
+    with path.open() as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise WorkloadError(f"{where}: not valid JSON ({exc.msg})") from None
+            requests.append(_jsonl_request(obj, where, len(requests), rng, vocab_size, text))
+            if requests[-1].id in ids:
+                raise WorkloadError(f"{where}: duplicate id {requests[-1].id!r}")
+            ids.add(requests[-1].id)
+    return requests
+
+
+def _jsonl_request(obj, where: str, index: int, rng, vocab_size: int, text=None) -> Request:
+    if not isinstance(obj, dict):
+        raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    unknown = set(obj) - _JSONL_KEYS
+    if unknown:
+        raise WorkloadError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_JSONL_KEYS)}")
+    if "max_tokens" not in obj:
+        raise WorkloadError(f"{where}: missing 'max_tokens'")
+    if "prompt" in obj and ("prompt_token_ids" in obj or "prompt_len" in obj):
+        other = "prompt_token_ids" if "prompt_token_ids" in obj else "prompt_len"
+        raise WorkloadError(f"{where}: has both 'prompt' and {other!r}; give one of them")
+    try:
+        if "prompt" in obj:
+            if not isinstance(obj["prompt"], str):
+                raise WorkloadError(f"{where}: 'prompt' must be a string (token ids go in 'prompt_token_ids')")
+            if text is None:
+                text = CheckpointText(None)
+            prompt = text.encode(obj["prompt"], where)
+        elif "prompt_token_ids" in obj:
+            tokens = obj["prompt_token_ids"]
+            if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+                raise WorkloadError(f"{where}: 'prompt_token_ids' must be a list of integers")
+            prompt = tuple(tokens)
+        elif "prompt_len" in obj:
+            prompt = _random_prompt(rng, int(obj["prompt_len"]), vocab_size)
+        else:
+            raise WorkloadError(f"{where}: needs 'prompt', 'prompt_token_ids' or 'prompt_len'")
+        sampling = SamplingParams(float(obj.get("temperature", 0.0)), float(obj.get("top_p", 1.0)),
+                                  int(obj.get("top_k", 0)), obj.get("seed"))
+        return Request(
+            id=str(obj.get("id", f"req-{index}")), prompt_token_ids=prompt, max_tokens=int(obj["max_tokens"]),
+            arrival_time=float(obj.get("arrival_time") or 0.0), sampling=sampling,
+            ignore_eos=bool(obj.get("ignore_eos", "prompt" not in obj)), priority=int(obj.get("priority", 0)),
+            ttft_slo_ms=_opt_float(obj.get("ttft_slo_ms")), tpot_slo_ms=_opt_float(obj.get("tpot_slo_ms")),
+            cache_salt=_opt_salt(obj.get("cache_salt"), where))
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, ServelabError):
+            raise
+        raise WorkloadError(f"{where}: bad value ({exc})") from None
+
+
+def _opt_float(v):
+    return None if v is None else float(v)
+
+
+def _opt_salt(v, where: str) -> str | None:
+    if v is not None and not isinstance(v, str):
+        raise WorkloadError(f"{where}: 'cache_salt' must be a string, got {type(v).__name__}")
+    return v
+
+
+_TRACE_FORMATS = {
+    # columns: (arrival, prompt, output); arrival None = no timestamps in the trace
+    "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
+    "arrived_at": ("arrived_at", "num_prefill_tokens", "num_decode_tokens"),
+    "lengths": (None, "num_prefill_tokens", "num_decode_tokens"),
+}
+
+
+def trace_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
+    """Replay a CSV trace with the configured, logged transformations."""
+    path = Path(cfg.path)
+    if not path.is_file():
+        raise WorkloadError(f"workload.path={str(path)!r}: no such file")
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        header = reader.fieldnames or []
+        fmt = next((f for f, cols in _TRACE_FORMATS.items() if all(c in header for c in cols if c)), None)
+        if fmt is None:
+            raise WorkloadError(f"{path}: unrecognised trace columns {header}; expected one of "
+                                f"{[list(c for c in cols if c) for cols in _TRACE_FORMATS.values()]}")
+        rows = list(reader)
+    a_col, p_col, o_col = _TRACE_FORMATS[fmt]
+    total = len(rows)
+    rng = np.random.default_rng(cfg.seed)
+    rows = rows[cfg.start_row:]
+    if cfg.num_requests is not None and cfg.num_requests < len(rows):
+        if cfg.sample == "random":
+            picked = np.sort(rng.choice(len(rows), size=cfg.num_requests, replace=False))
+            rows = [rows[i] for i in picked]
+        elif cfg.sample == "head":
+            rows = rows[:cfg.num_requests]
+        else:
+            raise WorkloadError(f"workload.sample={cfg.sample!r} is not one of head, random")
+    log.info("trace %s (%s format): using %d of %d rows (start_row=%d, sample=%s)", path.name, fmt, len(rows),
+             total, cfg.start_row, cfg.sample)
+    arrivals = _trace_arrivals(rows, a_col, path, rng, cfg.rate)
+    out_scale = cfg.output_scale if cfg.output_scale is not None else cfg.length_scale
+    requests, clipped = [], 0
+    for i, row in enumerate(rows):
+        try:
+            prompt_len = max(cfg.min_len, int(round(float(row[p_col]) * cfg.length_scale)))
+            output_len = max(1, int(round(float(row[o_col]) * out_scale)))
+        except (TypeError, ValueError):
+            raise WorkloadError(f"{path}: row {cfg.start_row + i + 2}: bad length values {row}") from None
+        if prompt_len + output_len > max_model_len:
+            clipped += 1
+            prompt_len = min(prompt_len, max_model_len - 1)
+            output_len = max(1, min(output_len, max_model_len - prompt_len))
+        requests.append(Request(id=f"trace-{cfg.start_row + i}", prompt_token_ids=_random_prompt(rng, prompt_len, vocab_size),
+                                max_tokens=output_len, arrival_time=float(arrivals[i]), ignore_eos=True))
+    log.info("trace %s: lengths scaled x%g (prompt) x%g (output); %d requests clipped to max_model_len=%d; "
+             "time compressed x%g", path.name, cfg.length_scale, out_scale, clipped, max_model_len, cfg.time_scale)
+    return requests
+
+
+def _trace_arrivals(rows, col, path, rng, rate) -> np.ndarray:
+    if col is None:
+        return np.cumsum(rng.exponential(1.0 / rate, size=len(rows))) if rows else np.zeros(0)
+    if col == "TIMESTAMP":
+        stamps = [_parse_timestamp(r[col], path) for r in rows]
+    else:
+        stamps = [float(r[col]) for r in rows]
+    t = np.asarray(stamps, dtype=float)
+    return t - t.min() if t.size else t
+
+
+def _parse_timestamp(text: str, path) -> float:
+    text = text.strip()
+    if "." in text:  # Azure writes 7 fractional digits; datetime takes at most 6
+        head, frac = text.split(".", 1)
+        text = f"{head}.{frac[:6]}"
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise WorkloadError(f"{path}: unparseable TIMESTAMP {text!r}") from None
