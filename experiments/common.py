@@ -20,6 +20,8 @@ import yaml
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
+from servelab.sim.step_profile import cpu_model as profile_cpu_model  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -102,13 +104,7 @@ def load_runs(sweep_dir: Path, strict: bool = True) -> list[Run]:
 
 def cpu_model(default: str) -> str:
     """The CPU's model name from ``/proc/cpuinfo``, else ``default``."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return default
+    return profile_cpu_model(default)
 
 
 def machine_note(sweep_dir: Path) -> str:

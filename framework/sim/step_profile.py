@@ -153,16 +153,17 @@ def machine_description() -> dict:
     """Where a profile was measured."""
     import torch  # noqa: PLC0415 - torch (the simulator itself runs without it)
 
-    return {"hostname": platform.node(), "processor": _cpu_model(), "cores": os.cpu_count(),
+    return {"hostname": platform.node(), "processor": cpu_model(), "cores": os.cpu_count(),
             "platform": platform.platform(), "torch": torch.__version__,
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
-def _cpu_model() -> str:
+def cpu_model(default: str | None = None) -> str:
+    """The CPU's model name from ``/proc/cpuinfo``, else ``default`` (else what platform says)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or "unknown"
+    return default if default is not None else (platform.processor() or "unknown")
