@@ -1,4 +1,4 @@
-"""The conformance kit (servelab.kit.testing.check_plugin, ``servelab check-plugin``): every built-in
+"""The conformance kit (servelab.plugin_api.check_plugin, ``servelab check-plugin``): every built-in
 passes it, and deliberately broken plugins are caught with the broken contract named and a
 reproducing scenario printed."""
 
@@ -20,7 +20,7 @@ from servelab.plugins.preemption.recompute import RecomputePreemption
 from servelab.core.registry import build_registry, default_registry, plugin_manager
 from servelab.core.request import Sequence, Status
 from servelab.engine.scheduling import QueueScheduler
-from servelab.kit.testing import check_plugin
+from servelab.plugin_api import check_plugin
 
 CASES = 5  # per built-in: a few seconds per kind (CI); servelab check-plugin runs 50 by default
 REAL_MODEL = {"scheduler": "priority", "allocator": "contiguous", "preemption": "swap", "drafter": "ngram"}

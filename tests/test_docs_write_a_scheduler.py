@@ -56,7 +56,7 @@ def test_the_pages_starvation_bound_admits_a_long_prompt_that_waited(bounded_reg
 
 
 def test_the_pages_starvation_bound_passes_the_kits_check(bounded_registry):
-    from servelab.kit.testing import check_plugin
+    from servelab.plugin_api import check_plugin
 
     report = check_plugin("scheduler", "spf_bounded", registry=bounded_registry, cases=2, real_model=False)
     assert report.ok, str(report)

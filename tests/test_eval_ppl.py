@@ -14,7 +14,7 @@ import torch
 
 from conftest import compose
 from servelab.workloads import corpus
-from servelab.run.config import PACKAGED_CHECKPOINTS
+from servelab.core.packaged import PACKAGED_CHECKPOINTS
 from servelab.cli.eval_ppl import evaluate
 from servelab.workloads.text import load_tokenizer
 

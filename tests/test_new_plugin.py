@@ -12,7 +12,7 @@ import pytest
 
 from servelab.kit.new_plugin import TORCH_VERSION, new_plugin, servelab_version
 from servelab.core.registry import KINDS
-from servelab.kit.testing import check_plugin
+from servelab.plugin_api import check_plugin
 
 from doc_plugins import register_module_file
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import compose, serve_tiny_code
-from servelab.run.config import PACKAGED_CHECKPOINTS
+from servelab.core.packaged import PACKAGED_CHECKPOINTS
 from servelab.core.errors import ConfigError
 from servelab.kernels import reference
 from servelab.kernels.kv_quant import dequantize_kv, kv_storage_dtype, quantize_kv

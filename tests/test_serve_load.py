@@ -26,7 +26,7 @@ if not GUIDELLM.is_file():
 
 from serve_helpers import start  # noqa: E402
 
-from servelab.run.config import PACKAGED_CHECKPOINTS  # noqa: E402
+from servelab.core.packaged import PACKAGED_CHECKPOINTS  # noqa: E402
 
 NUM_REQUESTS, PROMPT_TOKENS, OUTPUT_TOKENS = 8, 32, 16
 

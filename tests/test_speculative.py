@@ -284,7 +284,7 @@ _serve = serve_tiny_code
 @pytest.fixture(scope="module")
 def heldout():
     from test_trained_models import heldout_prompts, hf_generate
-    from servelab.run.config import PACKAGED_CHECKPOINTS
+    from servelab.core.packaged import PACKAGED_CHECKPOINTS
 
     prompts, max_tokens = heldout_prompts(12, seed=3)
     return prompts, max_tokens, hf_generate(PACKAGED_CHECKPOINTS / "tiny_code", prompts, max_tokens)

@@ -13,7 +13,7 @@ import torch
 from conftest import compose
 from servelab.workloads import corpus
 from servelab.api import LLM
-from servelab.run.config import PACKAGED_CHECKPOINTS
+from servelab.core.packaged import PACKAGED_CHECKPOINTS
 from servelab.workloads.text import load_tokenizer
 
 MODELS = ["tiny_code", "tiny_code_draft"]

@@ -34,7 +34,7 @@ SETTINGS = {
 
 def heldout_prompts(n: int, seed: int, prefix_bytes: int) -> list[list[int]]:
     from servelab.workloads import corpus
-    from servelab.run.config import PACKAGED_CHECKPOINTS
+    from servelab.core.packaged import PACKAGED_CHECKPOINTS
     from servelab.workloads.text import load_tokenizer
 
     docs = [d for d in corpus.heldout_documents() if len(d.encode()) > prefix_bytes + 64]

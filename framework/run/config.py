@@ -21,9 +21,7 @@ from omegaconf import MISSING
 
 from servelab.core.registry import KINDS, Registry, default_registry
 
-# The trained checkpoints shipped inside the package (experiments/train_tiny made them).
-PACKAGED_CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
-PACKAGED_MODELS = ("tiny_code", "tiny_code_draft")
+from servelab.core.packaged import PACKAGED_CHECKPOINTS, PACKAGED_MODELS  # noqa: F401 - re-exported
 
 
 class DType(enum.Enum):

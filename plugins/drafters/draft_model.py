@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from servelab.run.config import PACKAGED_CHECKPOINTS
+from servelab.core.packaged import PACKAGED_CHECKPOINTS
 from servelab.engine.drafting import build_draft_batch
 from servelab.core.errors import ConfigError
 
