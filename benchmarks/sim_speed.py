@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+TRACE = "azure_conv"  # the packaged Azure conversation trace (servelab.core.packaged.PACKAGED_TRACES)
 CASES = {
     "trace": ["backend=sim", "hardware=h100", "model=llama3_70b", "tensor_parallel_size=8", "workload=trace",
               f"workload.path={TRACE}", "scheduler=slo_aware"],

@@ -11,14 +11,18 @@
 
 from __future__ import annotations
 
+import functools
 import os
+from datetime import datetime
+from importlib import resources
 from pathlib import Path
 from typing import Any, Sequence as Seq
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import yaml
 from hydra import compose as hydra_compose, initialize_config_module
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from servelab.run.config import register_configs
 from servelab.core.registry import check_selection
@@ -35,11 +39,45 @@ def compose(overrides: Seq[str] = (), **values: Any) -> DictConfig:
     Keyword arguments are extra ``key=value`` overrides (``logger="none"``); nested keys use
     ``__``, e.g. ``workload__num_requests=8``.
     """
+    return compose_with_run_dir(overrides, **values)[0]
+
+
+def compose_with_run_dir(overrides: Seq[str] = (), **values: Any) -> tuple[DictConfig, str | None]:
+    """:func:`compose`, and the run folder that ``hydra.run.dir=...`` (an override or a preset the
+    overrides select) sets, resolved; None where it is left at ``conf/config.yaml``'s default.
+
+    ``run.py`` gets its run folder from Hydra itself; the subcommands compose through this API, which
+    applies no ``hydra.*`` setting, so they read it here (:func:`command_output_dir`)."""
     register_configs()
     extra = [f"{k.replace('__', '.')}={_render(v)}" for k, v in values.items()]
     check_selection(list(overrides) + extra)
     with initialize_config_module("servelab.conf", version_base="1.3"):
-        return hydra_compose("config", overrides=list(overrides) + extra)
+        cfg = hydra_compose("config", overrides=list(overrides) + extra, return_hydra_config=True)
+    run_dir = None
+    if cfg.hydra.run._get_node("dir")._value() != _default_run_dir():
+        run_dir = str(OmegaConf.select(cfg, "hydra.run.dir"))
+    with open_dict(cfg):
+        del cfg["hydra"]  # what compose(return_hydra_config=False) returns
+    return cfg, run_dir
+
+
+@functools.lru_cache(maxsize=1)
+def _default_run_dir() -> str:
+    """``hydra.run.dir`` as ``conf/config.yaml`` writes it (unresolved)."""
+    text = (resources.files("servelab.conf") / "config.yaml").read_text()
+    return yaml.safe_load(text)["hydra"]["run"]["dir"]
+
+
+def command_output_dir(command: str, run_dir: str | Path | None = None, alias: str | Path | None = None) -> Path:
+    """Where ``servelab <command>`` writes: ``hydra.run.dir`` (``run_dir``, from
+    :func:`compose_with_run_dir`), else the command's own alias (``serve.output_dir``,
+    ``eval_ppl.output_dir``, ``profile --out``'s folder), else ``outputs/<command>/<date>/<time>``.
+    Not created here."""
+    if run_dir:
+        return Path(run_dir)
+    if alias:
+        return Path(alias)
+    return Path("outputs") / command / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
 
 
 def _render(v: Any) -> str:

@@ -11,12 +11,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_SILENT", "true")
 REPO = Path(__file__).resolve().parents[1]
-# `python -m pytest` puts the repo root on sys.path, where kernels/ would shadow the HF package of
-# that name that transformers probes for; servelab is imported from its installed mapping instead.
-sys.path[:] = [p for p in sys.path if Path(p or os.curdir).resolve() != REPO]
 sys.path.insert(0, str(Path(__file__).parent))
-
-TRACES = REPO.parent / "shared" / "traces"  # the public traces beside the checkout (not copied into it)
 
 # Small shapes, one per property the model code must get right.
 CHECKPOINTS = {

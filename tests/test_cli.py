@@ -113,12 +113,13 @@ def test_ctrl_c_writes_partial_results_and_finishes_wandb(tmp_path):
 
 
 def test_banner_then_a_run_whose_every_request_is_rejected_exits_2(tmp_path):
-    proc = run_cli(*SMALL, "logger=none", "num_kv_blocks=1", f"hydra.run.dir={tmp_path}")
+    proc = run_cli(*SMALL, "logger=none", "max_model_len=8", "num_kv_blocks=3", f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 2, proc.stderr
-    assert "servelab: error: every request (6) was rejected, e.g. request 'req-0': needs" in proc.stderr
+    assert ("servelab: error: every request (6) was rejected, e.g. request 'req-0': prompt of" in proc.stderr
+            and "max_model_len=8" in proc.stderr)
     for label in ("model", "device", "KV pool", "stack", "results", "W&B"):
         assert f"{label}  " in proc.stdout, label
-    assert "1 blocks x 16 = 16 tokens" in proc.stdout and f"results  {tmp_path}\n" in proc.stdout
+    assert "3 blocks x 16 = 48 tokens" in proc.stdout and f"results  {tmp_path}\n" in proc.stdout
     assert "rejected requests: 6" in proc.stdout
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed: every request was rejected"
 

@@ -52,11 +52,15 @@ def test_eval_ppl_equals_hf_loss(model, overrides):
 
 
 def test_cli_writes_ppl_json(tmp_path):
+    # hydra.run.dir, as for every command, wins over the older eval_ppl.output_dir
     proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "servelab"), "eval-ppl",
-                           "model=tiny_code_draft", "eval_ppl.max_tokens=3000", f"eval_ppl.output_dir={tmp_path}"],
+                           "model=tiny_code_draft", "eval_ppl.max_tokens=3000", f"hydra.run.dir={tmp_path}/run",
+                           f"eval_ppl.output_dir={tmp_path}/alias"],
                           cwd=tempfile.mkdtemp(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    result = json.loads((tmp_path / "ppl.json").read_text())
+    assert proc.stdout.strip().splitlines()[-1] == f"results: {tmp_path}/run/ppl.json"
+    assert not (tmp_path / "alias").exists()
+    result = json.loads((tmp_path / "run" / "ppl.json").read_text())
     assert {"bits_per_byte", "perplexity", "num_tokens"} <= set(result)
     assert 0 < result["bits_per_byte"] < 8 and result["num_tokens"] >= 3000
     assert f"{result['bits_per_byte']:.4f}" in proc.stdout

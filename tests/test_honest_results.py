@@ -69,10 +69,11 @@ def test_rejections_are_grouped_by_kind_with_an_example(tmp_path, capsys):
 
 
 def test_a_run_where_every_request_is_rejected_fails_naming_the_reason(tmp_path):
-    summary = _run(tmp_path, _reqs(3), "block_size=4", num_kv_blocks=1).summary
+    requests = [Request(f"r{i}", (1, 10**6), 4) for i in range(3)]  # (a pool too small for all: a start-up error)
+    summary = _run(tmp_path, requests).summary
     assert summary["status"] == "failed: every request was rejected"
     error = all_rejected_error(summary)
-    assert error.startswith("every request (3) was rejected, e.g. request 'r0': needs 12 KV slots")
+    assert error.startswith("every request (3) was rejected, e.g. request 'r0': prompt token id outside the vocabulary")
 
 
 def test_strict_requests_turns_a_rejection_into_a_start_up_error(tmp_path):

@@ -133,6 +133,7 @@ def test_models_health_and_metrics(server, client):
     ('{"prompt": [1, 2, 259]}', "prompt"),
     ('{"prompt": [-1]}', "prompt"),
     ('{"prompt": []}', "prompt"),
+    ('{"prompt": ""}', "prompt"),  # an empty text is no prompt (not a BOS alone)
     ('{"prompt": "x", "temprature": 0}', "temprature"),
     ('{"prompt": "x", "temperature": "hot"}', "temperature"),
     ('{"prompt": "x", "top_p": 0}', "top_p"),

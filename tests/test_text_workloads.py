@@ -92,7 +92,7 @@ def test_prompts_file_one_per_line_with_escapes(tmp_path, text_checkpoint):
     assert [r.id for r in reqs] == ["prompt-1", "prompt-3"]
     assert reqs[0].prompt_token_ids == (256, *b"def f(x):\n    return")
     assert all(r.max_tokens == 5 and not r.ignore_eos and r.arrival_time == 0 for r in reqs)
-    with pytest.raises(TextError, match=rf"{path}:1: .*has none"):
+    with pytest.raises(TextError, match=r"workload=prompts: .*has none; run token ids instead: workload=synthetic"):
         build_requests(cfg.workload, 4096, 2048)
 
 

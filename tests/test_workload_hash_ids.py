@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
+from servelab.core.packaged import PACKAGED_TRACES
 from servelab.run.config import HashIdsWorkload
 from servelab.workloads.build import WorkloadError, build_requests
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "conversation_trace.jsonl"
+TRACE = PACKAGED_TRACES["mooncake_conv"]  # shipped in the package (framework/data/traces)
 
 
 def cfg(path, **kw):
@@ -59,9 +59,8 @@ def test_clipped_to_max_model_len(tmp_path):
     assert req.prompt_len + req.max_tokens <= 256 and req.prompt_len == 255
 
 
-@pytest.mark.skipif(not TRACE.is_file(), reason=f"{TRACE} not present (the shared traces folder beside the checkout)")
 def test_the_mooncake_trace_shares_first_blocks():
-    reqs = build_requests(cfg(TRACE, num_requests=20, block_tokens=8), 4096, 4096)
+    reqs = build_requests(cfg("mooncake_conv", num_requests=20, block_tokens=8), 4096, 4096)
     rows = [json.loads(line) for line in TRACE.open().readlines()[:20]]
     for r, row in zip(reqs, rows):
         if row["hash_ids"][0] == rows[0]["hash_ids"][0]:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import REPO, TRACES, compose
+from conftest import REPO, compose
 from servelab.workloads.build import WorkloadError, build_requests
 
 DATA = REPO / "tests" / "data"
@@ -90,9 +90,55 @@ def test_unrecognised_trace_columns(tmp_path):
         _reqs("workload=trace", f"workload.path={path}")
 
 
-@pytest.mark.skipif(not TRACES.is_dir(), reason="../shared/traces is not beside this checkout (see the README)")
 def test_real_azure_conversation_trace_loads():
-    reqs = _reqs("workload=trace", f"workload.path={TRACES / 'AzureLLMInferenceTrace_conv.csv'}",
+    reqs = _reqs("workload=trace", "workload.path=azure_conv",
                  "workload.num_requests=100", "workload.length_scale=0.1", max_model_len=512)
     assert len(reqs) == 100 and all(r.prompt_len + r.max_tokens <= 512 for r in reqs)
     assert reqs[-1].arrival_time > 0
+
+
+# --- the packaged traces (framework/data/traces): selected by name, shipped with the package ----
+
+def test_every_packaged_trace_loads_by_name():
+    from servelab.core.packaged import PACKAGED_TRACES
+
+    assert set(PACKAGED_TRACES) == {"azure_code", "azure_conv", "mooncake_conv", "sharegpt_lengths"}
+    assert all(p.is_file() for p in PACKAGED_TRACES.values())
+    code = _reqs("workload=trace", "workload.path=azure_code", "workload.num_requests=50", max_model_len=8192)
+    assert len(code) == 50 and code[0].prompt_len == 4808 and code[-1].arrival_time > 0  # its first row
+    lengths = _reqs("workload=trace", "workload.path=sharegpt_lengths", "workload.num_requests=50",
+                    "workload.rate=10", max_model_len=16384)  # lengths alone: Poisson arrivals
+    assert len(lengths) == 50 and (lengths[0].prompt_len, lengths[0].max_tokens) == (74, 918)
+    assert 0 < lengths[-1].arrival_time < 20
+    mooncake = _reqs("workload=hash_ids", "workload.num_requests=5")  # the default path: mooncake_conv
+    assert compose("workload=hash_ids").workload.path == "mooncake_conv" and len(mooncake) == 5
+
+
+def test_an_unknown_trace_name_lists_the_names():
+    for workload in ("trace", "hash_ids"):
+        with pytest.raises(WorkloadError) as err:
+            _reqs(f"workload={workload}", "workload.path=azure_chat")
+        assert str(err.value) == ("workload.path='azure_chat': no such file, and not a packaged trace "
+                                  "(names: azure_code, azure_conv, mooncake_conv, sharegpt_lengths)")
+
+
+@pytest.mark.parametrize("preset", ["slo_goodput_trace", "block_size_sweep", "paged_vs_contiguous",
+                                    "prefix_caching_trace"])
+def test_trace_presets_read_a_packaged_trace(preset):
+    from servelab.api import compose as compose_as_run  # as `python run.py experiment=...` composes it
+    from servelab.core.packaged import PACKAGED_TRACES
+
+    cfg = compose_as_run([f"experiment={preset}", "workload.num_requests=20"], logger="none")
+    assert cfg.workload.path in PACKAGED_TRACES
+    assert len(build_requests(cfg.workload, 4096, cfg.max_model_len)) == 20
+
+
+def test_the_package_data_globs_ship_the_traces():
+    import fnmatch
+    import tomllib
+
+    globs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["servelab"]
+    folder = REPO / "framework" / "data" / "traces"
+    files = [p.relative_to(REPO / "framework").as_posix() for p in folder.iterdir()]
+    assert {"data/traces/README.md", "data/traces/LICENSE-Apache-2.0.txt"} <= set(files)
+    assert all(any(fnmatch.fnmatch(f, g) for g in globs) for f in files), files

@@ -1,24 +1,29 @@
 """Capacity search README: the table and plot of search.py's results, and the continuous-vs-static
 batching figures at 70B in the simulator beside the CPU ones.
 
-    python experiments/capacity_search/search.py              # results.json / results.csv
+    python experiments/capacity_search/search.py              # multirun/capacity_search/<time>/results.json, .csv
     python run.py -m experiment=continuous_vs_static_sim      # multirun/continuous_vs_static_sim/<time>/
     python experiments/capacity_search/step_times.py          # step_times.json
     python experiments/capacity_search/analyze.py [CONTINUOUS_VS_STATIC_SIM_DIR]
 
-Writes README.md, capacity.png and continuous_vs_static_sim.png next to this script.
+Reads the newest ``multirun/capacity_search/<time>/results.json`` (and ``results_memory_tight.json``)
+that search.py wrote, else the committed ones beside this script. Writes README.md, capacity.png and
+continuous_vs_static_sim.png to the analysis folder (``--update-readme``: next to this script, with the
+results it read copied there too).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from common import load_runs, optional_sweep, output_dir, plt, save_figure, table, write_page  # noqa: E402
+from common import (REPO, UPDATE_FLAG, load_runs, optional_sweep, output_dir, plt, save_figure, table,  # noqa: E402
+                    write_page)
 
 CPU_README = HERE.parent / "continuous_vs_static" / "README.md"
 
@@ -194,7 +199,7 @@ the highest request rate whose **p99 TTFT <= {st['ttft_ms']:g} ms and p99 TPOT <
 stack (scheduler x chunked prefill x preemption mode), by bisection on the rate.
 **Clock: virtual; time model: roofline; hardware: {hw} (`hardware={st['hardware']}`), `backend=sim`.**
 
-    python experiments/capacity_search/search.py{cmd_flags}     # results.json / results.csv ({res['total_wall_s'] / 60:.0f} min here)
+    python experiments/capacity_search/search.py{cmd_flags}     # multirun/capacity_search/<time>/results.json, .csv ({res['total_wall_s'] / 60:.0f} min here)
     python experiments/capacity_search/analyze.py    # this page and capacity.png
 
 **{headline}.**
@@ -360,10 +365,22 @@ static batch lasts as long as its longest member, so it grows with the spread of
     return text
 
 
+def results_file(name: str) -> Path:
+    """``<name>.json`` of the newest search.py run under ``multirun/capacity_search/``, else the committed one."""
+    runs = sorted((REPO / "multirun" / "capacity_search").glob(f"*/{name}.json"), key=lambda p: p.parent.name)
+    return runs[-1] if runs else HERE / f"{name}.json"
+
+
 def main() -> None:
-    res = json.loads((HERE / "results.json").read_text())
-    tight_file = HERE / "results_memory_tight.json"
+    res_file, tight_file = results_file("results"), results_file("results_memory_tight")
+    print(f"capacity results: {res_file}; memory-tight: {tight_file}", flush=True)
+    res = json.loads(res_file.read_text())
     tight = json.loads(tight_file.read_text()) if tight_file.is_file() else None
+    if UPDATE_FLAG in sys.argv[1:]:  # the committed page says "results.json": keep the data it was made from beside it
+        for f in (res_file, tight_file):
+            for src in (f, f.with_suffix(".csv")):
+                if src.is_file() and src.parent != HERE:
+                    shutil.copyfile(src, HERE / src.name)
     sweep = optional_sweep("continuous_vs_static_sim")
     out = output_dir(HERE, sweep, "capacity_search")
     steps_file = HERE / "step_times.json"

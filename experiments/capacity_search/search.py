@@ -21,7 +21,10 @@ passing is monotone in the rate (it is for these stacks in practice; every probe
 the results so a non-monotone case shows).
 
 Writes ``<name>.json`` (settings, every probe, the summary at the found rate) and ``<name>.csv``
-(one row per stack and TP degree) into --out (default: ``results`` beside this script).
+(one row per stack and TP degree) into --out: by default a fresh folder
+``multirun/capacity_search/<date>_<time>/`` (``analyze.py`` reads the newest one), never the committed
+results beside this script (``--out experiments/capacity_search`` replaces those on purpose).
+The trace is a packaged trace's name (``azure_conv``, the default) or a CSV file.
 """
 
 from __future__ import annotations
@@ -33,13 +36,24 @@ import platform
 import sys
 import tempfile
 import time
+from datetime import datetime
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-DEFAULT_TRACE = REPO.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+DEFAULT_TRACE = "azure_conv"  # the packaged Azure conversation trace (servelab.core.packaged.PACKAGED_TRACES)
+RUNS = REPO / "multirun" / "capacity_search"  # one fresh folder per search by default
+
+
+def fresh_run_dir() -> Path:
+    """``multirun/capacity_search/<date>_<time>`` (a suffix if that second is taken): never existing results."""
+    base = RUNS / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    out, n = base, 1
+    while out.exists():
+        out, n = base.with_name(f"{base.name}-{n}"), n + 1
+    return out
 
 
 # ---------------------------------------------------------------- the bisection (no servelab here)
@@ -215,7 +229,8 @@ CSV_COLUMNS = ("tp", "scheduler", "chunked_prefill", "preemption", "max_rate_req
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trace", default=str(DEFAULT_TRACE), help="Azure-format CSV trace (default: %(default)s)")
+    p.add_argument("--trace", default=DEFAULT_TRACE,
+                   help="a packaged trace's name or an Azure-format CSV trace (default: %(default)s)")
     p.add_argument("--num-requests", type=int, default=2000,
                    help="trace slice: this many rows from --start-row (2000 = the first ~7 minutes); 0 = all")
     p.add_argument("--start-row", type=int, default=0)
@@ -236,19 +251,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-probes", type=int, default=16, help="runs per search at most")
     p.add_argument("--start-rate", type=float, default=None, help="first rate probed (default: the slice's own)")
     p.add_argument("--override", nargs="*", default=[], help="extra Hydra overrides for every run")
-    p.add_argument("--out", default=str(HERE), help="folder for the results (default: %(default)s)")
+    p.add_argument("--out", default=None, help="folder for the results (default: a fresh "
+                   "multirun/capacity_search/<date>_<time>/; the committed ones: --out experiments/capacity_search)")
     p.add_argument("--name", default="results", help="file name stem: <out>/<name>.json and .csv (default: %(default)s)")
     args = p.parse_args(argv)
     if args.num_requests == 0:
         args.num_requests = "null"
+    if args.out is None:
+        args.out = str(fresh_run_dir())
     return args
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
     from servelab.api import compose
+    from servelab.core.packaged import trace_path
     from servelab.run.stack import build_stack
     from servelab.workloads.build import build_requests
+
+    trace_path(args.trace, "--trace")  # a missing trace: one line (see __main__), before any run
 
     stacks = [StackSpec(s, c == "on", p) for s in args.schedulers for c in args.chunked for p in args.preemption]
     t_start = time.perf_counter()
@@ -294,5 +315,10 @@ def main(argv=None) -> dict:
 if __name__ == "__main__":
     import logging
 
+    from servelab.core.errors import ServelabError
+
     logging.getLogger("servelab").setLevel(logging.WARNING)  # not every run's start-up lines
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except ServelabError as exc:
+        sys.exit(f"search.py: error: {exc}")

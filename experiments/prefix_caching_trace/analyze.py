@@ -58,7 +58,7 @@ def main(sweep: Path | None = None) -> None:
         ax.grid(alpha=0.3, axis="y")
     save_figure(fig, out / "prefix_caching_trace.png")
     cols = list(rows[0])
-    body = ("Mooncake conversation trace (`../shared/traces/conversation_trace.jsonl`, first 400 requests): each "
+    body = ("Mooncake conversation trace (`mooncake_conv`, packaged; first 400 requests): each "
             "512-token trace block becomes 8 token ids generated from its hash id, so prompts share tokens exactly "
             "where the trace shares blocks; block size 8; all 400 arrive at once (FCFS admits them in trace order); "
             "small tiny model; 8192 KV blocks.\n\n"

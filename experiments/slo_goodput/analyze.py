@@ -155,7 +155,7 @@ most SLOs" on this CPU, not as absolute capacities.
 Workloads: `bursty.jsonl` has 160 requests, Gamma inter-arrival times with a coefficient of
 variation of 3 at a mean 8 req/s (24.6 s at time_scale 1), prompts 32-256, outputs 16-128 tokens,
 a quarter of them urgent (`priority` 0). The trace replay takes the first 150 rows of
-`../shared/traces/AzureLLMInferenceTrace_conv.csv` (Azure LLM inference trace, conversation, Nov
+`azure_conv` (the packaged Azure LLM inference trace, conversation, Nov
 2023, CC-BY-4.0; Patel et al., Splitwise, ISCA 2024), lengths x0.1, arrival gaps as recorded,
 compressed x0.4 / x0.2 / x0.1 / x0.05; its requests all have priority 0.
 

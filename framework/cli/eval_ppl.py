@@ -9,6 +9,8 @@ takes), and the logits of every position are scored. Writes ``ppl.json``:
 - ``bits_per_byte``: total negative log-likelihood in bits / UTF-8 bytes of the documents,
 - ``perplexity``: exp(mean negative log-likelihood per predicted token),
 - ``num_tokens``: predicted tokens.
+
+It goes to ``hydra.run.dir`` (alias ``eval_ppl.output_dir``; default ``outputs/eval-ppl/<date>/<time>``).
 """
 
 from __future__ import annotations
@@ -18,14 +20,12 @@ import json
 import math
 import platform
 import time
-from datetime import datetime
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from hydra.errors import HydraException
 
-from servelab.api import compose
+from servelab.api import command_output_dir, compose_with_run_dir
 from servelab.core.errors import ConfigError, ServelabError
 from servelab.core.model_spec import load_spec
 from servelab.exec.executor import ModelWorker
@@ -37,11 +37,11 @@ from servelab.workloads.text import checkpoint_text
 
 def main(argv: list[str]) -> int:
     try:
-        cfg = compose(argv)
+        cfg, run_dir = compose_with_run_dir(argv)
     except HydraException as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None
+    out = command_output_dir("eval-ppl", run_dir, cfg.eval_ppl.output_dir)
     result = evaluate(cfg)
-    out = Path(cfg.eval_ppl.output_dir or Path("outputs") / "eval-ppl" / datetime.now().strftime("%Y-%m-%d/%H-%M-%S"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "ppl.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"held-out bits per byte {result['bits_per_byte']:.4f}, perplexity {result['perplexity']:.4f} per token "
@@ -103,7 +103,7 @@ def evaluate(cfg, documents: list[str] | None = None) -> dict:
 
 def _window(cfg, model_path: str) -> int:
     context = min(load_spec(model_path).max_position_embeddings, cfg.max_model_len)
-    window = cfg.eval_ppl.window or context
+    window = context if cfg.eval_ppl.window is None else cfg.eval_ppl.window  # 0 is an error, not the default
     if not 2 <= window <= context:
         raise ConfigError(f"eval_ppl.window={window} must be between 2 and the model's context ({context} = "
                           "min(max_position_embeddings, max_model_len))")

@@ -5,7 +5,8 @@ alone, decode batches of 1 .. ``max_num_seqs`` over growing contexts, a mixed Po
 prompts chunked under a small prefill cap beside decodes) ``--rounds`` times, prices each distinct step by the median of its measurements (a burst
 of other work on a shared machine then moves one round, not the profile), fits
 :mod:`servelab.sim.step_profile`'s piecewise-linear model and writes ``profile.json`` with where it
-came from. ``time_model=profile time_model.path=<file>``
+came from, to ``hydra.run.dir`` (``--out=FILE`` names the file instead; default
+``outputs/profile/<date>/<time>/profile.json``). ``time_model=profile time_model.path=<file>``
 then prices steps with it on the virtual clock.
 """
 
@@ -19,8 +20,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from hydra.errors import HydraException
 
-from servelab.api import compose
+from servelab.api import command_output_dir, compose, compose_with_run_dir
 from servelab.core.errors import ConfigError
 from servelab.core.request import Request
 from servelab.core.shapes import ModelShape
@@ -29,7 +31,7 @@ from servelab.run.stack import build_stack
 from servelab.sim.step_profile import StepProfile, feature_vector, fit_profile, machine_description
 
 log = logging.getLogger(__name__)
-USAGE = "usage: servelab profile [--out=PATH] [--rounds=N (3)] [hydra overrides...]"
+USAGE = "usage: servelab profile [--out=FILE] [--rounds=N (3)] [hydra overrides...]  (hydra.run.dir=DIR: DIR/profile.json)"
 
 
 def probe_requests(vocab_size: int, max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int,
@@ -194,15 +196,21 @@ def profile_main(argv: list[str]) -> int:
                 raise ConfigError(f"servelab profile: {arg} must be a positive integer")
         else:
             overrides.append(arg)
+    try:  # where it goes, and bad overrides as one line before the probe runs
+        _, run_dir = compose_with_run_dir(overrides)
+    except HydraException as exc:
+        raise ConfigError(str(exc).splitlines()[0]) from None
+    if run_dir or out is None:
+        out = command_output_dir("profile", run_dir) / "profile.json"
     profile = measure_profile(overrides, rounds)
     source = profile.source
-    if out is None:
-        out = Path("profiles") / f"{Path(source['model']).name}-{source['dtype']}-{source['num_threads']}t.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     profile.save(out)
     fit = profile.fit
     print(f"servelab profile: {source['measured_steps']} steps measured in {rounds} round(s), {fit['num_steps']} distinct "
           f"({fit['total_s']:.1f} s of medians) fitted: R^2 {fit['r2']:.3f}, "
           f"mean |error| {fit['mean_abs_pct_error']:.1%} per step, {fit['total_time_error']:+.1%} in total")
-    print(f"wrote {out}\nuse it: python run.py clock=virtual time_model=profile time_model.path={out.resolve()} "
-          + " ".join(overrides))
+    print("use it: python run.py clock=virtual time_model=profile time_model.path="
+          f"{out.resolve()} " + " ".join(o for o in overrides if not o.lstrip("+").startswith("hydra.")))
+    print(f"results: {out}")
     return 0

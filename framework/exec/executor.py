@@ -70,8 +70,9 @@ class ModelWorker:
         load_device = torch.device("cpu") if cfg.quantization != "none" else self.device
         self.model = load_model(cfg.model_path, self.tp, self.dtype, load_device, cfg.max_model_len)
         self.spec: ModelSpec = self.model.spec
-        quantize_model(self.model, cfg.quantization, linear_kernel(self.ops.name, self.device, self.dtype),
-                       collective_device=self.device)
+        if cfg.quantization != "none":  # the kernel choice is logged: only a run that quantises may state it
+            quantize_model(self.model, cfg.quantization, linear_kernel(self.ops.name, self.device, self.dtype),
+                           collective_device=self.device)
         self.model.to(self.device)
         if self.ops.name == "triton":
             from servelab.kernels.triton_ops import check_supported  # noqa: PLC0415 - triton

@@ -1,4 +1,4 @@
-"""``servelab grade <kind>=<name> [...] [--out FILE]``: score a plugin against the built-ins.
+"""``servelab grade <kind>=<name> [...] [--out FILE] [hydra.run.dir=DIR]``: score a plugin against the built-ins.
 
 Every fixed workload of :mod:`servelab.kit.grade_workloads` runs on the simulator's virtual clock
 for the submission and for each built-in of its kind (the other plugins: the default stack).
@@ -6,6 +6,8 @@ Per workload and policy: output throughput, TTFT and TPOT p50/p99, SLO attainmen
 preemptions, and the **score**: goodput (requests meeting both SLOs per second) relative to the
 default stack's (fcfs, paged, recompute), ``None`` when that is 0. The overall score is the
 geometric mean over workloads. Deterministic: the same numbers on every machine and every run.
+The tables go to ``hydra.run.dir`` as ``grade.md`` and ``grade.csv`` (``--out FILE`` names one file
+instead; default ``outputs/grade/<date>/<time>/``).
 """
 
 from __future__ import annotations
@@ -159,21 +161,52 @@ def to_csv(grades: list[Grade]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """``servelab grade <kind>=<name> [<kind>=<name> ...] [--out FILE.md|FILE.csv]``."""
+    """``servelab grade <kind>=<name> [<kind>=<name> ...] [--out FILE.md|FILE.csv] [hydra.run.dir=DIR]``."""
     parser = argparse.ArgumentParser(prog="servelab grade",
                                      description="Score plugins against the built-ins on fixed simulated workloads.")
-    parser.add_argument("plugins", nargs="+", help=f"<kind>=<name>, kind one of {', '.join(GRADED)}")
-    parser.add_argument("--out", help="also write the tables: FILE.csv as CSV, any other name as Markdown")
+    parser.add_argument("plugins", nargs="+", help=f"<kind>=<name>, kind one of {', '.join(GRADED)}; "
+                        "hydra.run.dir=DIR: write grade.md and grade.csv there")
+    parser.add_argument("--out", help="write the tables to this file instead: FILE.csv as CSV, any other name as "
+                        "Markdown (default: grade.md and grade.csv in hydra.run.dir, outputs/grade/<date>/<time>)")
     args = parser.parse_args(argv)
+    run_dir, specs = _run_dir(args.plugins)
+    if not specs:
+        raise ServelabError(f"expected <kind>=<name> with kind one of {', '.join(GRADED)}")
     grades = []
-    for spec in args.plugins:
+    for spec in specs:
         kind, sep, name = spec.partition("=")
         if not sep or not name:
             raise ServelabError(f"expected <kind>=<name> with kind one of {', '.join(GRADED)}, got {spec!r}")
         grades.append(grade(kind, name))
         print_grade(grades[-1])
-    if args.out:
+    if args.out and not run_dir:
         out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(to_csv(grades) if out.suffix.lower() == ".csv" else to_markdown(grades))
-        print(f"wrote {out}")
+        print(f"results: {out}")
+        return 0
+    from servelab.api import command_output_dir  # noqa: PLC0415 - torch
+
+    folder = command_output_dir("grade", run_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "grade.md").write_text(to_markdown(grades))
+    (folder / "grade.csv").write_text(to_csv(grades))
+    print(f"results: {folder}/grade.md, grade.csv")
     return 0
+
+
+def _run_dir(args: list[str]) -> tuple[str | None, list[str]]:
+    """``hydra.*`` overrides among the arguments (``hydra.run.dir=DIR``): the run folder they set,
+    resolved as ``run.py`` would; and the other arguments (the plugins)."""
+    hydra_args = [a for a in args if a.lstrip("+~").startswith("hydra.")]
+    if not hydra_args:
+        return None, args
+    from hydra.errors import HydraException  # noqa: PLC0415
+
+    from servelab.api import compose_with_run_dir  # noqa: PLC0415 - torch
+
+    try:
+        _, run_dir = compose_with_run_dir(hydra_args)
+    except HydraException as exc:
+        raise ServelabError(str(exc).splitlines()[0]) from None
+    return run_dir, [a for a in args if a not in hydra_args]

@@ -174,11 +174,13 @@ class CorpusWorkload(TextRequestsConfig):
 
 @dataclass
 class TraceWorkload:
-    """A CSV trace: Azure form ``TIMESTAMP,ContextTokens,GeneratedTokens`` or the
-    ``arrived_at,num_prefill_tokens,num_decode_tokens`` form. Transformations are explicit and logged."""
+    """A CSV trace: Azure form ``TIMESTAMP,ContextTokens,GeneratedTokens``, the
+    ``arrived_at,num_prefill_tokens,num_decode_tokens`` form, or lengths alone (Poisson arrivals at
+    ``rate``). ``path``: a file or a packaged trace's name (``azure_conv``, ``azure_code``,
+    ``sharegpt_lengths``). Transformations are explicit and logged."""
 
     name: str = "trace"
-    path: str = MISSING
+    path: str = MISSING  # a file or a packaged trace's name
     # null = every row; default: 200 rows on the real engine, every row in the simulator
     num_requests: Optional[int] = "${backend.trace_rows}"  # type: ignore[assignment]
     sample: str = "head"  # head | random
@@ -202,7 +204,7 @@ class HashIdsWorkload:
     scaled ``input_length``."""
 
     name: str = "hash_ids"
-    path: str = "../shared/traces/conversation_trace.jsonl"
+    path: str = "mooncake_conv"  # a packaged trace's name or a file
     num_requests: Optional[int] = 200  # null = every row
     start_row: int = 0
     trace_block_tokens: int = 512
@@ -273,13 +275,13 @@ class DebugConfig:
 class EvalPPLConfig:
     """``servelab eval-ppl``: held-out perplexity of the configured checkpoint through servelab's
     model. ``window`` null = the model's context (``max_position_embeddings``, capped by
-    ``max_model_len``); ``max_tokens`` null = the whole held-out split; ``output_dir`` null =
-    ``outputs/eval-ppl/<date>/<time>``."""
+    ``max_model_len``); ``max_tokens`` null = the whole held-out split; ``output_dir``: an alias of
+    ``hydra.run.dir`` (which wins); null = ``outputs/eval-ppl/<date>/<time>``."""
 
     window: Optional[int] = None
     max_tokens: Optional[int] = None
     batch_windows: int = 8
-    output_dir: Optional[str] = None
+    output_dir: Optional[str] = None  # alias of hydra.run.dir
 
 
 @dataclass
@@ -289,7 +291,8 @@ class ServeConfig:
     ``max_body_bytes`` get 413; once ``max_waiting_requests`` wait in the scheduler new ones get 503;
     on SIGINT/SIGTERM in-flight requests get ``shutdown_grace_s`` seconds to finish, then are
     aborted. ``default_max_tokens``: when a request gives none (OpenAI's completions default).
-    ``model_name`` null = ``model.name``; ``output_dir`` null = ``outputs/serve/<date>/<time>``."""
+    ``model_name`` null = ``model.name``; ``output_dir``: an alias of ``hydra.run.dir`` (which wins);
+    null = ``outputs/serve/<date>/<time>``."""
 
     host: str = "127.0.0.1"
     port: int = 8000

@@ -152,18 +152,24 @@ class RequestStats:
     def speculation(self) -> dict:
         """Speculative decoding, over every request that verified drafts (``None`` when none did).
 
-        ``spec_mean_tokens_per_verify`` counts the target's own token too (1 = no draft ever kept);
+        ``spec_mean_tokens_per_verify`` counts the target's own token too (1 = no draft ever kept),
+        over verify steps only: a drafter that drafts less often can score higher on it and still
+        save fewer steps. ``spec_steps_saved_fraction`` is what ranks drafters on one workload: each
+        kept draft token is one model pass a sequence did not need, out of the one pass per output
+        token plain decoding takes (``num_accepted_tokens / output_tokens``).
         ``spec_accepted_by_position[i]`` is the fraction of drafts at position i (0 = the first
         draft of a step) that were kept.
         """
         if not self.verify_steps:
             return {"num_draft_tokens": 0, "num_accepted_tokens": 0, "spec_acceptance_rate": None,
-                    "spec_mean_tokens_per_verify": None, "spec_accepted_by_position": []}
+                    "spec_mean_tokens_per_verify": None, "spec_steps_saved_fraction": None,
+                    "spec_accepted_by_position": []}
         return {
             "num_draft_tokens": self.draft_tokens,
             "num_accepted_tokens": self.accepted_tokens,
             "spec_acceptance_rate": self.accepted_tokens / self.draft_tokens,
             "spec_mean_tokens_per_verify": (self.accepted_tokens + self.verify_steps) / self.verify_steps,
+            "spec_steps_saved_fraction": self.accepted_tokens / self.output_tokens if self.output_tokens else None,
             "spec_accepted_by_position": [k / d for k, d in zip(self.accepted_by_position, self.drafted_by_position)],
         }
 

@@ -1,5 +1,7 @@
 """Checks of a run's requests against its stack before the first step.
 
+A KV pool too small for every request of the workload is a start-up error naming
+``num_kv_blocks`` and the minimum (instead of each arrival being rejected in turn);
 ``strict_requests=true`` turns any request the engine would reject into a start-up error, and
 ``scheduler=slo_aware`` with no TTFT/TPOT target anywhere (run-wide ``slo.*`` or per request)
 warns: it would then order by nothing and its attainment figures would be n/a.
@@ -20,7 +22,11 @@ log = logging.getLogger(__name__)
 
 
 def check_requests(cfg: DictConfig, engine: Engine, requests: Iterable[Request]) -> None:
-    """Raise :class:`ConfigError` (``strict_requests``) or warn (``slo_aware`` without targets)."""
+    """Raise :class:`ConfigError` (a KV pool that holds no request; ``strict_requests``) or warn
+    (``slo_aware`` without targets)."""
+    if iter(requests) is requests:  # a one-shot iterator: the checks below each read the requests
+        requests = list(requests)
+    check_pool_holds_a_request(cfg, engine, requests)
     strict = bool(cfg.get("strict_requests", False))
     slo_aware = cfg.scheduler.name == "slo_aware"
     if not strict and not slo_aware:
@@ -44,3 +50,28 @@ def check_requests(cfg: DictConfig, engine: Engine, requests: Iterable[Request])
         log.warning("scheduler=slo_aware but no request has a TTFT or TPOT target: set slo.ttft_ms / slo.tpot_ms "
                     "(or ttft_slo_ms / tpot_slo_ms per request); without one it has nothing to schedule by and "
                     "SLO attainment and goodput are n/a")
+
+
+def check_pool_holds_a_request(cfg: DictConfig, engine: Engine, requests: Iterable[Request]) -> None:
+    """A KV pool smaller than every request's minimum would reject each one as it arrives and
+    report it only at the end: say so at start-up, naming ``num_kv_blocks`` and the minimum.
+    Requests rejected for another reason (empty, too long, no tokens to generate) are left to it.
+    Reads the requests only up to the first that fits (a lazy workload is not made twice)."""
+    limits, allocator = engine.limits, engine.allocator
+    smallest = None
+    for request in requests:
+        if request.prompt_len == 0 or request.max_tokens < 1 or request.prompt_len >= limits.max_model_len:
+            continue
+        needed = min(request.prompt_len + request.max_tokens, limits.max_model_len)
+        if allocator.can_ever_fit(needed):
+            return
+        if smallest is None or needed < smallest[0]:
+            smallest = (needed, request.id)
+    if smallest is None:
+        return
+    needed, rid = smallest
+    blocks = -(-needed // limits.block_size)
+    pool = (f"num_kv_blocks={cfg.num_kv_blocks}" if cfg.get("num_kv_blocks") is not None
+            else f"num_kv_blocks=null (sized from memory: {allocator.num_blocks} blocks)")
+    raise ConfigError(f"{pool} holds no request of this workload: the smallest ({rid!r}: {needed} tokens with its "
+                      f"output) needs at least {blocks} blocks of {limits.block_size}; set num_kv_blocks>={blocks}")

@@ -26,8 +26,11 @@ def print_summary(summary: dict, output_dir: str, console: Console | None = None
         if key in summary:
             table.add_row(key, _fmt(summary[key]))
     if summary.get("spec_acceptance_rate") is not None:  # speculative decoding ran
-        for key in ("spec_acceptance_rate", "spec_mean_tokens_per_verify"):
-            table.add_row(key, _fmt(summary[key]))
+        # per verify step, then what ranks drafters: the passes saved (docs/metrics.md)
+        for key, note in (("spec_acceptance_rate", ""), ("spec_mean_tokens_per_verify", " (verify steps only)"),
+                          ("spec_steps_saved_fraction", " (drafted tokens kept / output tokens)")):
+            if key in summary:
+                table.add_row(key + note, _fmt(summary[key]))
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         s = summary.get(key) or {}
         table.add_row(f"{key} mean / p50 / p99", " / ".join(_fmt(s.get(k)) for k in ("mean", "p50", "p99")))

@@ -156,6 +156,8 @@ def _prompt_ids(state: ServeState, prompt) -> list[int]:
         if not state.codec.available:
             raise HTTPError(400, f"prompt: text needs a tokenizer and model {state.model_name!r} has none; "
                             "send token ids", "prompt")
+        if not prompt:
+            raise HTTPError(400, "prompt: empty text (a prompt needs at least one token)", "prompt")
         return state.codec.encode(prompt)
     return list(prompt)
 

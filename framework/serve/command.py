@@ -5,7 +5,7 @@ The engine steps in its own thread; requests enter the scheduler as they arrive 
 receipt time, on the wall clock). At shutdown (SIGINT/SIGTERM) the server stops accepting,
 gives in-flight requests ``serve.shutdown_grace_s`` seconds, aborts the rest, and writes the same
 result files as a batch run (``requests.jsonl``, ``summary.json``, ``config.yaml``; W&B as
-configured) to ``serve.output_dir``.
+configured) to ``hydra.run.dir`` (alias ``serve.output_dir``; default ``outputs/serve/<date>/<time>``).
 """
 
 from __future__ import annotations
@@ -15,13 +15,12 @@ import logging
 import os
 import sys
 import threading
-from datetime import datetime
 from pathlib import Path
 
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
-from servelab.api import compose
+from servelab.api import command_output_dir, compose_with_run_dir
 from servelab.core.errors import ConfigError
 from servelab.run.loggers import RunLogger, make_logger
 from servelab.run.session import RequestWriter, collect_results
@@ -48,12 +47,14 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def compose_serve_config(argv: list[str]) -> DictConfig:
-    """The composed config with the flags applied; refuses what cannot serve on the wall clock."""
+    """The composed config with the flags applied; refuses what cannot serve on the wall clock.
+    ``serve.output_dir`` is set to where the results will go (``hydra.run.dir`` first)."""
     flags, overrides = parse_args(argv)
     try:
-        cfg = compose(overrides)
+        cfg, run_dir = compose_with_run_dir(overrides)
     except HydraException as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None
+    cfg.serve.output_dir = str(command_output_dir("serve", run_dir, cfg.serve.output_dir))
     for key, value in (("host", flags.host), ("port", flags.port), ("api_key", flags.api_key)):
         if value is not None:
             cfg.serve[key] = value
@@ -121,8 +122,9 @@ def serve(cfg: DictConfig) -> int:
 
 
 def _output_dir(path: str | None) -> Path:
-    """``serve.output_dir``, by default ``outputs/serve/<date>/<time>``; created."""
-    output_dir = Path(path or Path("outputs") / "serve" / datetime.now().strftime("%Y-%m-%d/%H-%M-%S"))
+    """``serve.output_dir`` (:func:`compose_serve_config` sets it from ``hydra.run.dir``), by default
+    ``outputs/serve/<date>/<time>``; created."""
+    output_dir = command_output_dir("serve", None, path)
     output_dir.mkdir(parents=True, exist_ok=True)
     return output_dir
 
@@ -178,7 +180,8 @@ def _write_results(cfg: DictConfig, stack: Stack, writer: RequestWriter | None, 
     summary = result.summary
     print(f"servelab serve: {summary['num_requests']} requests ({summary['num_finished']} finished, "
           f"{summary['num_aborted']} aborted, {summary['num_rejected']} rejected), leaked blocks "
-          f"{summary['leaked_blocks']}; results written to {output_dir}", file=sys.stderr, flush=True)
+          f"{summary['leaked_blocks']}", file=sys.stderr, flush=True)
+    print(f"results: {output_dir}/requests.jsonl, summary.json", flush=True)  # the last line, as run.py's
 
 
 def _make_server_class():

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from servelab.core.errors import ServelabError, WorkloadError  # WorkloadError: also importable from here, as before
+from servelab.core.packaged import trace_path
 from servelab.core.request import Request, SamplingParams
 from servelab.workloads.hash_ids import hash_ids_requests
 from servelab.workloads.text import CheckpointText
@@ -203,10 +204,9 @@ _TRACE_FORMATS = {
 
 
 def trace_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
-    """Replay a CSV trace with the configured, logged transformations."""
-    path = Path(cfg.path)
-    if not path.is_file():
-        raise WorkloadError(f"workload.path={str(path)!r}: no such file")
+    """Replay a CSV trace (a file, or a packaged trace's name such as ``azure_conv``) with the
+    configured, logged transformations."""
+    path = trace_path(cfg.path)
     with path.open(newline="") as fh:
         reader = csv.DictReader(fh)
         header = reader.fieldnames or []

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from servelab.core.errors import WorkloadError
+from servelab.core.packaged import trace_path
 from servelab.core.request import Request
 
 log = logging.getLogger(__name__)
@@ -26,9 +27,7 @@ def block_token_ids(seed: int, block_id: int, block_tokens: int, vocab_size: int
 
 
 def hash_ids_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
-    path = Path(cfg.path)
-    if not path.is_file():
-        raise WorkloadError(f"workload.path={str(path)!r}: no such file")
+    path = trace_path(cfg.path)  # a file, or a packaged trace's name (mooncake_conv)
     if cfg.block_tokens < 1 or cfg.trace_block_tokens < 1:
         raise WorkloadError(f"workload.block_tokens={cfg.block_tokens} and workload.trace_block_tokens="
                             f"{cfg.trace_block_tokens} must be >= 1")

@@ -99,8 +99,10 @@ class CheckpointText:
         return self.tokenizer
 
     def encode(self, text: str, where: str) -> tuple[int, ...]:
-        """Token ids of a prompt, with the tokenizer's own special tokens (e.g. a leading BOS)."""
-        return tuple(self.require(where)(text)["input_ids"])
+        """Token ids of a prompt, with the tokenizer's own special tokens (e.g. a leading BOS). An
+        empty text is no prompt: ``()``, which the engine rejects ("empty prompt"), not a BOS alone."""
+        tokenizer = self.require(where)
+        return tuple(tokenizer(text)["input_ids"]) if text else ()
 
     def encode_plain(self, text: str) -> list[int]:
         """Token ids of ``text`` without special tokens (corpus streams)."""

@@ -16,6 +16,8 @@ from servelab.core.request import Request, SamplingParams
 from servelab.workloads import corpus
 
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
+# the way out for a checkpoint without a tokenizer (the user's own, most often): token ids
+NO_TOKENIZER_HINT = "run token ids instead: workload=synthetic, or workload=jsonl with prompt_token_ids"
 
 
 def unescape(line: str) -> str:
@@ -47,6 +49,7 @@ def prompts_requests(cfg, text) -> list[Request]:
     path = Path(cfg.path)
     if not path.is_file():
         raise WorkloadError(f"workload.path={str(path)!r}: no such file")
+    text.require("workload=prompts", hint=NO_TOKENIZER_HINT)
     prompts = []
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if line.strip():
@@ -62,7 +65,7 @@ def corpus_requests(cfg, text) -> list[Request]:
         raise WorkloadError(f"workload.num_requests={cfg.num_requests} must be >= 0")
     if cfg.prefix_bytes < 1:
         raise WorkloadError(f"workload.prefix_bytes={cfg.prefix_bytes} must be >= 1")
-    text.require("workload=corpus", hint="use a checkpoint with a tokenizer, e.g. model=tiny_code")
+    text.require("workload=corpus", hint=NO_TOKENIZER_HINT)
     try:
         docs = [d.encode("utf-8") for d in corpus.heldout_documents()]
     except corpus.CorpusError as exc:
