@@ -5,7 +5,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import random
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -88,7 +90,24 @@ def test_continuous_vs_static_sim_preset_is_70b_on_a100_in_the_sim(tmp_path):
         assert (cfg.backend.name, cfg.model.name, cfg.hardware.name, cfg.tensor_parallel_size) == \
             ("sim", "llama2_70b", "a100_80gb", 4)
         s = run_job(cfg, tmp_path / scheduler).summary
-        assert s["clock"] == "virtual" and s["time_model"]["name"] == "roofline" and s["num_finished"] == 96
+        assert s["clock"] == "virtual" and s["time_model"]["name"] == "auto" and s["num_finished"] == 96
         tput[scheduler] = s["output_throughput_tok_s"]
     # flat decode steps at 70B: static batching's empty seats cost throughput almost one for one
     assert tput["fcfs"] > 2.5 * tput["static"], tput
+
+
+def test_by_default_a_search_reads_the_packaged_trace_and_writes_a_fresh_folder():
+    args = search.parse_args([])
+    assert args.trace == "azure_conv"
+    out = Path(args.out)
+    assert out.parent == REPO / "multirun" / "capacity_search" and not out.exists()
+    assert out != REPO / "experiments" / "capacity_search"  # never over the committed results
+
+
+def test_a_missing_trace_is_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "experiments" / "capacity_search" / "search.py"),
+                           "--trace", str(tmp_path / "nope.csv"), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and not (tmp_path / "out").exists()
+    assert proc.stderr.strip() == (f"search.py: error: --trace='{tmp_path}/nope.csv': no such file, and not a "
+                                   "packaged trace (names: azure_code, azure_conv, mooncake_conv, sharegpt_lengths)")

@@ -24,7 +24,7 @@ from servelab.core.request import Sequence
 if TYPE_CHECKING:
     from servelab.core.cost_model import StepCostModel
     from servelab.core.shapes import HardwareProfile, ModelShape
-    from servelab.core.step_work import StepWork
+    from servelab.core.step_work import DraftWork, StepWork
 
 
 @dataclass
@@ -309,6 +309,9 @@ class SpeculativeDrafter(Plugin):
     """
 
     executor = None
+    # True when proposing runs forward passes of a draft model (a time model prices them on the
+    # virtual clock as model passes); False: host work only, like an n-gram lookup.
+    runs_model: ClassVar[bool] = False
 
     def __init__(self, config, limits: EngineLimits) -> None:
         self.config = config
@@ -355,6 +358,7 @@ class TimeModelContext:
     model_name: str = ""
     linear_weight_bytes: float | None = None  # model.quantization=int8: 1 per decoder-linear weight (None = dtype)
     kv_scale_bytes: float = 0.0  # kv_cache_dtype=int8|fp8_e4m3: one float32 scale per (token, KV head)
+    draft_shape: "ModelShape | None" = None  # drafter=draft_model: the draft model's shape (it runs on rank 0)
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -392,6 +396,12 @@ class TimeModel(Plugin):
     @abstractmethod
     def predict(self, work: "StepWork") -> float:
         """Seconds the step described by ``work`` takes (>= 0), swap/copy traffic included."""
+
+    def predict_draft(self, draft: "DraftWork") -> float:
+        """Seconds spent proposing the next step's drafts (speculative decoding): the draft model's
+        forward passes, or an n-gram lookup's host time. Default 0: the model does not price
+        drafting (``roofline``, ``profile``); ``auto``, ``op_profile`` and ``calibrated_roofline`` do."""
+        return 0.0
 
     def swap_bytes_per_s(self) -> float | None:
         """The host link a swap crosses in this model's world, if it has one; on the virtual clock

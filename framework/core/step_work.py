@@ -32,3 +32,19 @@ class StepWork:
     @property
     def swap_blocks(self) -> int:
         return self.swap_out_blocks + self.swap_in_blocks
+
+
+@dataclass(frozen=True, slots=True)
+class DraftWork:
+    """What proposing the next step's drafts did (speculative decoding), for a time model to price.
+
+    ``num_seqs`` sequences got drafts, ``draft_tokens`` in all; a drafter that runs a draft model
+    (``runs_model``) made ``num_passes`` batched forward passes of it over those sequences, whose
+    contexts sum to ``context_tokens``. A drafter without a model (n-gram lookup) only spends host time.
+    """
+
+    num_seqs: int = 0
+    draft_tokens: int = 0
+    num_passes: int = 0
+    context_tokens: int = 0
+    runs_model: bool = False

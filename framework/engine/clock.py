@@ -5,7 +5,7 @@
   each executed step, and idle waits jump straight to the next arrival. Every metric is then a
   function of config + workload + seed, whatever else the machine is doing.
 
-Anything with the :class:`Clock` protocol's three methods works
+Anything with the :class:`Clock` protocol's four methods works
 (``servelab.kit.testing.VirtualClock`` is moved by a fake executor instead).
 """
 
@@ -15,7 +15,7 @@ import time
 from typing import Protocol, runtime_checkable
 
 from servelab.core.interfaces import TimeModel
-from servelab.core.step_work import StepWork
+from servelab.core.step_work import DraftWork, StepWork
 
 
 @runtime_checkable
@@ -31,6 +31,9 @@ class Clock(Protocol):
     def end_step(self, work: StepWork) -> None:
         """A step described by ``work`` just ran (a virtual clock advances by its predicted time)."""
 
+    def end_draft(self, draft: DraftWork) -> None:
+        """The next step's drafts were just proposed (a virtual clock advances by their predicted time)."""
+
 
 class WallClock:
     kind = "wall"
@@ -42,6 +45,9 @@ class WallClock:
         time.sleep(min(max(seconds, 0.0), 0.5))  # short naps: a caller may have more to do
 
     def end_step(self, work: StepWork) -> None:
+        pass
+
+    def end_draft(self, draft: DraftWork) -> None:
         pass
 
 
@@ -66,3 +72,6 @@ class ModelledClock:
 
     def end_step(self, work: StepWork) -> None:
         self.t += self.time_model.predict(work)
+
+    def end_draft(self, draft: DraftWork) -> None:
+        self.t += self.time_model.predict_draft(draft)

@@ -23,7 +23,7 @@ from servelab.core.executor import Executor, StepOutput
 from servelab.core.interfaces import (BlockAllocator, Drafts, EngineLimits, PreemptionDecision, Scheduler, SchedulePlan,
                                       SpeculativeDrafter)
 from servelab.core.request import Request, Sequence, Status
-from servelab.core.step_work import StepWork
+from servelab.core.step_work import DraftWork, StepWork
 from servelab.engine.batch import build_batch, step_work
 from servelab.engine.clock import Clock, WallClock
 from servelab.engine.step_totals import StepTotals
@@ -63,7 +63,7 @@ class StepRecord:
     swap_in_blocks: int = 0
     work: StepWork | None = None  # the step's features, as time models see them
     draft_tokens: int = 0  # speculative drafts verified this step
-    draft_s: float = 0.0  # drafting the next step's tokens (in duration_s; 0 on the virtual clock)
+    draft_s: float = 0.0  # drafting the next step's tokens (in duration_s; on the virtual clock: the time model's price)
     accepted_tokens: int = 0  # of which the target kept
 
 
@@ -79,6 +79,7 @@ class Engine:
         self.executor = executor
         self.cost_model = cost_model
         self.drafter = drafter if drafter is not None and drafter.num_speculative_tokens > 0 else None
+        self._drafter_runs_model = bool(getattr(self.drafter, "runs_model", False))
         self._drafter_warned: set[str] = set()
         self.seed = seed
         self.eos_token_ids = frozenset(executor.spec.eos_token_ids)
@@ -191,7 +192,8 @@ class Engine:
         grew = self._apply(plan, output.sampled, finished_at, output.accepted)
         end = finished_at
         if self.drafter is not None and grew:  # the next step's drafts are part of this step's time
-            self._call_plugin("drafter", lambda: self._draft(grew))
+            draft = self._call_plugin("drafter", lambda: self._draft(grew))
+            self.clock.end_draft(draft)  # a virtual clock advances by the time model's price of drafting
             end = self.now()
         record = self._record(plan, work, start, end, output.model_s, output.comm_s)
         record.draft_s = end - finished_at
@@ -282,8 +284,9 @@ class Engine:
             self.drafter.forget(seq)
         self._ended(seq)
 
-    def _draft(self, seqs: list[Sequence]) -> None:
-        """Ask the drafter for the next step's drafts of ``seqs``; keep what is valid."""
+    def _draft(self, seqs: list[Sequence]) -> DraftWork:
+        """Ask the drafter for the next step's drafts of ``seqs``; keep what is valid; say what
+        drafting did (for the clock)."""
         k = self.drafter.num_speculative_tokens
         proposal = self.drafter.propose(seqs, k)
         drafts = proposal if isinstance(proposal, Drafts) else Drafts(list(proposal))
@@ -304,6 +307,10 @@ class Engine:
                 ids = ids[:bad]
             seq.draft_token_ids = ids
             seq.draft_probs = drafts.probs[i] if drafts.probs is not None and ids else None
+        lengths = [len(seq.draft_token_ids) for seq in seqs]
+        return DraftWork(num_seqs=sum(1 for n in lengths if n), draft_tokens=sum(lengths),
+                         num_passes=max(lengths, default=0), context_tokens=sum(seq.num_tokens for seq in seqs),
+                         runs_model=self._drafter_runs_model)
 
     def _warn_drafter(self, message: str) -> None:
         """One warning per kind of fault, naming the drafter (a drafter bug must not flood the log)."""

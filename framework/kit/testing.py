@@ -34,6 +34,9 @@ class VirtualClock:
     def end_step(self, work) -> None:
         """The fake executor already advanced the clock."""
 
+    def end_draft(self, draft) -> None:
+        """Drafting takes no time here (a fake executor prices steps only)."""
+
 
 @dataclass
 class StepTimeModel:

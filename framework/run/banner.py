@@ -12,6 +12,12 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
+def _clock_text(cfg: DictConfig, kind: str) -> str:
+    """``clock=wall``, or ``clock=auto (wall)``: the setting as configured, then what it resolved to."""
+    configured = getattr(cfg.clock, "value", cfg.clock)
+    return f"clock={configured}" + (f" ({kind})" if kind != configured else "")
+
+
 def banner_lines(cfg: DictConfig, stack, output_dir: Path, logger_where: str) -> list[tuple[str, str]]:
     """(label, text) rows: model, dtype, device/backend, KV pool, the stack, results, W&B."""
     executor, limits = stack.executor, stack.limits
@@ -38,7 +44,8 @@ def banner_lines(cfg: DictConfig, stack, output_dir: Path, logger_where: str) ->
                   + (f" (prefix_caching={str(prefix).lower()})" if prefix is not None else "")
                   + f" preemption={cfg.preemption.name} drafter={cfg.drafter.name}"
                   + f" chunked_prefill={str(cfg.chunked_prefill).lower()}"
-                  + f" clock={stack.clock_kind} time_model={cfg.time_model.name}")
+                  + f" {_clock_text(cfg, stack.clock_kind)} time_model="
+                  + getattr(stack.time_model, "label", cfg.time_model.name))
     model = cfg.model.name + (f" ({cfg.model.path})" if cfg.model.path else "")
     quant = getattr(cfg.model.get("quantization", "none"), "value", cfg.model.get("quantization", "none"))
     if quant != "none":

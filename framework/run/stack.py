@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import platform
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -18,6 +19,7 @@ from servelab.engine.engine import Engine
 from servelab.exec.executor import Executor, LocalExecutor, WorkerConfig
 from servelab.exec.tp import TPExecutor
 from servelab.core.interfaces import EngineLimits, TimeModel, TimeModelContext
+from servelab.core.packaged import PACKAGED_CHECKPOINTS, PACKAGED_MODELS
 from servelab.exec.model.random_checkpoint import cached_random_checkpoint
 from servelab.core.registry import KINDS, Registry, default_registry
 from servelab.core.shapes import HardwareProfile, ModelShape, StorageBytes
@@ -47,6 +49,8 @@ class Stack:
 
 def validate(cfg: DictConfig) -> None:
     """Cross-key checks Hydra's types cannot express; raise :class:`ConfigError` naming the key."""
+    check_required(cfg)
+    check_packaged_model(cfg)
     bs = cfg.block_size
     if bs < 1 or bs > 256 or bs & (bs - 1):
         raise ConfigError(f"block_size={bs} must be a power of two between 1 and 256")
@@ -86,9 +90,42 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"backend.kv_cache_memory_gb={cfg.backend.kv_cache_memory_gb} must be > 0")
 
 
+def check_required(cfg: DictConfig) -> None:
+    """A key the chosen option needs but nobody set (``workload=jsonl`` without ``workload.path``,
+    ``model=hf`` without ``model.path``): one line naming it, not a traceback at first use."""
+    missing = [k for k in OmegaConf.missing_keys(cfg) if not k.startswith("hydra.")]
+    if cfg.model.name == "hf" and cfg.model.path is None:  # hf's ??? merges onto the schema's null
+        missing.insert(0, "model.path")
+    if not missing:
+        return
+    key = missing[0]
+    group = key.split(".", 1)[0]
+    option = OmegaConf.select(cfg, f"{group}.name", default=None) if "." in key else None
+    needs = f"{group}={option} needs {key}" if option else f"{key} is required"
+    what = "<checkpoint dir>" if key == "model.path" else "<file>" if key.endswith("path") else "<value>"
+    more = f" (also unset: {', '.join(missing[1:])})" if len(missing) > 1 else ""
+    raise ConfigError(f"{needs}: add {key}={what}{more}")
+
+
+def check_packaged_model(cfg: DictConfig) -> None:
+    """``model=tiny_code`` (a shipped checkpoint) with ``model.path`` pointing elsewhere would run the
+    other checkpoint with the shipped one's name, context (``max_model_len``) and thread count: refuse."""
+    m = cfg.model
+    if m.name not in PACKAGED_MODELS or m.path is None:
+        return
+    shipped = PACKAGED_CHECKPOINTS / m.name
+    if Path(str(m.path)).expanduser().resolve() != shipped.resolve():
+        raise ConfigError(f"model.path={m.path} with model={m.name}: model={m.name} is the shipped checkpoint (its "
+                          f"name, max_model_len and backend.num_threads); for your own checkpoint use "
+                          f"model=hf model.path={m.path}")
+
+
 def model_path(cfg: DictConfig) -> str:
     """The checkpoint directory: ``model.path`` or the embedded tiny model (written once)."""
+    check_packaged_model(cfg)
     m = cfg.model
+    if m.name == "hf" and m.path is None:  # (validate says so too; eval-ppl comes here directly)
+        raise ConfigError("model=hf needs model.path: add model.path=<checkpoint dir>")
     if m.shape_only:
         raise ConfigError(f"model={m.name} is a shape from the catalogue (no weights): run it with backend=sim, "
                           "or give a real checkpoint with model=hf model.path=<dir>")
@@ -254,7 +291,13 @@ def time_model_context(cfg: DictConfig, executor: Executor) -> TimeModelContext:
     return TimeModelContext(shape=shape, hardware=hardware_profile(cfg), tensor_parallel_size=cfg.tensor_parallel_size,
                             dtype=dtype, weight_dtype_bytes=sizes.weight, kv_dtype_bytes=sizes.kv,
                             block_size=cfg.block_size, model_name=name, linear_weight_bytes=sizes.linear,
-                            kv_scale_bytes=sizes.kv_scale)
+                            kv_scale_bytes=sizes.kv_scale, draft_shape=_draft_shape(executor))
+
+
+def _draft_shape(executor: Executor) -> ModelShape | None:
+    """The draft model's shape when the executor loaded one beside the target (drafter=draft_model)."""
+    draft = getattr(getattr(executor, "worker", executor), "draft_model", None)  # rank 0 runs it under TP
+    return ModelShape.from_spec(draft.spec) if draft is not None else None
 
 
 def _attach_swap_pool(cfg: DictConfig, executor: Executor, allocator, cost_model: StepCostModel,

@@ -31,6 +31,7 @@ class DraftModelDrafter(BuiltinDrafter):
 
     name = "draft_model"
     Config = DraftModelConfig
+    runs_model = True
 
     @classmethod
     def model_path(cls, config, target_path):

@@ -1,0 +1,142 @@
+"""Price a whole engine step from per-operator times: the part ``time_model=op_profile`` and
+``time_model=calibrated_roofline`` share.
+
+A step on one rank of ``tp`` (all ranks work in parallel) costs
+
+    layers x layer(tokens)                  decoder linears + token-wise kernels (a curve over tokens)
+  + layers x attention(flops, bytes)        attention kernels (the calibrated roofline: no public table)
+  + 2 x layers x all_reduce(tokens x hidden x act bytes)      tensor parallel (Megatron: 2 per layer)
+  + lm_head(sampled rows)                   final norm + LM head GEMM for the rows that sample
+  + host(sequences)                         scheduling, input preparation, sampling, output processing
+  + swap and copy traffic                   the host link and HBM
+
+Every term that depends on one count is looked up in a table of its value at every integer count
+(built once, extended by doubling when a step is larger), so a simulated step costs a few list
+lookups and one attention expression: the simulator's speed does not depend on the time model.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from servelab.core.interfaces import TimeModelContext
+from servelab.core.step_work import StepWork
+from servelab.sim.gpu_ops import GpuOps
+
+ArrayFn = Callable[[np.ndarray], np.ndarray]
+
+
+class _Dense:
+    """``fn`` at every integer 0..n as a Python list (fast scalar indexing), grown on demand."""
+
+    def __init__(self, fn: ArrayFn, n: int = 4096) -> None:
+        self.fn = fn
+        self.values: list[float] = []
+        self._grow(n)
+
+    def _grow(self, n: int) -> None:
+        self.values = [float(v) for v in self.fn(np.arange(n + 1, dtype=float))]
+        self.values[0] = 0.0
+
+    def __getitem__(self, i: int) -> float:
+        if i >= len(self.values):
+            self._grow(max(2 * len(self.values), i + 1))
+        return self.values[i]
+
+
+class StepPricer:
+    """Seconds of one step from per-count terms (each a function of a numpy array of counts)."""
+
+    def __init__(self, context: TimeModelContext, ops: GpuOps, *, layer: ArrayFn, allreduce: ArrayFn | None,
+                 host: ArrayFn, act_bytes: float = 2.0, allreduces_per_layer: int = 2) -> None:
+        s, tp = context.shape, context.tensor_parallel_size
+        self.num_layers = s.num_layers
+        self._layers = _Dense(lambda m: s.num_layers * layer(m))
+        hidden_bytes = s.hidden_size * act_bytes
+        self._allreduce = (_Dense(lambda m: allreduces_per_layer * s.num_layers * allreduce(m * hidden_bytes))
+                           if allreduce is not None and tp > 1 else None)
+        # the final norm and the LM head (column-parallel over the vocabulary) for the sampled rows
+        self._lm_head = _Dense(lambda m: ops.tokenwise(m, 2 * s.hidden_size * act_bytes, "input_norm")
+                               + ops.gemm(m, s.hidden_size, s.vocab_size / tp, act_bytes, context.weight_dtype_bytes),
+                               n=1024)
+        self._host = _Dense(host, n=1024)
+        self._ops = ops
+        self._attn_flops_per_attended = 4 * (s.num_heads / tp) * s.head_dim  # QK^T and PV, one layer
+        self._kv_per_token = context.kv_bytes_per_token / s.num_layers  # one layer's K and V on this rank
+        self._qo_per_token = 2 * (s.q_dim / tp) * act_bytes
+        self._host_link = context.hardware.host_link_gb_s * 1e9
+        self._hbm = context.hardware.hbm_bandwidth_gb_s * 1e9 * ops.cal.bw_eff
+        self._block = context.bytes_per_block
+
+    def draft_pricer(self, context: TimeModelContext, layer: ArrayFn | None = None) -> "DraftPricer":
+        """Prices drafting for this step pricer's world (see :class:`DraftPricer`)."""
+        return DraftPricer(context, self._ops, self._host, layer=layer)
+
+    def breakdown(self, work) -> dict[str, float]:
+        """Seconds per component of the step described by ``work``."""
+        n = work.num_tokens
+        out = {"layers": 0.0, "attention": 0.0, "communication": 0.0, "lm_head": 0.0,
+               "host": self._host[work.num_seqs] if work.num_seqs else 0.0,
+               "swap": work.swap_blocks * self._block / self._host_link,
+               "copy": 2 * work.copy_blocks * self._block / self._hbm}
+        if n:
+            out["layers"] = self._layers[n]
+            out["lm_head"] = self._lm_head[work.num_sampled]
+            if self._allreduce is not None:
+                out["communication"] = self._allreduce[n]
+            flops = work.attended * self._attn_flops_per_attended
+            nbytes = (work.context_tokens + n) * self._kv_per_token + n * self._qo_per_token
+            out["attention"] = self.num_layers * self._ops.attention(flops, nbytes)
+        return out
+
+    def predict(self, work) -> float:
+        # breakdown() summed, inlined: this runs once per simulated step
+        n = work.num_tokens
+        t = self._host[work.num_seqs] if work.num_seqs else 0.0
+        if n:
+            t += self._layers[n] + self._lm_head[work.num_sampled]
+            if self._allreduce is not None:
+                t += self._allreduce[n]
+            nbytes = (work.context_tokens + n) * self._kv_per_token + n * self._qo_per_token
+            t += self.num_layers * self._ops.attention(work.attended * self._attn_flops_per_attended, nbytes)
+        if work.swap_out_blocks or work.swap_in_blocks or work.copy_blocks:
+            t += (work.swap_out_blocks + work.swap_in_blocks) * self._block / self._host_link
+            t += 2 * work.copy_blocks * self._block / self._hbm
+        return t
+
+
+class DraftPricer:
+    """Seconds of proposing drafts (:class:`~servelab.core.step_work.DraftWork`).
+
+    A draft model (``context.draft_shape``, run on rank 0 without tensor parallelism) makes
+    ``num_passes`` decode passes over the drafting sequences: each pass is priced like a target
+    decode step of that shape (its layers, attention over the sequences' contexts, its LM head),
+    without all-reduces or a second host term. A drafter without a model (n-gram lookup) costs the
+    per-sequence part of the host term for each sequence it drafted for.
+    """
+
+    def __init__(self, context: TimeModelContext, ops: GpuOps, host: _Dense, layer: ArrayFn | None = None) -> None:
+        self._host = host
+        self._pass = None
+        shape = context.draft_shape
+        if shape is not None:
+            one_rank = TimeModelContext(shape=shape, hardware=context.hardware, tensor_parallel_size=1,
+                                        dtype=context.dtype, weight_dtype_bytes=context.weight_dtype_bytes,
+                                        kv_dtype_bytes=context.kv_dtype_bytes, block_size=context.block_size,
+                                        kv_scale_bytes=context.kv_scale_bytes)
+            act = 2.0
+            layer = layer or (lambda m: ops.layer(m, shape, 1, act, context.weight_dtype_bytes))
+            self._pass = StepPricer(one_rank, ops, layer=layer, allreduce=None, host=lambda m: 0.0 * m)
+
+    def predict(self, draft) -> float:
+        if not draft.num_seqs:
+            return 0.0
+        if draft.runs_model and self._pass is not None:
+            n = draft.num_seqs
+            one = StepWork(num_tokens=n, num_seqs=n, decode_seqs=n, num_sampled=n, attended=draft.context_tokens,
+                           context_tokens=draft.context_tokens)
+            return draft.num_passes * self._pass.predict(one)
+        n = draft.num_seqs
+        return self._host[2 * n] - self._host[n]  # what n more sequences add to the host's step

@@ -1,0 +1,103 @@
+"""``time_model=op_profile``: each step priced from **measured per-operator GPU tables**
+(``servelab/data/op_tables``; format and sources: docs/op-tables.md).
+
+Per step on one rank: the decoder layers' linears and token-wise kernels from the tables' per-layer
+curve over the step's tokens; the all-reduces from the hardware's measured NCCL table over the
+message bytes; the host side of a step from the host table where one was measured (else the
+calibrated roofline's host term); and what no public table measures - attention, the LM head, swap
+and copy traffic - from the calibrated roofline (:mod:`servelab.sim.gpu_ops`). ``describe()`` (in
+``summary.json``) names the tables and which model priced each part.
+
+Interpolation is log-log between measured points; beyond the last point times grow in proportion,
+with one warning naming the table and its measured range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from servelab.core.errors import ConfigError
+from servelab.core.interfaces import TimeModel, TimeModelContext
+from servelab.sim.gpu_ops import CALIBRATION_FILE, Calibration, GpuOps
+from servelab.sim.op_tables import describe_available, find_op_tables, load_op_tables
+from servelab.sim.step_pricer import StepPricer
+
+
+@dataclass
+class OpProfileConfig:
+    path: Optional[str] = None  # a table folder (with manifest.json); default: find one for hardware/model/TP/dtype
+    host: bool = True  # price the host side of a step
+    activation_dtype_bytes: float = 2.0
+
+
+def op_tables_for(context: TimeModelContext, path: str | None = None):
+    """The tables for this context (or ``path``), or None when the package has none for it."""
+    if path:
+        return load_op_tables(path, shape=context.shape, tp=context.tensor_parallel_size, dtype=context.dtype)
+    return find_op_tables(context.hardware.name, context.shape, context.tensor_parallel_size, context.dtype)
+
+
+def _tables_unusable(context: TimeModelContext) -> str | None:
+    if context.linear_weight_bytes is not None:
+        return "model.quantization=int8 (the tables time float16 GEMMs)"
+    return None
+
+
+class OpProfileTime(TimeModel):
+    name = "op_profile"
+    Config = OpProfileConfig
+
+    def __init__(self, config: OpProfileConfig, context: TimeModelContext) -> None:
+        super().__init__(config, context)
+        s, tp, act = context.shape, context.tensor_parallel_size, config.activation_dtype_bytes
+        why_not = _tables_unusable(context)
+        if why_not:
+            raise ConfigError(f"time_model=op_profile cannot price {why_not}; use time_model=auto or "
+                              "time_model=calibrated_roofline")
+        tables = op_tables_for(context, config.path)
+        if tables is None:
+            raise ConfigError(
+                f"time_model=op_profile: no op tables for hardware={context.hardware.name}, this model's shape "
+                f"(hidden {s.hidden_size}, ffn {s.intermediate_size}, heads {s.num_heads}/{s.num_kv_heads}), "
+                f"tensor_parallel_size={tp}, dtype={context.dtype}; tables exist for: {describe_available()}; "
+                "use time_model=auto (op tables where they exist, else the calibrated roofline) or "
+                "time_model=calibrated_roofline")
+        self.tables = tables
+        self.calibration = Calibration.load(CALIBRATION_FILE)
+        ops = GpuOps(context.hardware, self.calibration)
+        layer = tables.layer_curve(tp)
+        allreduce = tables.allreduce_curve(tp)
+        host = tables.host_curve(tp) if config.host else None
+        self.sources = {"layers": "op tables", "attention": "calibrated roofline", "lm_head": "calibrated roofline",
+                        "communication": "op tables (all_reduce)" if allreduce is not None or tp == 1
+                        else "calibrated roofline (no all-reduce table for this TP)",
+                        "host": ("op tables (host)" if host is not None else "calibrated roofline") if config.host
+                        else "not priced"}
+        host_fn = (host._eval if host is not None else ops.host) if config.host else (lambda m: 0.0 * m)
+        self.pricer = StepPricer(
+            context, ops, act_bytes=act, layer=layer._eval,
+            allreduce=allreduce._eval if allreduce is not None else (lambda b: ops.allreduce(b, tp)),
+            host=host_fn)
+        self.predict = self.pricer.predict  # the hot path: no extra call per simulated step
+        draft_tables = (find_op_tables(context.hardware.name, context.draft_shape, 1, context.dtype)
+                        if context.draft_shape is not None else None)
+        self.draft_pricer = self.pricer.draft_pricer(
+            context, layer=draft_tables.layer_curve(1)._eval if draft_tables is not None else None)
+
+    def predict_draft(self, draft) -> float:
+        return self.draft_pricer.predict(draft)
+
+    def predict(self, work) -> float:  # replaced per instance by the pricer's (see __init__)
+        return self.pricer.predict(work)
+
+    def breakdown(self, work) -> dict[str, float]:
+        return self.pricer.breakdown(work)
+
+    def swap_bytes_per_s(self) -> float:
+        return self.context.hardware.host_link_gb_s * 1e9
+
+    def describe(self) -> dict:
+        return {"name": self.name, "hardware": self.context.hardware.name, "tables": self.tables.describe(),
+                "priced_by": self.sources, "calibration": self.calibration.coefficients(),
+                "weight_bytes_per_rank": self.context.weight_bytes_per_rank}
