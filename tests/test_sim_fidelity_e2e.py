@@ -1,0 +1,117 @@
+"""End to end against published measurements (experiments/sim_fidelity_gpu/e2e.py):
+published.yaml is well formed, and one small entry reproduces in the simulator in seconds."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FOLDER = REPO / "experiments" / "sim_fidelity_gpu"
+HARDWARE = {p.stem for p in (REPO / "conf" / "hardware").glob("*.yaml")}
+MODELS = {p.stem for p in (REPO / "conf" / "model").glob("*.yaml")}
+FIGURES = {"median_tpot_ms", "median_e2e_ms", "request_throughput_req_s", "output_throughput_tok_s"}
+
+
+def _e2e():
+    spec = importlib.util.spec_from_file_location("sim_fidelity_e2e", FOLDER / "e2e.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def e2e():
+    return _e2e()
+
+
+@pytest.fixture(scope="module")
+def entries(e2e):
+    return e2e.load_published()["entries"]
+
+
+def test_published_yaml_is_well_formed(entries):
+    assert len(entries) >= 4
+    ids = [e["id"] for e in entries]
+    assert len(ids) == len(set(ids))
+    for e in entries:
+        where = e.get("id")
+        for key in ("source", "engine", "hardware", "model", "tp", "dataset", "conditions", "figures", "quote"):
+            assert e.get(key) not in (None, "", {}), f"{where}: {key}"
+        assert str(e["source"]["url"]).startswith("https://"), where
+        assert e["source"].get("title") and e["source"].get("date"), where
+        assert e["engine"].get("name") and e["engine"].get("version"), where
+        assert e["hardware"] in HARDWARE and e["model"] in MODELS, where
+        assert isinstance(e["tp"], int) and e["tp"] >= 1, where
+        figures = e["figures"]
+        assert figures and set(figures) <= FIGURES, where
+        assert all(isinstance(v, (int, float)) and v > 0 for v in figures.values()), where
+        c = e["conditions"]
+        for key in ("arrival", "rate", "num_prompts", "lengths", "max_model_len", "max_num_seqs",
+                    "max_num_batched_tokens", "chunked_prefill", "gpu_memory_utilization", "block_size"):
+            assert key in c, f"{where}: conditions.{key}"
+        assert c["arrival"] in ("poisson", "offline"), where
+        if c["arrival"] == "poisson":
+            assert float(c["rate"]) > 0, where
+        assert 0 < c["gpu_memory_utilization"] <= 1, where
+        lengths = c["lengths"]
+        if lengths["kind"] == "per_request":
+            assert len(lengths["input_lens"]) == len(lengths["output_lens"]) == c["num_prompts"], where
+        else:
+            assert lengths["kind"] == "sharegpt_first_turn", where
+    # the issue's two setups are covered: 70B on 4 x H100 and 8B on one A100, online and offline
+    setups = {(e["model"], e["hardware"], e["tp"], e["conditions"]["arrival"]) for e in entries}
+    for setup in (("llama3_70b", "h100", 4, "poisson"), ("llama3_8b", "a100_80gb", 1, "poisson"),
+                  ("llama3_70b", "h100", 4, "offline"), ("llama3_8b", "a100_80gb", 1, "offline")):
+        assert setup in setups, setup
+
+
+def test_workloads_follow_the_published_conditions(e2e, entries):
+    by_id = {e["id"]: e for e in entries}
+    online = by_id["sglangpage_vllm_llama31_8b_a100_rps4"]
+    reqs = e2e.workload(online, seed=1)
+    assert len(reqs) == online["conditions"]["num_prompts"]
+    lens = online["conditions"]["lengths"]
+    assert all(lens["min_prompt"] <= p <= lens["max_prompt"] and o >= lens["min_output"]
+               and p + o <= lens["max_total"] for _, p, o in reqs)
+    span = reqs[-1][0] - reqs[0][0]
+    assert reqs[0][0] == 0 and span == pytest.approx(len(reqs) / online["conditions"]["rate"], rel=0.15)
+    assert e2e.workload(online, seed=1) == reqs  # seeded
+    burst = by_id["lambda_vllm054_llama3_8b_a100_burst320"]
+    reqs = e2e.workload(burst, seed=1)
+    assert [p for _, p, _ in reqs] == burst["conditions"]["lengths"]["input_lens"]
+    assert all(a == 0 for a, _, _ in reqs) and min(o for _, _, o in reqs) == 1
+
+
+def test_one_small_entry_reproduces_end_to_end(e2e, entries):
+    entry = next(e for e in entries if e["id"] == "sglangpage_vllm_llama31_8b_a100_rps4")
+    start = time.perf_counter()
+    results = e2e.run_entries([entry], seeds=(1,), max_requests=150, log=lambda *_: None)
+    assert time.perf_counter() - start < 30
+    (r,) = results["entries"]
+    assert r["num_requests_simulated"] == 150 and r["run"]["num_finished"] == 150
+    assert r["time_model"]["chosen"] == "op_profile"  # time_model=auto found the A100 Llama-3-8B tables
+    for name in entry["figures"]:
+        m = r["metrics"][name]
+        assert m["published"] == entry["figures"][name]
+        assert m["simulated"] > 0 and math.isfinite(m["error"])
+        assert m["error"] == pytest.approx(m["simulated"] / m["published"] - 1)
+        assert abs(m["error"]) < 1.0  # a sanity bound, not the target
+    assert sum(r["time_share"].values()) == pytest.approx(1.0)
+    section = e2e.render_section(results)
+    assert section.startswith(e2e.BEGIN) and section.rstrip().endswith(e2e.END)
+    assert "Rule:" in section and "median TPOT (ms)" in section
+
+
+def test_readme_section_is_replaced_in_place(e2e, tmp_path):
+    page = tmp_path / "README.md"
+    page.write_text("# t\n\n## Not yet\n\n- x\n")
+    e2e.update_readme(e2e.render_section(None), page)
+    once = page.read_text()
+    assert once.index(e2e.BEGIN) < once.index("## Not yet")
+    e2e.update_readme(e2e.render_section(None), page)
+    assert page.read_text() == once
