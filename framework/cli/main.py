@@ -13,7 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from servelab.cli.usage import usage_text
+from servelab.cli.help import help_text
 from servelab.core.errors import ServelabError
 from servelab.core.registry import PluginError, check_selection
 from servelab.run.config import register_configs
@@ -62,6 +62,7 @@ def _interrupted() -> None:
 # called with the remaining arguments (Hydra overrides) and returning an exit code.
 SUBCOMMANDS: dict[str, str] = {
     "profile": "cli.profile:profile_main",  # fit a step-time profile of the real engine on this machine
+    "profile-ops": "cli.profile_ops:main",  # operator tables (docs/op-tables.md) measured on this machine
     "eval-ppl": "cli.eval_ppl:main",  # held-out perplexity of the configured checkpoint (ppl.json)
     "compare": "cli.compare:main",  # runs side by side: a table of metrics and the keys that differ, a plot
     "check-plugin": "kit.conformance:main",  # a plugin through the conformance kit: exit 0 only when it passes
@@ -80,7 +81,7 @@ def main() -> None:
         print(f"servelab: plugin error: {exc}", file=sys.stderr)
         sys.exit(2)
     if any(a in ("--help", "-h") for a in sys.argv[1:2]):
-        print(usage_text(), end="")
+        print(help_text(sys.argv[2:]), end="")  # the usage page with the values the run would use
         sys.exit(0)
     if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
         module, func = SUBCOMMANDS[sys.argv[1]].split(":")
