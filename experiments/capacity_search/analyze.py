@@ -68,14 +68,14 @@ def plot_capacity(series: list[tuple[str, dict]], stacks: list[str], title: str,
     save_figure(fig, path)
 
 
-def roofline_at(st: dict, tp: int) -> dict:
-    """The roofline's breakdown (ms) of one step carrying a full prefill chunk at ``tp``, and the hardware."""
+def roofline_at(st: dict, tp: int, time_model: str = "auto") -> dict:
+    """The time model's breakdown (ms) of one step carrying a full prefill chunk at ``tp``, and the hardware."""
     from servelab.api import compose
     from servelab.run.stack import build_stack
     from servelab.core.step_work import StepWork
 
-    cfg = compose(["backend=sim", f"hardware={st['hardware']}", f"model={st['model']}", f"tensor_parallel_size={tp}"],
-                  logger="none", progress=False)
+    cfg = compose(["backend=sim", f"hardware={st['hardware']}", f"model={st['model']}", f"tensor_parallel_size={tp}",
+                   f"time_model={time_model}"], logger="none", progress=False)
     stack = build_stack(cfg)
     n = st["chunk_budget"]
     work = StepWork(num_tokens=n, num_seqs=1, prefill_tokens=n, num_sampled=1, attended=n * (n + 1) // 2,
@@ -83,6 +83,73 @@ def roofline_at(st: dict, tp: int) -> dict:
     out = {k: v * 1e3 for k, v in stack.time_model.breakdown(work).items()}
     stack.executor.shutdown()
     return {**out, "host_link_gb_s": cfg.hardware.host_link_gb_s}
+
+
+def time_model_label(res: dict) -> str:
+    """``auto -> op_profile (h100/llama2_70b tables)`` or the plain name."""
+    tm = res.get("time_model_config") or {}
+    name = res.get("time_model", tm.get("name", "roofline"))
+    if name == "auto" and tm.get("chosen"):
+        tables = tm.get("tables") or {}
+        where = f" ({tables['hardware']}/{tables['model']} op tables, Vidur)" if tables else ""
+        return f"auto -> {tm['chosen']}{where}"
+    return name
+
+
+def time_model_text(tm: dict, tp: int) -> str:
+    """One sentence on what priced the steps, from the time model's ``describe()``."""
+    weights = f"weights {tm.get('weight_bytes_per_rank', 0) / 1e9:.1f} GB per rank at TP {tp}."
+    if tm.get("name") == "roofline":
+        return (f"Roofline coefficients: flops_efficiency {tm.get('flops_efficiency')}, bandwidth_efficiency "
+                f"{tm.get('bandwidth_efficiency')}, link_efficiency {tm.get('link_efficiency')}, "
+                f"{tm.get('allreduces_per_layer')} all-reduces per layer, step_overhead_ms {tm.get('step_overhead_ms')}; "
+                + weights)
+    priced = tm.get("priced_by") or {}
+    parts = "; ".join(f"{k}: {v}" for k, v in priced.items())
+    return (f"Each step is priced from measured operator tables where they exist ({parts}); "
+            "see [docs/simulator.md](../../docs/simulator.md). " + weights)
+
+
+def chunk_text(chunk: dict) -> str:
+    """``12 ms of decoder layers, 3.1 ms of attention, ...`` from a breakdown in ms."""
+    names = {"linear": "GEMMs", "layers": "decoder layers", "attention": "attention", "communication": "all-reduce",
+             "lm_head": "LM head", "host": "host", "overhead": "overhead"}
+    return ", ".join(f"{chunk[k]:.1f} ms of {v}" for k, v in names.items() if chunk.get(k))
+
+
+def what_changed(res: dict, tight: dict | None) -> str:
+    """Best rates per TP degree under this time model against the roofline tables kept beside the page."""
+    old_file = HERE / "results_roofline.json"
+    if res.get("time_model", "roofline") == "roofline" or not old_file.is_file():
+        return ""
+    old = json.loads(old_file.read_text())
+
+    def best(rows, tp):
+        r = max((r for r in rows if r["tp"] == tp), key=lambda r: r["max_rate_req_s"] or 0)
+        return r["max_rate_req_s"] or 0.0, r["stack"], r.get("output_tok_s_per_gpu") or 0.0
+
+    tps = sorted({r["tp"] for r in res["rows"]}, reverse=True)
+    rows = []
+    for tp in tps:
+        (a, sa, ga), (b, sb, gb) = best(old["rows"], tp), best(res["rows"], tp)
+        rows.append(f"  - TP {tp}: {a:.2f} -> {b:.2f} req/s at best ({pct(b, a)}; {sa} -> {sb}); "
+                    f"{ga:.0f} -> {gb:.0f} output tok/s per GPU")
+    per_gpu_old = {tp: best(old["rows"], tp)[2] for tp in tps}
+    per_gpu_new = {tp: best(res["rows"], tp)[2] for tp in tps}
+    verdict = ""
+    if len(tps) == 2:
+        small, large = min(tps), max(tps)
+        was = per_gpu_old[small] > per_gpu_old[large]
+        now = per_gpu_new[small] > per_gpu_new[large]
+        verdict = (f"  - TP {small} vs TP {large} per GPU: TP {small} " + ("still " if was == now else "")
+                   + ("serves more" if now else "serves less") + f" per GPU ({per_gpu_new[small]:.0f} against "
+                   f"{per_gpu_new[large]:.0f} output tok/s" + (")" if was == now else
+                   f"; under the roofline it was {per_gpu_old[small]:.0f} against {per_gpu_old[large]:.0f})") + ".")
+    return ("\n## What changed with measured operator times\n\nThe tables above were made with the plain "
+            "`roofline` until 2026-12-02 (its results stay beside this page as `results_roofline.json`). "
+            "Priced from measured GPU operators instead (`time_model=auto`: per-layer times, the 35 us NCCL "
+            "all-reduce floor it missed, host time per step):\n\n" + "\n".join(rows)
+            + ("\n" + verdict if verdict else "") + "\n")
 
 
 def pct(a: float, b: float) -> str:
@@ -155,7 +222,7 @@ def capacity_section(res: dict, tight: dict | None, out: Path) -> str:
                  f"{by[(b, base)].get('output_tok_s_per_gpu', 0):.0f} against "
                  f"{by[(a, base)].get('output_tok_s_per_gpu', 0):.0f} output tok/s per GPU. Per GPU the smaller "
                  "group wins: each rank reads more weights per step, but the all-reduces (serial in "
-                 "this roofline, 2 per layer) cost less, and under a TPOT SLO the step budget is what counts.")
+                 "this time model, 2 per layer) cost less, and under a TPOT SLO the step budget is what counts.")
     odd = [f"{r['stack']} at TP {r['tp']}" for r in rows + (tight["rows"] if tight else [])
            if any(p["ok"] for p in r["probes"]) and any(not p["ok"] for p in r["probes"])
            and max(p["rate"] for p in r["probes"] if p["ok"]) > min(p["rate"] for p in r["probes"] if not p["ok"])]
@@ -163,7 +230,8 @@ def capacity_section(res: dict, tight: dict | None, out: Path) -> str:
                                  if not odd else "Not everywhere: a rate passed above one that failed in "
                                  + "; ".join(odd) + " (see the probes in the results JSON)."))
     findings = "\n".join(f"- {x}" for x in f)
-    chunk = roofline_at(st, tps[0])
+    tm_name = res.get("time_model", "roofline")
+    chunk = roofline_at(st, tps[0], tm_name)
 
     tight_text = ""
     if tight:
@@ -197,7 +265,7 @@ simulator: for **{st['model']} on {' and '.join(f'{tp} x {hw}' for tp in tps)} (
 {' and '.join(map(str, tps))})**, replaying the Azure LLM inference trace (conversation) at scaled rates,
 the highest request rate whose **p99 TTFT <= {st['ttft_ms']:g} ms and p99 TPOT <= {st['tpot_ms']:g} ms**, for each
 stack (scheduler x chunked prefill x preemption mode), by bisection on the rate.
-**Clock: virtual; time model: roofline; hardware: {hw} (`hardware={st['hardware']}`), `backend=sim`.**
+**Clock: virtual; time model: {time_model_label(res)}; hardware: {hw} (`hardware={st['hardware']}`), `backend=sim`.**
 
     python experiments/capacity_search/search.py{cmd_flags}     # multirun/capacity_search/<time>/results.json, .csv ({res['total_wall_s'] / 60:.0f} min here)
     python experiments/capacity_search/analyze.py    # this page and capacity.png
@@ -217,14 +285,10 @@ tokens too.
 {tight_text}
 ## How these numbers were made
 
-- **Clock: virtual. Time model: roofline. Hardware: `{st['hardware']}`** (the spec sheet in
+- **Clock: virtual. Time model: {time_model_label(res)}. Hardware: `{st['hardware']}`** (the spec sheet in
   `conf/hardware/{st['hardware']}.yaml`), `backend=sim` (no weights, no tensors; the same engine and
-  policy classes as a real run). Roofline coefficients: flops_efficiency {tm.get('flops_efficiency')},
-  bandwidth_efficiency {tm.get('bandwidth_efficiency')}, link_efficiency {tm.get('link_efficiency')},
-  {tm.get('allreduces_per_layer')} all-reduces per layer, step_overhead_ms {tm.get('step_overhead_ms')}; weights
-  {tm.get('weight_bytes_per_rank', 0) / 1e9:.1f} GB per rank at TP {tps[0]}, KV {tm.get('kv_bytes_per_token_per_rank')}
-  bytes per token per rank at TP {tps[0]}. Every figure is a function of config + trace + seed: rerunning
-  gives the same table on any machine.
+  policy classes as a real run). {time_model_text(tm, tps[0])} Every figure is a function of config + trace
+  + seed: rerunning gives the same table on any machine.
 - **Workload**: `{Path(st['trace']).name}`, rows {st['start_row']}..{st['start_row'] + sl['num_requests'] - 1}
   ({sl['num_requests']} requests arriving over the first {sl['span_s']:.0f} s of the trace, {sl['native_rate_req_s']:.2f} req/s of
   their own); prompt and output lengths as in the trace (EOS ignored: each request generates its
@@ -240,11 +304,11 @@ tokens too.
   bisect; a run passes when every request finishes and both p99s are within the SLOs. Every probe
   (rate, pass, p99s, wall time) is in `results.json`. Searched on {res['machine']}, {res['date']}
   (2 cores shared with other jobs): {sum(r['num_probes'] for r in rows)} sim runs in {res['total_wall_s']:.0f} s wall.
-- **Caveats of the model**: the roofline adds the all-reduces after the compute (no overlap) and
-  prices a step at the slower of its FLOPs and its bytes per op group; at TP {tps[0]} a {st['chunk_budget']}-token
-  prefill step is {chunk['linear']:.0f} ms of GEMMs, {chunk['attention']:.1f} ms of attention and {chunk['communication']:.0f} ms of all-reduce
-  (+ {chunk['overhead']:g} ms overhead), a larger communication share than tuned NVSwitch deployments report. Absolute rates are therefore on the cautious side; comparisons
-  between stacks share the assumption.
+- **Caveats of the model**: the all-reduces come after the compute (no overlap); at TP {tps[0]} a
+  {st['chunk_budget']}-token prefill step is {chunk_text(chunk)}. How far each time model is from measured GPU
+  operators and from published serving benchmarks: [sim_fidelity_gpu](../sim_fidelity_gpu/README.md).
+  Comparisons between stacks share the model's assumptions.
+{what_changed(res, tight)}
 """
 
 
@@ -283,7 +347,8 @@ def cvs_section(sweep: Path | None, steps: dict | None, out: Path) -> str:
                      c["duration_s"], s["duration_s"]])
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.plot(seats, [ratios[n] for n in seats], "o-", label="70B, 4 x A100 (sim, roofline)")
+    sim_tm = runs[0].config["time_model"]["name"]
+    ax.plot(seats, [ratios[n] for n in seats], "o-", label=f"70B, 4 x A100 (sim, time_model={sim_tm})")
     if cpu:
         ax.plot(sorted(cpu), [cpu[n] for n in sorted(cpu)], "s--", label=f"tiny model, CPU ({cpu_clock()})")
     ax.set(xlabel="max_num_seqs", ylabel="throughput fcfs / static", title="Continuous vs static batching")
@@ -300,8 +365,8 @@ The seeds claim continuous batching gives 2-4x the throughput of static batching
 experiment (`experiment=continuous_vs_static`, the tiny model on this 2-core CPU, {cpu_clock()}) found
 less at larger batches. The same workload ({wl['num_requests']} requests at once, prompts uniform
 {wl['prompt_len']['min']}-{wl['prompt_len']['max']}, outputs lognormal median {wl['output_len']['mean']:g}, sigma {wl['output_len']['sigma']:g},
-{wl['output_len']['min']}-{wl['output_len']['max']} tokens) on **Llama-2-70B, 4 x A100-80GB (TP 4), `backend=sim`, virtual clock, roofline time
-model** (defaults above, hardware `a100_80gb`):
+{wl['output_len']['min']}-{wl['output_len']['max']} tokens) on **Llama-2-70B, 4 x A100-80GB (TP 4), `backend=sim`, virtual clock,
+time_model={sim_tm}** (defaults above, hardware `a100_80gb`):
 
     python run.py -m experiment=continuous_vs_static_sim   # conf/experiment/continuous_vs_static_sim.yaml (seconds)
     python experiments/capacity_search/step_times.py        # the step-time table below
@@ -325,8 +390,8 @@ model on a shared 2-core machine, {cpu_clock()}; that page says how it was made)
             c, s = cpu_s.get(str(b)), sim_s[str(b)]
             bd = s.get("breakdown_ms", {})
             srows.append([b, c["median_ms"] if c else None, c["median_ms"] / b if c else None, s["median_ms"],
-                          s["median_ms"] / b, bd.get("linear"), bd.get("attention"), bd.get("communication"),
-                          bd.get("overhead")])
+                          s["median_ms"] / b, bd.get("linear", bd.get("layers")), bd.get("attention"),
+                          bd.get("communication"), bd.get("overhead", bd.get("host"))])
         first, last = batches[0], batches[-1]
         cpu_growth = cpu_s[str(last)]["median_ms"] / cpu_s[str(first)]["median_ms"]
         sim_growth = sim_s[str(last)]["median_ms"] / sim_s[str(first)]["median_ms"]
@@ -336,7 +401,10 @@ model on a shared 2-core machine, {cpu_clock()}; that page says how it was made)
         tm = summary["time_model"]
         occ = ", ".join(f"{occupancy[('fcfs', n)] / occupancy[('static', n)]:.1f}x at {n}" for n in seats)
         peak = cfg["hardware"]["peak_tflops"]
-        flops_ms = 2 * last * (weights_gb * 1e9 / 2) / (peak * 1e12 * tm["flops_efficiency"]) * 1e3
+        eff = tm.get("flops_efficiency") or (tm.get("calibration") or tm.get("coefficients") or {}).get("gemm_eff_max", 0.75)
+        bw_eff = tm.get("bandwidth_efficiency") or (tm.get("calibration") or tm.get("coefficients") or {}).get("bw_eff", 0.8)
+        linear_first = bd_first.get("linear", bd_first.get("layers", 0.0))
+        flops_ms = 2 * last * (weights_gb * 1e9 / 2) / (peak * 1e12 * eff) * 1e3
         span = lambda d: f"{min(d.values()):.1f}-{max(d.values()):.1f}x"  # noqa: E731
         text += f"""
 ### Why the gain differs: a decode step's time against its batch
@@ -344,13 +412,13 @@ model on a shared 2-core machine, {cpu_clock()}; that page says how it was made)
 Decode-only steps of B requests with {steps['prompt_len']}-token prompts, median step time (the same probe
 through the same engine, `step_times.py`; CPU measured on {steps['machine']}, {steps['date']}):
 
-{table(["batch B", "CPU ms/step (wall)", "CPU ms/token", "70B sim ms/step", "70B sim ms/token", "sim: linear ms",
-        "sim: attention ms", "sim: all-reduce ms", "sim: overhead ms"], srows)}
+{table(["batch B", "CPU ms/step (wall)", "CPU ms/token", "70B sim ms/step", "70B sim ms/token", "sim: layers ms",
+        "sim: attention ms", "sim: all-reduce ms", "sim: host ms"], srows)}
 
 From batch {first} to {last} a CPU decode step gets **{cpu_growth:.1f}x** slower; the 70B step on 4 x A100 only
 **{sim_growth:.2f}x** ({sim_s[str(first)]['median_ms']:.1f} -> {sim_s[str(last)]['median_ms']:.1f} ms). At 70B a decode step is bound by reading the weights:
-{weights_gb:.1f} GB of bf16 weights per rank over {tm['bandwidth_efficiency']:g} x {cfg['hardware']['hbm_bandwidth_gb_s']:,.0f} GB/s of HBM is {bd_first['linear']:.1f} ms whatever the
-batch (the matmuls' FLOPs at batch {last} would take {flops_ms:.1f} ms at {tm['flops_efficiency']:g} x {peak:g} TFLOP/s: still
+{weights_gb:.1f} GB of bf16 weights per rank over about {bw_eff:.2g} x {cfg['hardware']['hbm_bandwidth_gb_s']:,.0f} GB/s of HBM: the decoder layers take {linear_first:.1f} ms at batch {first}
+(the matmuls' FLOPs at batch {last} would take {flops_ms:.1f} ms at {eff:.2g} x {peak:g} TFLOP/s: still
 under the weight read, so the step stays memory-bound); what grows with the batch is the all-reduced activations ({bd_first['communication']:.1f} -> {bd_last['communication']:.1f} ms) and
 the attention's KV reads ({bd_first['attention']:.3f} -> {bd_last['attention']:.2f} ms at these short contexts). A step with {first}
 sequence costs nearly what a step with {last} costs, so every empty seat is lost throughput: the

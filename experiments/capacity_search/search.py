@@ -10,7 +10,7 @@ stay within the SLOs, found by bisection on the rate over simulator runs.
 The workload is a slice of the Azure LLM inference trace (conversation), replayed with its own
 arrival pattern compressed or stretched: ``workload.time_scale = native rate / rate``, so every
 probe sees the same requests in the same order, only closer together or further apart. Each probe
-is one ``backend=sim`` run on the virtual clock with ``time_model=roofline`` (deterministic: the
+is one ``backend=sim`` run on the virtual clock with ``time_model=auto`` (``--time-model``; deterministic: the
 same probe gives the same figures on any machine, whatever its load). Runs go through the Python
 API in this one process (no Hydra start-up per probe); the trace is read once.
 
@@ -148,7 +148,7 @@ class StackSpec:
 
 
 def base_overrides(args: argparse.Namespace, tp: int) -> list[str]:
-    return ["backend=sim", "clock=virtual", "time_model=roofline", f"hardware={args.hardware}", f"model={args.model}",
+    return ["backend=sim", "clock=virtual", f"time_model={args.time_model}", f"hardware={args.hardware}", f"model={args.model}",
             f"tensor_parallel_size={tp}", f"max_model_len={args.max_model_len}", f"max_num_seqs={args.max_num_seqs}",
             "workload=trace", f"workload.path={args.trace}", f"workload.num_requests={args.num_requests}",
             f"workload.start_row={args.start_row}", f"slo.ttft_ms={args.ttft_ms}", f"slo.tpot_ms={args.tpot_ms}",
@@ -240,6 +240,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--schedulers", nargs="+", default=["fcfs", "priority", "slo_aware"])
     p.add_argument("--chunked", nargs="+", choices=["on", "off"], default=["on", "off"])
     p.add_argument("--preemption", nargs="+", default=["recompute", "swap"])
+    p.add_argument("--time-model", default="auto",
+                   help="auto (op tables where measured, else the calibrated roofline), op_profile, "
+                        "calibrated_roofline or roofline (default: %(default)s)")
     p.add_argument("--hardware", default="h100")
     p.add_argument("--model", default="llama3_70b")
     p.add_argument("--max-num-seqs", type=int, default=256, help="seats (vLLM's default: 256)")
@@ -292,7 +295,7 @@ def main(argv=None) -> dict:
     results = {
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "name")},
         "trace_slices": env,
-        "clock": "virtual", "time_model": "roofline",
+        "clock": "virtual", "time_model": args.time_model,
         "time_model_config": rows[0]["at_max_rate"]["time_model"] if rows and rows[0]["at_max_rate"] else None,
         "total_wall_s": round(total, 1),
         "machine": f"{platform.node()}, {platform.processor() or platform.machine()}, Python {platform.python_version()}",

@@ -1,13 +1,14 @@
-"""Decode-step time against batch size, on this CPU (wall clock) and in the simulator (roofline).
+"""Decode-step time against batch size, on this CPU (wall clock) and in the simulator.
 
-    python experiments/capacity_search/step_times.py      # writes step_times.json beside this script
+    python experiments/capacity_search/step_times.py              # writes step_times.json beside this script
+    python experiments/capacity_search/step_times.py --sim-only   # keeps the measured CPU part, redoes the sim's
 
 The same probe through the same engine for both: B requests with 72-token prompts (the mean prompt
 of the continuous-vs-static workload) are admitted together, and the steps that only decode all B
 of them are timed (median). "cpu" is the model of ``experiment=continuous_vs_static`` (the tiny
 Llama at hidden size 64, 1 torch thread) on this machine's wall clock (measured, not a profile); "sim" is ``experiment=continuous_vs_static_sim``
-(Llama-2-70B, 4 x A100-80GB, tensor parallel 4) on the virtual clock, with the roofline's
-breakdown of the step at each batch size.
+(Llama-2-70B, 4 x A100-80GB, tensor parallel 4) on the virtual clock, with its time model's
+breakdown of the step at each batch size (``time_model`` records which).
 """
 
 from __future__ import annotations
@@ -61,12 +62,22 @@ def cpu_overrides() -> list[str]:
 
 def main() -> None:
     t0 = time.time()
-    cpu = probe(cpu_overrides(), decode_steps=48)  # wall clock: more steps, less noise
-    sim = probe(["experiment=continuous_vs_static_sim", "debug.log_steps=false"], decode_steps=8)
-    out = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{platform.node()}, {platform.processor() or platform.machine()}",
-           "prompt_len": PROMPT_LEN, "cpu": cpu, "sim": sim, "wall_s": round(time.time() - t0, 1)}
+    old = json.loads((HERE / "step_times.json").read_text()) if (HERE / "step_times.json").is_file() else None
+    if "--sim-only" in sys.argv[1:] and old is not None:
+        cpu, when = old["cpu"], {k: old[k] for k in ("date", "machine")}
+    else:
+        cpu = probe(cpu_overrides(), decode_steps=48)  # wall clock: more steps, less noise
+        when = {"date": time.strftime("%Y-%m-%d %H:%M"),
+                "machine": f"{platform.node()}, {platform.processor() or platform.machine()}"}
+    import servelab
+
+    sim_overrides = ["experiment=continuous_vs_static_sim", "debug.log_steps=false"]
+    sim = probe(sim_overrides, decode_steps=8)
+    time_model = servelab.compose(sim_overrides, logger="none")["time_model"]["name"]
+    out = {**when, "prompt_len": PROMPT_LEN, "cpu": cpu, "sim": sim, "sim_time_model": time_model,
+           "sim_date": time.strftime("%Y-%m-%d %H:%M"), "wall_s": round(time.time() - t0, 1)}
     (HERE / "step_times.json").write_text(json.dumps(out, indent=1) + "\n")
-    for name, rows in (("cpu (wall clock)", cpu), ("sim (roofline)", sim)):
+    for name, rows in (("cpu (wall clock)", cpu), (f"sim ({time_model})", sim)):
         print(name, {b: round(r["median_ms"], 2) for b, r in rows.items()})
 
 

@@ -12,7 +12,8 @@ float32 scale per token and KV head). Both utilisations (0.90, vLLM's default, a
 
 Capacity: the highest request rate of the Azure conversation trace slice (its own arrival
 pattern, compressed or stretched) with p99 TTFT <= 2 s and p99 TPOT <= 100 ms, by bisection over
-simulator runs on the virtual clock with ``time_model=roofline`` (deterministic), one stack: FCFS,
+simulator runs on the virtual clock with the search's ``time_model=auto`` (deterministic; INT8 weights
+and quantised KV are priced by the calibrated roofline: the op tables time float16 GEMMs), one stack: FCFS,
 chunked prefill (2048 tokens), recompute preemption, at utilisation 0.90. The search is
 ``experiments/capacity_search/search.py``'s.
 """
@@ -109,7 +110,7 @@ def main(argv=None) -> dict:
     result = {"model": "llama3_70b (Llama-3.1-70B shape, bfloat16)", "memory": memory, "capacity": capacity,
               "capacity_stack": "fcfs / chunked (2048) / recompute, max_num_seqs 256, max_model_len 16384",
               "slo": {"ttft_p99_ms": 2000.0, "tpot_p99_ms": 100.0}, "num_requests": args.num_requests,
-              "clock": "virtual", "time_model": "roofline", "wall_s": round(time.perf_counter() - t0, 1),
+              "clock": "virtual", "time_model": search.parse_args([]).time_model if capacity else None, "wall_s": round(time.perf_counter() - t0, 1),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     Path(args.out).write_text(json.dumps(result, indent=1, default=str) + "\n")
     print(f"wrote {args.out}")
