@@ -80,7 +80,8 @@ def capacity_words(sim: dict) -> str:
 
 
 def decode_speedups() -> str:
-    """Roofline step time of a decode step of Llama-3.1-70B at TP 4, bf16 vs INT8 weights (and INT8 KV)."""
+    """Calibrated-roofline step time of a decode step of Llama-3.1-70B at TP 4, bf16 vs INT8 weights (and
+    INT8 KV): one time model for all three (the op tables time float16 GEMMs only)."""
     from servelab.api import compose
     from servelab.run.stack import build_stack
     from servelab.core.step_work import StepWork
@@ -91,6 +92,7 @@ def decode_speedups() -> str:
         for name, extra in (("bf16", []), ("int8 w", ["model.quantization=int8"]),
                             ("int8 w + int8 KV", ["model.quantization=int8", "kv_cache_dtype=int8"])):
             stack = build_stack(compose(["backend=sim", "model=llama3_70b", "tensor_parallel_size=4",
+                                         "time_model=calibrated_roofline",
                                          "num_kv_blocks=64", f"hardware={hw}", *extra], logger="none", progress=False))
             times[name] = stack.time_model
         for batch in (1, 8, 64, 256):
@@ -196,9 +198,10 @@ INT8 head's bytes).
 held-out prefixes at once generating 192 tokens each, `backend.kv_cache_memory_gb=0.002`, block 16,
 recompute preemption. The pool is sized in bytes, so a quantised cache holds proportionally more
 blocks; more sequences fit in a step and fewer are preempted. Throughput is on the virtual clock
-(roofline, H100 spec sheet), so it is a function of the engine's steps, not of this machine's load;
-the roofline reads INT8 weights at a quarter of their float32 bytes, but at this model size (1.6M
-parameters) weight reads are far below the 2 ms per-step overhead, so weights barely move it here
+(`time_model=auto`, here the calibrated roofline on the H100 spec sheet), so it is a function of the
+engine's steps, not of this machine's load; it reads INT8 weights at a quarter of their float32 bytes,
+but at this model size (1.6M parameters) weight reads are far below the kernel floors and the host
+time per step, so weights barely move it here
 (section 3 has the 70B case). Greedy tokens of every run are the model's own: the memory policy
 changes how many sequences share a step, never what is computed (`tests/test_quantization.py`).
 
@@ -213,8 +216,8 @@ device memory x `gpu_memory_utilization`, minus the rank's weights at their stor
 
 {memory}
 
-Decode step time by the roofline (TP 4, one decode token per sequence, every sequence at the same
-context; default roofline efficiencies and 2 ms step overhead). Decode reads every weight once
+Decode step time by the calibrated roofline (TP 4, one decode token per sequence, every sequence at
+the same context; its coefficients fitted to measured A100 operators, host time included). Decode reads every weight once
 per step, so INT8 weights cut the step where the weights dominate the bytes; a large batch at a
 long context is dominated by KV reads instead, which an INT8 KV cache halves:
 
@@ -223,7 +226,8 @@ long context is dominated by KV reads instead, which an INT8 KV cache halves:
 Capacity at the SLO (p99 TTFT <= {sim['slo']['ttft_p99_ms']:.0f} ms, p99 TPOT <= {sim['slo']['tpot_p99_ms']:.0f} ms) at
 utilisation 0.90 for every configuration that fits, on {sim['num_requests']} requests of the Azure
 conversation trace replayed faster or slower (`experiments/capacity_search`'s bisection; stack:
-{sim['capacity_stack']}; virtual clock, roofline):
+{sim['capacity_stack']}; virtual clock, time_model={sim.get('time_model') or 'roofline'} for every setting, so that
+the comparison is one model's):
 
 {capacity}
 

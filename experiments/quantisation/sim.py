@@ -12,8 +12,9 @@ float32 scale per token and KV head). Both utilisations (0.90, vLLM's default, a
 
 Capacity: the highest request rate of the Azure conversation trace slice (its own arrival
 pattern, compressed or stretched) with p99 TTFT <= 2 s and p99 TPOT <= 100 ms, by bisection over
-simulator runs on the virtual clock with the search's ``time_model=auto`` (deterministic; INT8 weights
-and quantised KV are priced by the calibrated roofline: the op tables time float16 GEMMs), one stack: FCFS,
+simulator runs on the virtual clock with ``time_model=calibrated_roofline`` for every setting (deterministic;
+``auto`` would price bf16 from the op tables and INT8 by the calibrated roofline, mixing two models in one
+comparison), one stack: FCFS,
 chunked prefill (2048 tokens), recompute preemption, at utilisation 0.90. The search is
 ``experiments/capacity_search/search.py``'s.
 """
@@ -27,6 +28,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+# One time model for every setting: auto would price bf16 from the measured op tables and INT8 by the
+# calibrated roofline (the tables time float16 GEMMs), and the comparison would mix the two.
+TIME_MODEL = "calibrated_roofline"
 sys.path.insert(0, str(HERE.parent / "capacity_search"))
 
 SETTINGS = {
@@ -89,7 +93,8 @@ def main(argv=None) -> dict:
                            and r["gpu_memory_utilization"] == UTILISATIONS[0]]
                 if not fitting:
                     continue
-                base = search.parse_args(["--hardware", hw, "--num-requests", str(args.num_requests)])
+                base = search.parse_args(["--hardware", hw, "--num-requests", str(args.num_requests),
+                                          "--time-model", TIME_MODEL])
                 cfg = compose(search.base_overrides(base, tp) + SETTINGS[fitting[0]["setting"]], logger="none",
                               progress=False)
                 stack = build_stack(cfg)
@@ -98,6 +103,7 @@ def main(argv=None) -> dict:
                 native, _ = search.slice_rate(requests)
                 for r in fitting:
                     sargs = search.parse_args(["--hardware", hw, "--num-requests", str(args.num_requests),
+                                               "--time-model", TIME_MODEL,
                                                "--override", *SETTINGS[r["setting"]]])
                     row = search.search_stack(sargs, tp, spec, requests, native)
                     keep = {k: row.get(k) for k in ("max_rate_req_s", "fail_rate_req_s", "fails_on", "output_tok_s",
@@ -110,7 +116,7 @@ def main(argv=None) -> dict:
     result = {"model": "llama3_70b (Llama-3.1-70B shape, bfloat16)", "memory": memory, "capacity": capacity,
               "capacity_stack": "fcfs / chunked (2048) / recompute, max_num_seqs 256, max_model_len 16384",
               "slo": {"ttft_p99_ms": 2000.0, "tpot_p99_ms": 100.0}, "num_requests": args.num_requests,
-              "clock": "virtual", "time_model": search.parse_args([]).time_model if capacity else None, "wall_s": round(time.perf_counter() - t0, 1),
+              "clock": "virtual", "time_model": TIME_MODEL if capacity else None, "wall_s": round(time.perf_counter() - t0, 1),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     Path(args.out).write_text(json.dumps(result, indent=1, default=str) + "\n")
     print(f"wrote {args.out}")
