@@ -131,6 +131,58 @@ class OutOfVocab(SpeculativeDrafter):
         return [[10**6] * k for _ in seqs]
 
 
+class CountsProposals(SpeculativeDrafter):
+    """Drafts the last token again and counts its proposals per sequence; never forgets one."""
+
+    name = "counts_proposals"
+
+    def __init__(self, config, limits) -> None:
+        super().__init__(config, limits)
+        self.proposals: dict[str, int] = {}
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return 2
+
+    def propose(self, seqs, k):
+        for seq in seqs:
+            self.proposals[seq.id] = self.proposals.get(seq.id, 0) + 1
+        return [[seq.token_ids[-1]] * k for seq in seqs]
+
+
+class _Ledger:
+    def __init__(self) -> None:
+        self.admitted: list = []
+
+
+class RemembersEveryone(QueueScheduler):
+    """FCFS that also files every sequence it is given in a ledger (an object it holds), for good."""
+
+    name = "remembers_everyone"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.ledger = _Ledger()
+
+    def add(self, seq) -> None:
+        self.ledger.admitted.append(seq)
+        super().add(seq)
+
+
+class NotesIds(PagedAllocator):
+    """Notes the id of every sequence it allocates for, and never drops the note (free() forgets it)."""
+
+    name = "notes_ids"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen_ids: set[str] = set()
+
+    def allocate_slots(self, seq, n):
+        self.seen_ids.add(seq.id)
+        return super().allocate_slots(seq, n)
+
+
 @dataclasses.dataclass
 class UnboundedConfig:
     max_wait_s: float = 1.0  # promised, then ignored
@@ -149,7 +201,7 @@ class IgnoresItsBound(QueueScheduler):
 class _Broken:
     @hookimpl
     def servelab_register_schedulers(self):
-        return [OverBudget, ExtraSeats, NoDecodeBlocks, IgnoresItsBound, KeepsAbortedWaiting]
+        return [OverBudget, ExtraSeats, NoDecodeBlocks, IgnoresItsBound, KeepsAbortedWaiting, RemembersEveryone]
 
     @hookimpl
     def servelab_register_preemption_policies(self):
@@ -157,11 +209,11 @@ class _Broken:
 
     @hookimpl
     def servelab_register_allocators(self):
-        return [LeakyPaged, LeaksOnAbort]
+        return [LeakyPaged, LeaksOnAbort, NotesIds]
 
     @hookimpl
     def servelab_register_drafters(self):
-        return [OutOfVocab]
+        return [OutOfVocab, CountsProposals]
 
 
 @pytest.fixture(scope="module")
@@ -181,6 +233,9 @@ def registry():
     ("drafter", "out_of_vocab", "drafts"),
     ("scheduler", "keeps_aborted_waiting", "abort"),
     ("allocator", "leaks_on_abort", "abort"),
+    ("drafter", "counts_proposals", "state left behind"),
+    ("scheduler", "remembers_everyone", "state left behind"),
+    ("allocator", "notes_ids", "state left behind"),
 ])
 def test_a_broken_plugin_is_caught_naming_the_contract(registry, kind, name, contract):
     report = check_plugin(kind, name, registry=registry, cases=12, real_model=False, max_failures=1)
@@ -190,6 +245,21 @@ def test_a_broken_plugin_is_caught_naming_the_contract(registry, kind, name, con
     assert "reproduce: seed=" in text and f"{kind}={name}" in text and "Request('r" in text
     scenario = report.failures[0].scenario  # shrunk: requests dropped while the contract still breaks
     assert len(scenario.requests) <= len(make_scenario(scenario.seed, kind, name).requests)
+
+
+@pytest.mark.parametrize("kind, name, attribute", [
+    ("drafter", "counts_proposals", "self.proposals"),
+    ("scheduler", "remembers_everyone", "self.ledger.admitted"),  # one level down, Sequence objects
+    ("allocator", "notes_ids", "self.seen_ids"),
+])
+def test_state_left_behind_names_the_plugin_and_the_attribute(registry, kind, name, attribute):
+    report = check_plugin(kind, name, registry=registry, cases=3, real_model=False, max_failures=1)
+    assert report.contracts_broken == ["state left behind"], str(report)
+    message = report.failures[0].message
+    assert f"{kind} plugin {name!r} still holds ended sequence 'r" in message
+    assert f"in {attribute} (" in message
+    hook = {"drafter": "forget()", "scheduler": "remove()/abort()", "allocator": "free()"}[kind]
+    assert message.endswith(hook)
 
 
 def test_the_real_model_check_catches_a_leak(registry):

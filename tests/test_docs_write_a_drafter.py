@@ -45,3 +45,12 @@ def test_the_pages_drafter_keeps_outputs_and_saves_steps(registry):
 def test_the_pages_drafter_validates_k(registry):
     with pytest.raises(ConfigError, match="drafter.k=0 must be between 1 and 16"):
         build_stack(compose(["model=tiny_code", "drafter=adaptive_repeat", "drafter.k=0"], logger="none"), registry)
+
+
+def test_the_pages_drafter_passes_the_conformance_kit_and_leaves_no_state(registry):
+    """The facts the page states: forget() comes for finished and aborted sequences, never a
+    preemption; the kit's "state left behind" contract runs all three."""
+    from servelab.plugin_api import check_plugin
+
+    report = check_plugin("drafter", "adaptive_repeat", registry=registry, cases=3, real_model=False)
+    assert report.ok, str(report)

@@ -90,6 +90,8 @@ class Engine:
         self.steps: list[StepRecord] = []  # every step's record while ``keep_steps``
         self.keep_steps = True
         self.totals = StepTotals()  # what the summary needs, whether or not the steps are kept
+        # Told of each step's record. A listener whose function has ``reads_step_details = False``
+        # reads only the numbers, so the record's queues, plan entries and scheduler stats stay empty.
         self.step_listeners: list[Callable[[StepRecord], None]] = []
         # Told of each sequence as it ends (finished or rejected). With ``forget_ended`` the engine
         # then drops it (a listener has recorded it): long runs hold only live sequences.
@@ -340,8 +342,9 @@ class Engine:
         # drafts are computed like prompt tokens: the policies' cost model sees them as such
         self.cost_model.observe(StepFeatures(work.prefill_tokens + work.draft_tokens, work.decode_seqs, work.attended),
                                 end - start)
-        # with no reader (a long simulated run keeps only totals) the per-entry fields are skipped
-        detailed = self.keep_steps or self.step_listeners
+        # with no reader (a long simulated run keeps only totals) the per-entry fields are skipped;
+        # a listener marked ``reads_step_details = False`` (the W&B logger's) does not need them
+        detailed = self.keep_steps or any(getattr(f, "reads_step_details", True) for f in self.step_listeners)
         record = StepRecord(
             step=self.totals.num_steps, time_s=end, duration_s=end - start, model_s=model_s,
             num_seqs=work.num_seqs, num_tokens=work.num_tokens, prefill_tokens=work.prefill_tokens,

@@ -13,7 +13,9 @@ or ``servelab check-plugin scheduler=spf`` (exit code 0 only when it passes). Tw
    chunk starting at ``num_computed_tokens``; victims chosen among the candidates offered; the
    KV cache reads back what was written; every valid request finishes (or is rejected because it
    can never fit the pool) and every invalid one is rejected with a reason; no block leaks;
-   tokens equal the default stack's; drafts within ``k`` and the vocabulary; the run ends.
+   tokens equal the default stack's; drafts within ``k`` and the vocabulary; the run ends; once
+   every sequence ended (finished, aborted, preempted on the way) a scheduler, allocator or
+   drafter holds no state for any of them (:mod:`servelab.kit.conformance_state`).
 2. **A real model** (``model=tiny``, random weights): greedy tokens equal the default stack's.
 
 A failure prints the contract, the seed, and the smallest scenario (requests dropped one at a
@@ -33,6 +35,7 @@ from servelab.core.registry import KINDS, Registry, default_registry
 from servelab.core.request import Request
 from servelab.kit.conformance_cases import VOCAB, Scenario, make_scenario
 from servelab.kit.conformance_starvation import promises_bound, starvation_message, starvation_scenario
+from servelab.kit.conformance_state import STATE_KINDS, plugin_of, state_left_behind, state_message, state_scenario
 from servelab.run.config import register_configs
 from servelab.run.runner import run_workload
 
@@ -53,6 +56,8 @@ CONTRACTS = {
     "starvation bound": "a scheduler with a max_wait_s field starts every request within that bound "
                         "(plus the time a seat takes to free up)",
     "progress": f"the run ends (within {MAX_STEPS} steps; no livelock)",
+    "state left behind": "once every sequence ended (finished, aborted, preempted on the way), a scheduler, "
+                         "allocator or drafter keeps no per-sequence state (ids or Sequence objects) for any",
     "plugin raised": "the plugin does not raise",
 }
 REAL_MODEL = ("model=tiny", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=1",
@@ -123,11 +128,16 @@ def check_plugin(kind: str, name: str, registry: Registry | None = None, cases: 
             cases = 0
         for s in range(seed, seed + cases):
             report.cases += 1
-            failure = _check_scenario(make_scenario(s, kind, name), registry, warnings)
+            failure = _check_scenario(make_scenario(s, kind, name), registry, warnings, (kind, name))
             if failure is not None:
-                report.failures.append(_shrink(failure, registry, warnings))
+                report.failures.append(_shrink(failure, registry, warnings, (kind, name)))
                 if len(report.failures) >= max_failures:
                     break
+        if kind in STATE_KINDS and not report.failures and (  # one root cause at a time
+                kind != "drafter" or not _needs_draft_model(registry.get(kind, name))):
+            failure = _check_state_scenario(kind, name, registry)
+            if failure is not None:
+                report.failures.append(failure)
         if kind == "scheduler" and promises_bound(registry.get(kind, name)):
             failure = _check_starvation(name, registry)
             if failure is not None:
@@ -152,6 +162,25 @@ def _check_starvation(name: str, registry: Registry) -> Failure | None:
     return Failure("starvation bound", message) if message else None
 
 
+def _check_state_scenario(kind: str, name: str, registry: Registry) -> Failure | None:
+    """The fixed run of :func:`state_scenario` (finishes, preemptions, a waiting and a running
+    request aborted): afterwards the plugin holds nothing for any of its sequences."""
+    overrides, num_blocks, requests, aborts = state_scenario(kind, name)
+
+    def abort_due(engine, record) -> None:
+        for rid, step in aborts.items():
+            if step <= record.step and rid in engine.sequences:
+                engine.abort(rid)
+
+    try:
+        stack, _ = _run(overrides, num_blocks, 0, requests, registry, checked=True, on_step=abort_due)
+        _check_state(stack, (kind, name))
+    except ContractViolation as exc:
+        return Failure(exc.contract, f"{str(exc).split(': ', 1)[1]} (the kit's fixed run: {' '.join(overrides)}, "
+                       f"{len(requests)} requests, pool of {num_blocks} blocks, {sorted(aborts)} aborted)")
+    return None
+
+
 def _needs_draft_model(drafter_cls) -> bool:
     try:
         return drafter_cls.model_path(drafter_cls.Config(), None) is not None
@@ -160,15 +189,17 @@ def _needs_draft_model(drafter_cls) -> bool:
 
 
 # ---- one scenario ---------------------------------------------------------------------------
-def _check_scenario(scenario: Scenario, registry: Registry, warnings: list[str]) -> Failure | None:
+def _check_scenario(scenario: Scenario, registry: Registry, warnings: list[str],
+                    plugin: tuple[str, str] | None = None) -> Failure | None:
     try:
-        _check_outcome(scenario, registry, warnings)
+        _check_outcome(scenario, registry, warnings, plugin)
     except ContractViolation as exc:
         return Failure(exc.contract, str(exc).split(": ", 1)[1], scenario)
     return None
 
 
-def _check_outcome(scenario: Scenario, registry: Registry, warnings: list[str]) -> None:
+def _check_outcome(scenario: Scenario, registry: Registry, warnings: list[str],
+                   plugin: tuple[str, str] | None = None) -> None:
     del warnings[:]
     stack, result = _run(scenario.overrides, scenario.num_blocks, scenario.num_swap_blocks, scenario.requests,
                          registry, checked=True)
@@ -198,10 +229,24 @@ def _check_outcome(scenario: Scenario, registry: Registry, warnings: list[str]) 
     leaked = result.summary["leaked_blocks"]
     if leaked:
         raise ContractViolation("leaked blocks", f"{leaked} blocks still held after every request ended")
-    _check_aborts(scenario, registry, expected)
+    _check_state(stack, plugin)
+    _check_aborts(scenario, registry, expected, plugin)
 
 
-def _check_aborts(scenario: Scenario, registry: Registry, expected: dict[str, list[int]]) -> None:
+def _check_state(stack, plugin: tuple[str, str] | None) -> None:
+    """The plugin under test keeps nothing for the sequences of a run that has ended."""
+    if plugin is None or plugin[0] not in STATE_KINDS:
+        return
+    kind, name = plugin
+    instance = plugin_of(stack.engine, kind)
+    ended = {seq.id for seq in stack.engine.sequences.values() if seq.is_finished}
+    where = state_left_behind(instance, ended) if instance is not None else None
+    if where is not None:
+        raise ContractViolation("state left behind", state_message(kind, name, where, len(ended)))
+
+
+def _check_aborts(scenario: Scenario, registry: Registry, expected: dict[str, list[int]],
+                  plugin: tuple[str, str] | None = None) -> None:
     """The scenario again, aborting a seeded third of its requests at seeded steps (a server's
     client disconnecting): each aborted one ends as such, no block leaks, the others' tokens hold."""
     rng = random.Random(scenario.seed)
@@ -234,6 +279,7 @@ def _check_aborts(scenario: Scenario, registry: Registry, expected: dict[str, li
     leaked = result.summary["leaked_blocks"]
     if leaked:
         raise ContractViolation("abort", f"{leaked} blocks still held after aborting {sorted(plan)}")
+    _check_state(stack, plugin)
 
 
 def _reference(max_model_len: int, valid: list) -> dict[str, list[int]]:
@@ -332,12 +378,13 @@ def _check_plan(plan, limits, allocator, step: int) -> None:
                                     f"{e.start + e.num_tokens} but holds {slots} KV slots")
 
 
-def _shrink(failure: Failure, registry: Registry, warnings: list[str]) -> Failure:
+def _shrink(failure: Failure, registry: Registry, warnings: list[str],
+            plugin: tuple[str, str] | None = None) -> Failure:
     """Drop requests one at a time while the same contract still breaks: the smallest scenario."""
     for req in list(failure.scenario.requests):
         if len(failure.scenario.requests) == 1:
             break
-        smaller = _check_scenario(failure.scenario.without(req.id), registry, warnings)
+        smaller = _check_scenario(failure.scenario.without(req.id), registry, warnings, plugin)
         if smaller is not None and smaller.contract == failure.contract:
             failure = smaller
     return failure

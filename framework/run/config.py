@@ -257,7 +257,10 @@ class LoggerConfig:
     group: Optional[str] = None
     tags: list[str] = field(default_factory=list)
     log_requests_table: bool = True
-    step_interval: Optional[int] = None  # log every Nth step's series; null = all of the first 1,000, then thinning x10 per decade
+    log_every_steps: int = 100  # the step series: one point per window of N steps (its means, maxima, sums)
+    log_min_interval_s: float = 0.25  # ... and of at least this much wall time (0: exactly N steps)
+    table_max_rows: int = 1000  # the requests table: beyond this many rows, an even sample of them
+    step_interval: Optional[int] = None  # deprecated name of log_every_steps (wins when set)
 
 
 @dataclass

@@ -1,10 +1,17 @@
-"""Run loggers: Weights & Biases (offline by default) or none."""
+"""Run loggers: Weights & Biases (offline by default) or none.
+
+What a W&B run costs stays a small fraction of the run: the step series is sent as one point per
+window of ``logger.log_every_steps`` steps (the window's means, maxima and sums, :class:`StepWindow`),
+and the requests as one table at the end (docs/results.md states the cadence).
+"""
 
 from __future__ import annotations
 
 import logging
+import math
+import time
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -14,9 +21,17 @@ from servelab.engine.engine import StepRecord
 
 log = logging.getLogger(__name__)
 
+# The requests table's columns and their W&B types (declared: inferring them row by row costs
+# seconds on a long trace). The text columns come only from checkpoints with a tokenizer.
+REQUEST_COLUMNS = {"id": str, "prompt_len": int, "output_len": int, "arrival_s": float, "ttft_ms": float,
+                   "tpot_ms": float, "e2e_ms": float, "queue_ms": float, "num_preemptions": int,
+                   "finish_reason": str, "rejected_reason": str, "met_slo": bool}
+TEXT_COLUMNS = {"prompt_text": str, "output_text": str}
+TABLE_ROWS = 1_000  # logger.table_max_rows' default (W&B itself keeps at most 10,000 rows of a logged table)
+
 
 class RunLogger:
-    """No-op base: ``start`` once, ``log_step`` per step, ``finish`` exactly once (even on error)."""
+    """No-op base: ``start`` once, ``attach`` to the engine, ``finish`` exactly once (even on error)."""
 
     def start(self, cfg: DictConfig, output_dir: Path) -> None:
         """Open the run with the resolved config."""
@@ -25,11 +40,103 @@ class RunLogger:
         """Where the run's log goes (the start-up banner shows it)."""
         return "off (logger=none)"
 
-    def log_step(self, record: StepRecord) -> None:
-        """Record per-step series (batch size, tokens, KV utilisation, queue lengths)."""
+    def attach(self, engine) -> None:
+        """Listen to ``engine``'s steps. The base listens to none: ``logger=none`` costs nothing per step."""
 
-    def finish(self, summary: dict, requests: list[dict], exit_code: int = 0) -> None:
-        """Record the summary and the requests table, and close the run."""
+    def log_step(self, record: StepRecord) -> None:
+        """Fold in one step's numbers (batch size, tokens, KV utilisation, ...)."""
+
+    def log_request(self, record: dict) -> None:
+        """One request's record (a line of ``requests.jsonl``) as it ends."""
+
+    def finish(self, summary: dict, requests: Iterable[dict], exit_code: int = 0) -> None:
+        """Record the summary and the requests table (from ``requests`` unless ``log_request`` was told
+        of them), and close the run."""
+
+
+class StepWindow:
+    """The step series at a stated cadence: one point per ``every`` steps, holding the window's means
+    (batch size, tokens, durations, KV utilisation), the KV utilisation's maximum, the sums of preemptions and drafts, the tokens per
+    second of engine time over the window, and the queue lengths at its end.
+
+    A window closes once it holds ``every`` steps and ``min_interval_s`` seconds of wall time have
+    passed since the previous point: a fast run (the simulator, ~0.2 ms a step) sends at most one
+    point per ``min_interval_s``, so the ~0.5-2 ms a ``log`` call costs stays about 1% of the run;
+    ``min_interval_s=0`` makes every window exactly ``every`` steps.
+
+    ``log_step`` folds a step into running sums (no dict is built); a point is built and handed to
+    ``send(data, step)`` only when a window closes, and ``flush`` sends a partial last window.
+    """
+
+    def __init__(self, send: Callable[[dict, int], None], every: int = 100, min_interval_s: float = 0.25,
+                 queue_lengths: Callable[[], dict[str, int]] | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        if every < 1:
+            raise ValueError(f"logger.log_every_steps={every} must be >= 1")
+        if min_interval_s < 0:
+            raise ValueError(f"logger.log_min_interval_s={min_interval_s} must be >= 0")
+        self.send, self.every, self.min_interval_s = send, every, min_interval_s
+        self.queue_lengths, self.clock = queue_lengths, clock
+        self._reset(0.0)
+        self._last = None
+        self._sent_at = -math.inf
+        self.num_points = 0
+
+    def _reset(self, start_s: float) -> None:
+        self.n = 0
+        self.start_s = start_s
+        self.seqs = self.tokens = self.prefill = self.decode = self.preempted = self.drafts = self.accepted = 0
+        self.duration = self.model = self.comm = self.kv = self.kv_max = 0.0
+
+    def log_step(self, r: StepRecord) -> None:
+        if self.n == 0:
+            self.start_s = r.time_s - r.duration_s
+        self.n += 1
+        self.seqs += r.num_seqs
+        self.tokens += r.num_tokens
+        self.prefill += r.prefill_tokens
+        self.decode += r.decode_seqs
+        self.duration += r.duration_s
+        self.model += r.model_s
+        self.comm += r.comm_s
+        kv = r.kv_utilization
+        self.kv += kv
+        if kv > self.kv_max:
+            self.kv_max = kv
+        if r.preempted:
+            self.preempted += len(r.preempted)
+        if r.draft_tokens:
+            self.drafts += r.draft_tokens
+            self.accepted += r.accepted_tokens
+        self._last = r
+        if self.n >= self.every and (not self.min_interval_s
+                                      or self.clock() - self._sent_at >= self.min_interval_s):
+            self.flush()
+
+    # the engine need not fill each record's queues, plan entries and scheduler stats for this reader
+    log_step.reads_step_details = False
+
+    def flush(self) -> None:
+        """Send the open window (if any step is in it) as one point."""
+        r, n = self._last, self.n
+        if r is None or n == 0:
+            return
+        span = r.time_s - self.start_s
+        data = {"step/num_seqs": self.seqs / n, "step/num_tokens": self.tokens / n,
+                "step/prefill_tokens": self.prefill / n, "step/decode_seqs": self.decode / n,
+                "step/duration_ms": self.duration / n * 1e3, "step/model_ms": self.model / n * 1e3,
+                "step/comm_ms": self.comm / n * 1e3, "step/kv_utilization": self.kv / n,
+                "step/kv_utilization_max": self.kv_max, "step/num_preempted": self.preempted,
+                "step/window_steps": n, "tokens_per_s": self.tokens / span if span > 0 else 0.0,
+                "time_s": r.time_s}
+        if self.drafts:
+            data.update({"step/draft_tokens": self.drafts, "step/accepted_tokens": self.accepted})
+        queues = self.queue_lengths() if self.queue_lengths is not None else r.queues
+        data.update({f"queue/{k}": v for k, v in queues.items()})
+        self._reset(r.time_s)
+        self.num_points += 1
+        self.send(data, r.step)
+        self._sent_at = self.clock()
 
 
 class WandbLogger(RunLogger):
@@ -38,6 +145,14 @@ class WandbLogger(RunLogger):
     def __init__(self, cfg: DictConfig) -> None:
         self.cfg = cfg
         self.run = None
+        every = cfg.get("log_every_steps", 100)
+        if cfg.get("step_interval") is not None:  # the older name
+            log.warning("logger.step_interval is deprecated: use logger.log_every_steps (a point per window of "
+                        "that many steps)")
+            every = cfg.step_interval
+        self.window = StepWindow(self._send, every, float(cfg.get("log_min_interval_s", 0.25)))
+        self.log_requests_table = bool(cfg.get("log_requests_table", True))
+        self.sample = RequestSample(int(cfg.get("table_max_rows", TABLE_ROWS)))
 
     def start(self, cfg: DictConfig, output_dir: Path) -> None:
         import wandb  # noqa: PLC0415 - wandb
@@ -56,39 +171,80 @@ class WandbLogger(RunLogger):
             return f"online, {self.run.url}"
         return f"{self.cfg.mode}, {Path(self.run.dir).parent} (wandb sync uploads it)"
 
+    def attach(self, engine) -> None:
+        self.window.queue_lengths = engine.scheduler.queue_lengths  # read once per point, not per step
+        engine.step_listeners.append(self.window.log_step)
+
     def log_step(self, record: StepRecord) -> None:
-        if self.run is None or not _should_log(record.step, self.cfg.get("step_interval")):
-            return
-        data = {"step/num_seqs": record.num_seqs, "step/num_tokens": record.num_tokens,
-                "step/prefill_tokens": record.prefill_tokens, "step/decode_seqs": record.decode_seqs,
-                "step/duration_ms": record.duration_s * 1e3, "step/model_ms": record.model_s * 1e3,
-                "step/comm_ms": record.comm_s * 1e3, "step/kv_utilization": record.kv_utilization,
-                "step/num_preempted": len(record.preempted), "time_s": record.time_s}
-        if record.draft_tokens:
-            data.update({"step/draft_tokens": record.draft_tokens, "step/accepted_tokens": record.accepted_tokens})
-        data.update({f"queue/{k}": v for k, v in record.queues.items()})
-        self.run.log(data, step=record.step)
+        self.window.log_step(record)
+
+    def log_request(self, record: dict) -> None:
+        if self.log_requests_table:
+            self.sample.add(record)
+
+    def _send(self, data: dict, step: int) -> None:
+        if self.run is not None:
+            self.run.log(data, step=step)
 
     def finish(self, summary: dict, requests: Iterable[dict], exit_code: int = 0) -> None:
         if self.run is None:
             return
-        import wandb  # noqa: PLC0415 - wandb
-
         try:
+            self.window.flush()
             self.run.summary.update(_flatten(summary))
-            if self.cfg.log_requests_table:
-                cols = ["id", "prompt_len", "output_len", "arrival_s", "ttft_ms", "tpot_ms", "e2e_ms", "queue_ms",
-                        "num_preemptions", "finish_reason", "rejected_reason", "met_slo"]
-                rows, text_cols = [], None
-                for r in requests:  # any iterable of records
-                    if text_cols is None:  # checkpoints with a tokenizer: the text too
-                        text_cols = [c for c in ("prompt_text", "output_text") if c in r]
-                    rows.append([r.get(c) for c in cols + text_cols])
-                if rows:
-                    self.run.log({"requests": wandb.Table(columns=cols + text_cols, data=rows)})
+            if self.log_requests_table:
+                if not self.sample.seen:  # not told of each request as it ended: read them now
+                    for rec in requests:
+                        self.sample.add(rec)
+                table = self.sample.table()
+                if table is not None:
+                    self.run.log({"requests": table})
         finally:
             self.run.finish(exit_code=exit_code)
             self.run = None
+
+
+class RequestSample:
+    """An even sample of at most ``max_rows`` request records, in the order they come, kept as they
+    come: every record while there is room, then every 2nd, 4th, ... (the rows kept so far are thinned
+    to match), so it never holds more than ``max_rows`` rows however long the run."""
+
+    def __init__(self, max_rows: int = TABLE_ROWS) -> None:
+        if max_rows < 1:
+            raise ValueError(f"logger.table_max_rows={max_rows} must be >= 1")
+        self.max_rows, self.stride, self.seen = max_rows, 1, 0
+        self.columns: list[str] | None = None
+        self.rows: list[list] = []
+
+    def add(self, rec: dict) -> None:
+        if self.seen % self.stride == 0:
+            if self.columns is None:  # checkpoints with a tokenizer: the text too
+                self.columns = list(REQUEST_COLUMNS) + [c for c in TEXT_COLUMNS if c in rec]
+            self.rows.append([rec.get(c) for c in self.columns])
+            if len(self.rows) > self.max_rows:
+                self.rows = self.rows[::2]
+                self.stride *= 2
+        self.seen += 1
+
+    def table(self):
+        """The ``requests`` W&B table (None without rows). The column types are declared, not inferred
+        row by row (which costs seconds on a long trace)."""
+        if not self.rows:
+            return None
+        import wandb  # noqa: PLC0415 - wandb
+
+        types = {**REQUEST_COLUMNS, **TEXT_COLUMNS}
+        table = wandb.Table(columns=self.columns, dtype=[types[c] for c in self.columns], optional=True)
+        table.data = self.rows
+        return table
+
+
+def requests_table(requests: Iterable[dict], max_rows: int = TABLE_ROWS):
+    """The ``requests`` table of ``requests`` (any iterable of records): see :class:`RequestSample`."""
+    sample = RequestSample(max_rows)
+    for rec in requests:
+        sample.add(rec)
+    return sample.table()
 
 
 def sweep_group() -> str | None:
@@ -98,17 +254,6 @@ def sweep_group() -> str | None:
     except ValueError:  # not under Hydra (the Python API)
         return None
     return str(hydra_cfg.sweep.dir) if hydra_cfg.mode == RunMode.MULTIRUN else None
-
-
-def _should_log(step: int, interval: int | None) -> bool:
-    """Every ``interval``-th step; ``None`` thins long runs: every step up to 1,000, every 10th up to
-    10,000, every 100th up to 100,000, ... (a simulated trace has hundreds of thousands of steps)."""
-    if interval:
-        return step % interval == 0
-    every = 1
-    while step >= 1000 * every:
-        every *= 10
-    return step % every == 0
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from servelab.engine.engine import Engine, StepRecord
-from servelab.run.loggers import RunLogger, make_logger
+from servelab.run.loggers import make_logger
 from servelab.run.metrics import RequestStats, request_record, summarize
 from servelab.run.preflight import check_requests
 from servelab.core.request import Request
@@ -82,6 +82,7 @@ class RequestWriter:
     def __init__(self, path: Path, engine: Engine, time_scale: float, decorate=None) -> None:
         self.path, self.engine, self.time_scale, self.decorate = path, engine, time_scale, decorate
         self.stats = RequestStats()
+        self.record_listeners: list = []  # told of each record as it is written (the logger's table)
         self._fh = path.open("w")
 
     def on_end(self, seq) -> None:
@@ -93,6 +94,8 @@ class RequestWriter:
         if self.decorate is not None:
             self.decorate(rec, seq)
         self.stats.add(rec)
+        for listener in self.record_listeners:
+            listener(rec)
         self._fh.write(json.dumps(rec) + "\n")
 
     def close(self) -> None:
@@ -195,10 +198,10 @@ def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | N
         from servelab.run.banner import print_banner  # noqa: PLC0415 - rich
 
         print_banner(cfg, stack, output_dir, logger.where())
-    if type(logger).log_step is not RunLogger.log_step:  # logger=none reads no steps
-        engine.step_listeners.append(logger.log_step)
+    logger.attach(engine)  # logger=none reads no steps
     writer = RequestWriter(output_dir / "requests.jsonl", engine, cfg.workload.time_scale,
                            decorate=decorate)
+    writer.record_listeners.append(logger.log_request)
     engine.end_listeners.append(writer.on_end)
     engine.forget_ended = True  # each ended request is on disk: memory holds only live ones
     status, exit_code = "completed", 0

@@ -131,9 +131,9 @@ def _output_dir(path: str | None) -> Path:
 
 def _record(engine, logger: RunLogger, metrics, text, output_dir: Path) -> RequestWriter:
     """Hook the logger, the ``requests.jsonl`` writer and the metrics onto the engine; the writer."""
-    if type(logger).log_step is not RunLogger.log_step:
-        engine.step_listeners.append(logger.log_step)
+    logger.attach(engine)
     writer = RequestWriter(output_dir / "requests.jsonl", engine, 1.0, decorate=text_decorator(text))
+    writer.record_listeners.append(logger.log_request)
     engine.end_listeners += [writer.on_end, metrics.on_end]
     engine.forget_ended = True  # a long-running server holds only live requests
     return writer
