@@ -38,6 +38,8 @@ cmd=${1:-run}
 shift || true
 case "$cmd" in
   run) exec "$VENV/bin/python" run.py "$@" ;;
-  test) exec "$VENV/bin/pytest" "$@" ;;
+  # one pytest-xdist worker per core (work stealing: the slow tests do not queue behind one another);
+  # SERVELAB_TEST_WORKERS=0 runs in this process, "-n N" in the arguments overrides it
+  test) exec "$VENV/bin/pytest" -n "${SERVELAB_TEST_WORKERS:-auto}" --dist worksteal "$@" ;;
   *) echo "usage: bash scripts/dev.sh run|test [args...]" >&2; exit 2 ;;
 esac
