@@ -62,7 +62,7 @@ def held_out(x, y):
     keep[::2] = True
     keep[-1] = True
     c = Curve(x[keep], y[keep])
-    return x[~keep], y[~keep], c._eval(x[~keep])
+    return x[~keep], y[~keep], c.at(x[~keep])
 
 
 def stats(rel: list[np.ndarray]) -> tuple[float, float, int]:

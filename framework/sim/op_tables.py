@@ -106,6 +106,10 @@ class Curve:
     def __call__(self, x: float) -> float:
         return float(self._eval(np.array([x], dtype=float))[0])
 
+    def at(self, x) -> np.ndarray:
+        """The curve at every value of the array ``x`` (vectorised :meth:`__call__`)."""
+        return self._eval(np.asarray(x, dtype=float))
+
     def dense(self, upto: int) -> np.ndarray:
         """The value at every integer 0..``upto`` (index = x; [0] = 0): an O(1) lookup table."""
         if upto < 0:

@@ -14,9 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from servelab.core.interfaces import TimeModel, TimeModelContext
+from servelab.core.interfaces import TimeModelContext
 from servelab.sim.gpu_ops import CALIBRATION_FILE, Calibration, GpuOps
 from servelab.sim.step_pricer import StepPricer
+
+from .priced import PricedTime
 
 
 @dataclass
@@ -26,7 +28,7 @@ class CalibratedRooflineConfig:
     activation_dtype_bytes: float = 2.0
 
 
-class CalibratedRooflineTime(TimeModel):
+class CalibratedRooflineTime(PricedTime):
     name = "calibrated_roofline"
     Config = CalibratedRooflineConfig
 
@@ -36,25 +38,12 @@ class CalibratedRooflineTime(TimeModel):
         ops = GpuOps(context.hardware, self.calibration)
         s, tp, act = context.shape, context.tensor_parallel_size, config.activation_dtype_bytes
         weight = context.linear_weight_bytes or context.weight_dtype_bytes
-        self.pricer = StepPricer(
+        pricer = StepPricer(
             context, ops, act_bytes=act,
             layer=lambda m: ops.layer(m, s, tp, act, weight),
             allreduce=lambda b: ops.allreduce(b, tp),
             host=ops.host if config.host else (lambda m: 0.0 * m))
-        self.predict = self.pricer.predict  # the hot path: no extra call per simulated step
-        self.draft_pricer = self.pricer.draft_pricer(context)
-
-    def predict_draft(self, draft) -> float:
-        return self.draft_pricer.predict(draft)
-
-    def predict(self, work) -> float:  # replaced per instance by the pricer's (see __init__)
-        return self.pricer.predict(work)
-
-    def breakdown(self, work) -> dict[str, float]:
-        return self.pricer.breakdown(work)
-
-    def swap_bytes_per_s(self) -> float:
-        return self.context.hardware.host_link_gb_s * 1e9
+        self.use(pricer, pricer.draft_pricer(context))
 
     def describe(self) -> dict:
         hw = self.context.hardware

@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from typing import Optional
 
 from servelab.core.errors import ConfigError
-from servelab.core.interfaces import TimeModel, TimeModelContext
+from servelab.core.interfaces import TimeModelContext
 from servelab.sim.gpu_ops import CALIBRATION_FILE, Calibration, GpuOps
 from servelab.sim.op_tables import describe_available, find_op_tables, load_op_tables
 from servelab.sim.step_pricer import StepPricer
+
+from .priced import PricedTime
 
 
 @dataclass
@@ -44,7 +46,7 @@ def _tables_unusable(context: TimeModelContext) -> str | None:
     return None
 
 
-class OpProfileTime(TimeModel):
+class OpProfileTime(PricedTime):
     name = "op_profile"
     Config = OpProfileConfig
 
@@ -74,28 +76,15 @@ class OpProfileTime(TimeModel):
                         else "calibrated roofline (no all-reduce table for this TP)",
                         "host": ("op tables (host)" if host is not None else "calibrated roofline") if config.host
                         else "not priced"}
-        host_fn = (host._eval if host is not None else ops.host) if config.host else (lambda m: 0.0 * m)
-        self.pricer = StepPricer(
-            context, ops, act_bytes=act, layer=layer._eval,
-            allreduce=allreduce._eval if allreduce is not None else (lambda b: ops.allreduce(b, tp)),
+        host_fn = (host.at if host is not None else ops.host) if config.host else (lambda m: 0.0 * m)
+        pricer = StepPricer(
+            context, ops, act_bytes=act, layer=layer.at,
+            allreduce=allreduce.at if allreduce is not None else (lambda b: ops.allreduce(b, tp)),
             host=host_fn)
-        self.predict = self.pricer.predict  # the hot path: no extra call per simulated step
         draft_tables = (find_op_tables(context.hardware.name, context.draft_shape, 1, context.dtype)
                         if context.draft_shape is not None else None)
-        self.draft_pricer = self.pricer.draft_pricer(
-            context, layer=draft_tables.layer_curve(1)._eval if draft_tables is not None else None)
-
-    def predict_draft(self, draft) -> float:
-        return self.draft_pricer.predict(draft)
-
-    def predict(self, work) -> float:  # replaced per instance by the pricer's (see __init__)
-        return self.pricer.predict(work)
-
-    def breakdown(self, work) -> dict[str, float]:
-        return self.pricer.breakdown(work)
-
-    def swap_bytes_per_s(self) -> float:
-        return self.context.hardware.host_link_gb_s * 1e9
+        self.use(pricer, pricer.draft_pricer(
+            context, layer=draft_tables.layer_curve(1).at if draft_tables is not None else None))
 
     def describe(self) -> dict:
         return {"name": self.name, "hardware": self.context.hardware.name, "tables": self.tables.describe(),

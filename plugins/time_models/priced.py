@@ -1,0 +1,31 @@
+"""The base of the time models that price a step through :class:`servelab.sim.step_pricer.StepPricer`
+(``op_profile``, ``calibrated_roofline``): what they share once each has built its pricers."""
+
+from __future__ import annotations
+
+from servelab.core.interfaces import TimeModel
+from servelab.sim.step_pricer import DraftPricer, StepPricer
+
+
+class PricedTime(TimeModel):
+    """A time model whose steps and drafts are priced by a :class:`StepPricer` / :class:`DraftPricer`."""
+
+    pricer: StepPricer
+    draft_pricer: DraftPricer
+
+    def use(self, pricer: StepPricer, draft_pricer: DraftPricer) -> None:
+        self.pricer, self.draft_pricer = pricer, draft_pricer
+        self.predict = pricer.predict  # the hot path: no extra call per simulated step
+
+    def predict(self, work) -> float:  # replaced per instance by the pricer's (see use())
+        return self.pricer.predict(work)
+
+    def predict_draft(self, draft) -> float:
+        return self.draft_pricer.predict(draft)
+
+    def breakdown(self, work) -> dict[str, float]:
+        """Seconds per component of the step (layers, attention, communication, lm_head, host, swap, copy)."""
+        return self.pricer.breakdown(work)
+
+    def swap_bytes_per_s(self) -> float:
+        return self.context.hardware.host_link_gb_s * 1e9
