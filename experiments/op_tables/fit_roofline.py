@@ -117,7 +117,7 @@ def _torch_fit(points: list[dict], hw: dict, kind: str, init: dict, steps: int =
         return loss
 
     opt.step(closure)
-    return {k: float(v) for k, v in coefs().items()}
+    return {k: float(v.detach()) for k, v in coefs().items()}
 
 
 def fit(train: str) -> Calibration:
