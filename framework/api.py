@@ -102,8 +102,9 @@ class LLM:
                     arrival_time: float = 0.0, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                     seed: int | None = None, ignore_eos: bool | None = None, priority: int = 0,
                     ttft_slo_ms: float | None = None, tpot_slo_ms: float | None = None,
-                    cache_salt: str | None = None) -> str:
+                    cache_salt: str | None = None, client_id: str | None = None) -> str:
         """Add one request now (it is rejected, with a reason in its result, if it can never run).
+        ``client_id``: who sent it (``scheduler=vtc`` shares service between clients).
 
         ``prompt`` is token ids, or a string tokenized with the checkpoint's tokenizer. Token ids
         ignore EOS unless ``ignore_eos=False``; a string stops at EOS unless ``ignore_eos=True``."""
@@ -117,7 +118,7 @@ class LLM:
             ignore_eos = True if ignore_eos is None else ignore_eos
         self.engine.add_request(Request(rid, tuple(prompt_token_ids), max_tokens, arrival_time,
                                         SamplingParams(temperature, top_p, top_k, seed), ignore_eos, priority,
-                                        ttft_slo_ms, tpot_slo_ms, cache_salt))
+                                        ttft_slo_ms, tpot_slo_ms, cache_salt, client_id))
         return rid
 
     def step(self):

@@ -29,6 +29,9 @@ class Request:
     ``tpot_slo_ms`` are per-request targets (``None`` = use the run's defaults). Requests share
     prefix-cache blocks only when their ``cache_salt`` is equal (``None``: the unsalted pool), so
     tenants with different salts cannot probe each other's prompts through cache-hit timing.
+    ``client_id`` says who sent it: fair-sharing schedulers (``scheduler=vtc``) share service
+    between clients, and the run's fairness figures (``service_by_client``, ``max_service_gap_tokens``,
+    ``jain_fairness_index``) compare them; ``None`` = the one anonymous client.
     """
 
     id: str
@@ -41,6 +44,7 @@ class Request:
     ttft_slo_ms: float | None = None
     tpot_slo_ms: float | None = None
     cache_salt: str | None = None
+    client_id: str | None = None  # who sent it; None: the anonymous client
 
     @functools.cached_property  # read per running sequence per step by schedulers
     def prompt_len(self) -> int:
@@ -105,6 +109,7 @@ class Sequence:
     num_verify_steps: int = 0
     drafted_by_position: list[int] = field(default_factory=list)  # [i]: verify steps with a draft at position i
     accepted_by_position: list[int] = field(default_factory=list)  # [i]: of which kept
+    predicted_output_len: float | None = None  # the length predictor's answer, once asked (Scheduler.predicted_output_len)
     _token_ids: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:

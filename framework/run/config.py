@@ -108,6 +108,23 @@ class LengthConfig:
 
 
 @dataclass
+class ClientConfig:
+    """One entry of ``workload.clients`` (``servelab.workloads.clients``): who sends a request.
+
+    ``share``: the client's part of the requests (each request's client is drawn with probability
+    share / sum of shares); ``rate``: its own Poisson stream (requests/s; Poisson arrivals only, not
+    traces). Every client gives a share, or every client gives a rate, or none gives either (equal
+    shares). ``prompt_len`` / ``output_len`` (``workload=synthetic`` only) replace the workload's
+    lengths for this client's requests (a flooding client with long outputs, say)."""
+
+    id: str = ""
+    share: Optional[float] = None
+    rate: Optional[float] = None
+    prompt_len: Optional[LengthConfig] = None
+    output_len: Optional[LengthConfig] = None
+
+
+@dataclass
 class SyntheticWorkload:
     name: str = "synthetic"
     num_requests: int = 256
@@ -117,6 +134,7 @@ class SyntheticWorkload:
     output_len: LengthConfig = field(default_factory=lambda: LengthConfig(LengthDist.uniform, 8, 128))
     seed: int = "${seed}"  # type: ignore[assignment]
     time_scale: float = 1.0
+    clients: Optional[list[ClientConfig]] = None  # null = no clients (every request anonymous)
 
 
 @dataclass
@@ -124,7 +142,7 @@ class JsonlWorkload:
     """One JSON object per line: ``prompt`` (text, tokenized with the checkpoint's tokenizer),
     ``prompt_token_ids`` or ``prompt_len``, ``max_tokens``, optional
     ``arrival_time`` (s), ``id``, ``priority``, ``ttft_slo_ms``, ``tpot_slo_ms``, ``ignore_eos``,
-    ``temperature``/``top_p``/``top_k``/``seed``."""
+    ``temperature``/``top_p``/``top_k``/``seed``, ``cache_salt``, ``client_id`` (a string)."""
 
     name: str = "jsonl"
     path: str = MISSING
@@ -146,6 +164,7 @@ class TextRequestsConfig:
     top_k: int = 0
     seed: int = "${seed}"  # type: ignore[assignment]
     time_scale: float = 1.0
+    clients: Optional[list[ClientConfig]] = None  # null = no clients (every request anonymous)
 
 
 @dataclass
@@ -191,6 +210,7 @@ class TraceWorkload:
     rate: float = 4.0  # Poisson arrivals for traces without timestamps (req/s)
     seed: int = "${seed}"  # type: ignore[assignment]
     time_scale: float = 1.0
+    clients: Optional[list[ClientConfig]] = None  # shares only: a trace keeps its arrival times
 
 
 @dataclass
@@ -213,6 +233,7 @@ class HashIdsWorkload:
     min_output_len: int = 1
     seed: int = "${seed}"  # type: ignore[assignment]
     time_scale: float = 1.0
+    clients: Optional[list[ClientConfig]] = None  # shares only: a trace keeps its arrival times
 
 
 @dataclass
@@ -270,6 +291,15 @@ class SLOConfig:
 
 
 @dataclass
+class FairnessConfig:
+    """The weights of a client's service in the fairness figures (docs/metrics.md): service =
+    ``input_weight`` x prompt tokens + ``output_weight`` x output tokens (VTC's w_p = 1, w_q = 2)."""
+
+    input_weight: float = 1.0
+    output_weight: float = 2.0
+
+
+@dataclass
 class DebugConfig:
     log_steps: bool = False  # write steps.jsonl (per-step decisions)
 
@@ -317,6 +347,7 @@ class ServelabConfig:
     preemption: Any = MISSING
     drafter: Any = MISSING
     time_model: Any = MISSING
+    length_predictor: Any = MISSING
     hardware: HardwareConfig = MISSING
     model: ModelConfig = MISSING
     workload: Any = MISSING
@@ -334,6 +365,7 @@ class ServelabConfig:
     tensor_parallel_size: int = 1
     clock: Clock = Clock.auto
     slo: SLOConfig = field(default_factory=SLOConfig)
+    fairness: FairnessConfig = field(default_factory=FairnessConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     eval_ppl: EvalPPLConfig = field(default_factory=EvalPPLConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)

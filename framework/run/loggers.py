@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 # seconds on a long trace). The text columns come only from checkpoints with a tokenizer.
 REQUEST_COLUMNS = {"id": str, "prompt_len": int, "output_len": int, "arrival_s": float, "ttft_ms": float,
                    "tpot_ms": float, "e2e_ms": float, "queue_ms": float, "num_preemptions": int,
-                   "finish_reason": str, "rejected_reason": str, "met_slo": bool}
+                   "finish_reason": str, "rejected_reason": str, "met_slo": bool,
+                   "client_id": str}
 TEXT_COLUMNS = {"prompt_text": str, "output_text": str}
 TABLE_ROWS = 1_000  # logger.table_max_rows' default (W&B itself keeps at most 10,000 rows of a logged table)
 

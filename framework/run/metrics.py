@@ -10,6 +10,7 @@ request has one (a 1.0 there would read as "every SLO met"). Every key is docume
 
 from __future__ import annotations
 
+import itertools
 import re
 from array import array
 from typing import Iterable
@@ -18,6 +19,7 @@ import numpy as np
 
 from servelab.core.request import Sequence, Status
 from servelab.engine.step_totals import StepTotals
+from servelab.run.fairness import DEFAULT_WEIGHTS, ServiceLog, fairness_figures
 
 
 def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
@@ -33,6 +35,7 @@ def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
         "output_token_ids": list(seq.output_token_ids),
         "arrival_s": arrival,
         "priority": req.priority,
+        "client_id": req.client_id,
         "num_preemptions": seq.num_preemptions,
         "num_cached_prompt_tokens": seq.num_cached_prompt_tokens,
         "num_draft_tokens": seq.num_draft_tokens,
@@ -93,7 +96,7 @@ def stats(values: Iterable[float]) -> dict[str, float | None]:
 class RequestStats:
     """Folds request records (``requests.jsonl`` lines) into what the summary needs, so a run can
     write each record as its request ends and keep only numbers (memory stays flat in the number
-    of requests)."""
+    of requests; the fairness figures keep one float per output token, as ``itl`` does)."""
 
     def __init__(self) -> None:
         self.num_requests = self.num_finished = self.num_rejected = self.num_aborted = 0
@@ -105,9 +108,12 @@ class RequestStats:
         self.draft_tokens = self.accepted_tokens = self.verify_steps = 0
         self.drafted_by_position: list[int] = []  # [i]: verify steps that had a draft at position i
         self.accepted_by_position: list[int] = []  # [i]: of which kept it
+        self.service = ServiceLog()  # per-client service over time: the fairness figures
 
-    def add(self, rec: dict) -> None:
+    def add(self, rec: dict, seq: Sequence | None = None) -> None:
+        """Fold one record in; its sequence, when there is one, gives the fairness figures exact times."""
         self.num_requests += 1
+        self.service.add_record(rec, seq)
         self.output_tokens += rec["output_len"]
         self._add_speculation(rec)
         if rec["rejected_reason"] is not None:
@@ -174,16 +180,18 @@ class RequestStats:
         }
 
     @classmethod
-    def of(cls, records) -> "RequestStats":
+    def of(cls, records, seqs=None) -> "RequestStats":
+        """The stats of ``records`` (with ``seqs``, their sequences in the same order)."""
         stats = cls()
-        for rec in records:
-            stats.add(rec)
+        for rec, seq in zip(records, seqs if seqs is not None else itertools.repeat(None)):
+            stats.add(rec, seq)
         return stats
 
 
 def summarize(requests: RequestStats, totals: StepTotals, duration_s: float, leaked_blocks: int,
-              extra: dict | None = None) -> dict:
-    """``summary.json``: throughput, latency percentiles, SLO attainment, KV use, preemptions."""
+              extra: dict | None = None, fairness_weights: tuple[float, float] = DEFAULT_WEIGHTS) -> dict:
+    """``summary.json``: throughput, latency percentiles, SLO attainment, KV use, preemptions, and
+    fairness between clients (service weighted by ``fairness_weights``: input, output)."""
     r = requests
     duration = max(duration_s, 1e-9)
     preemptions = dict(totals.preemptions)
@@ -218,6 +226,7 @@ def summarize(requests: RequestStats, totals: StepTotals, duration_s: float, lea
         "rejections": {kind: {"count": n, "example_id": rid, "example_reason": reason} for kind, (n, rid, reason)
                        in sorted(r.rejections.items(), key=lambda kv: -kv[1][0])},
         **r.speculation(),
+        **fairness_figures(r.service, *fairness_weights),
     }
     summary.update(extra or {})
     return summary

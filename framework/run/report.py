@@ -34,10 +34,26 @@ def print_summary(summary: dict, output_dir: str, console: Console | None = None
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         s = summary.get(key) or {}
         table.add_row(f"{key} mean / p50 / p99", " / ".join(_fmt(s.get(k)) for k in ("mean", "p50", "p99")))
+    _fairness_rows(table, summary)
     console.print(table)
     print_rejections(summary, console)
     # plain print: a path rich wraps over two lines cannot be copied
     print(f"results: {output_dir}/requests.jsonl, summary.json", flush=True)
+
+
+def _fairness_rows(table: Table, summary: dict, max_clients: int = 8) -> None:
+    """The fairness figures, when the run had two or more clients (a server may have thousands:
+    the first ``max_clients`` by id, then a count)."""
+    by_client = summary.get("service_by_client")
+    if not by_client:
+        return
+    for key in ("max_service_gap_tokens", "jain_fairness_index"):
+        table.add_row(key, _fmt(summary.get(key)))
+    for client, service in list(by_client.items())[:max_clients]:
+        # Text: a client id is whatever a user sent, never rich markup
+        table.add_row(Text(f"service_by_client.{client or '(anonymous)'}"), _fmt(service))
+    if len(by_client) > max_clients:
+        table.add_row("service_by_client", f"... {len(by_client) - max_clients} more clients (summary.json)")
 
 
 def print_rejections(summary: dict, console: Console | None = None) -> None:

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from servelab.engine.engine import Engine, StepRecord
+from servelab.run.fairness import DEFAULT_WEIGHTS, config_weights
 from servelab.run.loggers import make_logger
 from servelab.run.metrics import RequestStats, request_record, summarize
 from servelab.run.preflight import check_requests
@@ -93,7 +94,7 @@ class RequestWriter:
         rec = request_record(seq, self.time_scale, limits.ttft_slo_ms, limits.tpot_slo_ms)
         if self.decorate is not None:
             self.decorate(rec, seq)
-        self.stats.add(rec)
+        self.stats.add(rec, seq)
         for listener in self.record_listeners:
             listener(rec)
         self._fh.write(json.dumps(rec) + "\n")
@@ -107,14 +108,16 @@ class RequestWriter:
 
 
 def collect_results(engine: Engine, time_scale: float, status: str = "completed", extra: dict | None = None,
-                    writer: RequestWriter | None = None) -> RunResult:
+                    writer: RequestWriter | None = None,
+                    fairness_weights: tuple[float, float] = DEFAULT_WEIGHTS) -> RunResult:
     """Turn the engine's sequences and steps into a :class:`RunResult` (partial runs included);
-    with ``writer``, the records are the ones it streamed to its file."""
+    with ``writer``, the records are the ones it streamed to its file. ``fairness_weights``:
+    ``(fairness.input_weight, fairness.output_weight)``."""
     limits = engine.limits
     if writer is None:
-        records = [request_record(s, time_scale, limits.ttft_slo_ms, limits.tpot_slo_ms)
-                   for s in engine.sequences.values()]
-        requests = RequestStats.of(records)
+        seqs = list(engine.sequences.values())
+        records = [request_record(s, time_scale, limits.ttft_slo_ms, limits.tpot_slo_ms) for s in seqs]
+        requests = RequestStats.of(records, seqs)
     else:
         writer.close()
         records, requests = None, writer.stats
@@ -137,7 +140,7 @@ def collect_results(engine: Engine, time_scale: float, status: str = "completed"
         "model_time_s": totals.model_s,
         "comm_time_s": totals.comm_s,
         **(extra or {}),
-    })
+    }, fairness_weights)
     return RunResult(records, summary, engine.steps, writer.path if writer else None)
 
 
@@ -186,6 +189,7 @@ def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | N
                   banner: bool = False) -> RunResult:
     engine = stack.engine
     engine.keep_steps = bool(cfg.debug.log_steps)  # long runs: the summary comes from engine.totals
+    weights = config_weights(cfg)  # checked before the run, used at its end
     text = checkpoint_text(cfg)  # the checkpoint's tokenizer: text prompts in, output_text out
     if requests is None:
         requests = build_requests(cfg.workload, stack.executor.spec.vocab_size, stack.limits.max_model_len, text)
@@ -222,7 +226,7 @@ def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | N
         result = collect_results(engine, cfg.workload.time_scale, status,
                                  {"tensor_parallel_size": cfg.tensor_parallel_size, **stack.describe_time(),
                                   **(stack.executor.summary() if hasattr(stack.executor, "summary") else {})},
-                                 writer=writer)
+                                 writer=writer, fairness_weights=weights)
         result.write(output_dir, cfg.debug.log_steps)
         OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
         logger.finish(result.summary, result.iter_requests(), exit_code)

@@ -270,7 +270,8 @@ def _submission(state: ServeState, body, ids: list[int], max_tokens: Optional[in
     sampling = SamplingParams(1.0 if body.temperature is None else float(body.temperature),
                               1.0 if body.top_p is None else float(body.top_p), top_k, body.seed)
     request = Request(f"{prefix}-{uuid.uuid4().hex}", tuple(ids), max_tokens, arrival, sampling, body.ignore_eos,
-                      body.priority, body.ttft_slo_ms, body.tpot_slo_ms, body.cache_salt)
+                      body.priority, body.ttft_slo_ms, body.tpot_slo_ms, body.cache_salt,
+                      client_id=body.user or None)  # OpenAI's end-user id: who fair sharing shares between
     reason = state.loop.engine.rejection_reason(request)  # e.g. larger than the whole KV pool
     if reason:
         raise HTTPError(400, f"{param}: the request can never run here: {reason}", param)

@@ -24,6 +24,7 @@ from servelab.api import command_output_dir, compose_with_run_dir
 from servelab.core.errors import ConfigError
 from servelab.run.loggers import RunLogger, make_logger
 from servelab.run.session import RequestWriter, collect_results
+from servelab.run.fairness import config_weights
 from servelab.run.stack import Stack, build_stack
 from servelab.serve.engine_thread import EngineLoop
 from servelab.workloads.text import checkpoint_text, text_decorator
@@ -63,6 +64,7 @@ def compose_serve_config(argv: list[str]) -> DictConfig:
 
 
 def check_serve_config(cfg: DictConfig) -> None:
+    config_weights(cfg)  # fairness.* are used at the end: refuse bad ones before serving
     clock = getattr(cfg.clock, "value", cfg.clock)
     if cfg.backend.name == "sim" or clock == "virtual":
         raise ConfigError("servelab serve answers real clients in real time: it needs the wall clock and a model "
@@ -173,7 +175,7 @@ def _write_results(cfg: DictConfig, stack: Stack, writer: RequestWriter | None, 
     """The batch run's result files and the logger's finish, then one line on stderr."""
     result = collect_results(stack.engine, 1.0, status, {"tensor_parallel_size": cfg.tensor_parallel_size,
                                                          **stack.describe_time()},
-                             writer=writer)
+                             writer=writer, fairness_weights=config_weights(cfg))
     result.write(output_dir, cfg.debug.log_steps)
     OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
     logger.finish(result.summary, result.iter_requests(), code)

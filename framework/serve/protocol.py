@@ -5,7 +5,8 @@ range are refused with a 400 whose message names the field. OpenAI fields that s
 implement are accepted only at their neutral value (``n=1``, ``logprobs`` null, penalties 0...).
 servelab's extensions ride as extra body fields (``extra_body=`` in the ``openai`` client):
 ``priority``, ``ttft_slo_ms``, ``tpot_slo_ms``, ``cache_salt``, ``ignore_eos``, ``top_k``,
-``return_token_ids``.
+``return_token_ids``. OpenAI's ``user`` (the end user's id) becomes the request's ``client_id``
+(fair-sharing schedulers, the fairness figures; empty = none).
 """
 
 from __future__ import annotations
@@ -46,9 +47,9 @@ class _Common(BaseModel):
     tpot_slo_ms: Optional[Number] = Field(None, gt=0)
     cache_salt: Optional[StrictStr] = None
     return_token_ids: StrictBool = False
+    user: Optional[StrictStr] = None  # OpenAI's end-user id: the request's client_id
     # OpenAI fields accepted at their neutral value only (checked by neutral_fields_error)
     n: StrictInt = 1
-    user: Optional[StrictStr] = None
     presence_penalty: Optional[Number] = 0
     frequency_penalty: Optional[Number] = 0
     logit_bias: Optional[dict] = None

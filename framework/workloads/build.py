@@ -20,6 +20,8 @@ import numpy as np
 from servelab.core.errors import ServelabError, WorkloadError  # WorkloadError: also importable from here, as before
 from servelab.core.packaged import trace_path
 from servelab.core.request import Request, SamplingParams
+from servelab.workloads.clients import (client_ids, client_rng, draw_clients, parse_clients,
+                                        rates_unless_all_at_once, summed_rate)
 from servelab.workloads.hash_ids import hash_ids_requests
 from servelab.workloads.text import CheckpointText
 from servelab.workloads.text_prompts import corpus_requests, prompts_requests
@@ -69,30 +71,64 @@ def _token_objects(vocab_size: int) -> np.ndarray:
 
 
 def synthetic_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
-    """N requests with seeded random prompts; Poisson or all-at-once arrivals. They ignore EOS."""
+    """N requests with seeded random prompts; Poisson or all-at-once arrivals. They ignore EOS.
+
+    With ``workload.clients`` each request also gets a client (``servelab.workloads.clients``);
+    a client's own ``prompt_len`` / ``output_len`` replace the workload's for its requests, drawn
+    from the client's own generator, so every other request keeps its prompt."""
     if cfg.num_requests < 0:
         raise WorkloadError(f"workload.num_requests={cfg.num_requests} must be >= 0")
+    poisson = getattr(cfg.arrival, "value", cfg.arrival) == "poisson"
+    clients = parse_clients(cfg, rates_unless_all_at_once(cfg), lengths=True)
     rng = np.random.default_rng(cfg.seed)
     n = cfg.num_requests
     prompts = _lengths(rng, cfg.prompt_len, n, "prompt_len")
     outputs = _lengths(rng, cfg.output_len, n, "output_len")
-    if getattr(cfg.arrival, "value", cfg.arrival) == "poisson":
-        if cfg.rate <= 0:
+    if poisson:
+        rate = summed_rate(clients) or cfg.rate
+        if rate <= 0:
             raise WorkloadError(f"workload.rate={cfg.rate} must be > 0 for Poisson arrivals")
-        arrivals = np.cumsum(rng.exponential(1.0 / cfg.rate, size=n))
+        arrivals = np.cumsum(rng.exponential(1.0 / rate, size=n))  # the same draws whatever the rate
         arrivals -= arrivals[0] if n else 0
     else:
         arrivals = np.zeros(n)
     state = rng.bit_generator.state
+    owners = draw_clients(clients, n, cfg.seed)
+    ids = client_ids(clients, owners, n)
+    own_prompt = _client_lengths(clients, owners, cfg.seed, prompts, outputs)
 
     def generate():  # prompts drawn in request order, as they are needed; the same on every pass
         prompt_rng = np.random.default_rng()
         prompt_rng.bit_generator.state = state
+        own_rngs = {}
         for i in range(n):
-            yield Request(id=f"req-{i}", prompt_token_ids=_random_prompt(prompt_rng, int(prompts[i]), vocab_size),
-                          max_tokens=int(outputs[i]), arrival_time=float(arrivals[i]), ignore_eos=True)
+            prompt = _random_prompt(prompt_rng, int(prompts[i]), vocab_size)
+            if own_prompt is not None and own_prompt[i] >= 0:  # the client's own length, from its own draws
+                k = int(owners[i])
+                own_rng = own_rngs.setdefault(k, client_rng(cfg.seed, k, 1))
+                prompt = _random_prompt(own_rng, int(own_prompt[i]), vocab_size)
+            yield Request(id=f"req-{i}", prompt_token_ids=prompt, max_tokens=int(outputs[i]),
+                          arrival_time=float(arrivals[i]), ignore_eos=True, client_id=ids[i])
 
     return InArrivalOrder(n, generate)
+
+
+def _client_lengths(clients, owners, seed: int, prompts: np.ndarray, outputs: np.ndarray) -> np.ndarray | None:
+    """Apply the clients' own ``output_len`` to ``outputs`` (in place); return each request's own
+    prompt length (-1: the workload's), or None when no client has one."""
+    own_prompt = None
+    for k, client in enumerate(clients):
+        if client.prompt_len is None and client.output_len is None:
+            continue
+        mine = owners == k
+        rng = client_rng(seed, k, 2)
+        if client.prompt_len is not None:
+            if own_prompt is None:
+                own_prompt = np.full(len(prompts), -1)
+            own_prompt[mine] = _lengths(rng, client.prompt_len, int(mine.sum()), f"clients[{k}].prompt_len")
+        if client.output_len is not None:
+            outputs[mine] = _lengths(rng, client.output_len, int(mine.sum()), f"clients[{k}].output_len")
+    return own_prompt
 
 
 class InArrivalOrder:
@@ -115,7 +151,7 @@ class InArrivalOrder:
 
 
 _JSONL_KEYS = {"id", "prompt", "prompt_token_ids", "prompt_len", "max_tokens", "arrival_time", "priority", "ttft_slo_ms",
-               "tpot_slo_ms", "ignore_eos", "temperature", "top_p", "top_k", "seed", "cache_salt"}
+               "tpot_slo_ms", "ignore_eos", "temperature", "top_p", "top_k", "seed", "cache_salt", "client_id"}
 
 
 def jsonl_requests(cfg, vocab_size: int, max_model_len: int, text=None) -> list[Request]:
@@ -178,7 +214,7 @@ def _jsonl_request(obj, where: str, index: int, rng, vocab_size: int, text=None)
             arrival_time=float(obj.get("arrival_time") or 0.0), sampling=sampling,
             ignore_eos=bool(obj.get("ignore_eos", "prompt" not in obj)), priority=int(obj.get("priority", 0)),
             ttft_slo_ms=_opt_float(obj.get("ttft_slo_ms")), tpot_slo_ms=_opt_float(obj.get("tpot_slo_ms")),
-            cache_salt=_opt_salt(obj.get("cache_salt"), where))
+            cache_salt=_opt_salt(obj.get("cache_salt"), where), client_id=_opt_client(obj.get("client_id"), where))
     except (TypeError, ValueError) as exc:
         if isinstance(exc, ServelabError):
             raise
@@ -195,6 +231,14 @@ def _opt_salt(v, where: str) -> str | None:
     return v
 
 
+def _opt_client(v, where: str) -> str | None:
+    if v is not None and not isinstance(v, str):
+        raise WorkloadError(f"{where}: client_id must be a string, got {json.dumps(v)} ({type(v).__name__})")
+    if v == "":
+        raise WorkloadError(f"{where}: client_id is empty (leave it out for the anonymous client)")
+    return v
+
+
 _TRACE_FORMATS = {
     # columns: (arrival, prompt, output); arrival None = no timestamps in the trace
     "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
@@ -205,7 +249,8 @@ _TRACE_FORMATS = {
 
 def trace_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
     """Replay a CSV trace (a file, or a packaged trace's name such as ``azure_conv``) with the
-    configured, logged transformations."""
+    configured, logged transformations; ``workload.clients`` shares assign each row a client."""
+    clients = parse_clients(cfg, "workload=trace replays the trace's arrival times")
     path = trace_path(cfg.path)
     with path.open(newline="") as fh:
         reader = csv.DictReader(fh)
@@ -231,6 +276,7 @@ def trace_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
              total, cfg.start_row, cfg.sample)
     arrivals = _trace_arrivals(rows, a_col, path, rng, cfg.rate)
     out_scale = cfg.output_scale if cfg.output_scale is not None else cfg.length_scale
+    ids = client_ids(clients, draw_clients(clients, len(rows), cfg.seed), len(rows))
     requests, clipped = [], 0
     for i, row in enumerate(rows):
         try:
@@ -243,7 +289,8 @@ def trace_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
             prompt_len = min(prompt_len, max_model_len - 1)
             output_len = max(1, min(output_len, max_model_len - prompt_len))
         requests.append(Request(id=f"trace-{cfg.start_row + i}", prompt_token_ids=_random_prompt(rng, prompt_len, vocab_size),
-                                max_tokens=output_len, arrival_time=float(arrivals[i]), ignore_eos=True))
+                                max_tokens=output_len, arrival_time=float(arrivals[i]), ignore_eos=True,
+                                client_id=ids[i]))
     log.info("trace %s: lengths scaled x%g (prompt) x%g (output); %d requests clipped to max_model_len=%d; "
              "time compressed x%g", path.name, cfg.length_scale, out_scale, clipped, max_model_len, cfg.time_scale)
     return requests

@@ -16,6 +16,7 @@ import numpy as np
 from servelab.core.errors import WorkloadError
 from servelab.core.packaged import trace_path
 from servelab.core.request import Request
+from servelab.workloads.clients import client_ids, draw_clients, parse_clients
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,8 @@ def block_token_ids(seed: int, block_id: int, block_tokens: int, vocab_size: int
 
 
 def hash_ids_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
+    """The trace's requests; ``workload.clients`` shares assign each row a client."""
+    clients = parse_clients(cfg, "workload=hash_ids replays the trace's arrival times")
     path = trace_path(cfg.path)  # a file, or a packaged trace's name (mooncake_conv)
     if cfg.block_tokens < 1 or cfg.trace_block_tokens < 1:
         raise WorkloadError(f"workload.block_tokens={cfg.block_tokens} and workload.trace_block_tokens="
@@ -34,10 +37,11 @@ def hash_ids_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]
     scale = cfg.block_tokens / cfg.trace_block_tokens
     out_scale = cfg.output_scale if cfg.output_scale is not None else scale
     rows = _read_rows(path, cfg.start_row, cfg.num_requests)
+    owners = client_ids(clients, draw_clients(clients, len(rows), cfg.seed), len(rows))
     blocks: dict[int, list[int]] = {}
     requests, clipped = [], 0
     t0 = rows[0][1]["timestamp"] if rows else 0
-    for lineno, row in rows:
+    for i, (lineno, row) in enumerate(rows):
         where = f"{path}:{lineno}"
         try:
             ids, input_len = [int(h) for h in row["hash_ids"]], int(row["input_length"])
@@ -59,7 +63,7 @@ def hash_ids_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]
             prompt_len = min(prompt_len, max_model_len - 1)
             output_len = max(1, min(output_len, max_model_len - prompt_len))
         requests.append(Request(id=f"hash-{lineno - 1}", prompt_token_ids=tuple(tokens[:prompt_len]),
-                                max_tokens=output_len, arrival_time=arrival, ignore_eos=True))
+                                max_tokens=output_len, arrival_time=arrival, ignore_eos=True, client_id=owners[i]))
     log.info("hash_ids trace %s: %d rows from row %d; %d tokens per trace block (lengths x%g, outputs x%g); "
              "%d requests clipped to max_model_len=%d; time compressed x%g", path.name, len(rows), cfg.start_row,
              cfg.block_tokens, scale, out_scale, clipped, max_model_len, cfg.time_scale)

@@ -14,6 +14,8 @@ import numpy as np
 from servelab.core.errors import WorkloadError
 from servelab.core.request import Request, SamplingParams
 from servelab.workloads import corpus
+from servelab.workloads.clients import (client_ids, draw_clients, parse_clients, rates_unless_all_at_once,
+                                        summed_rate)
 
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
 # the way out for a checkpoint without a tokenizer (the user's own, most often): token ids
@@ -25,11 +27,14 @@ def unescape(line: str) -> str:
     return re.sub(r"\\(.)", lambda m: _ESCAPES.get(m.group(1), m.group(0)), line)
 
 
-def _arrivals(cfg, n: int, rng: np.random.Generator) -> np.ndarray:
+def _arrivals(cfg, n: int, rng: np.random.Generator, rate: float | None = None) -> np.ndarray:
+    """Poisson arrivals at ``rate`` (default ``workload.rate``; the clients' summed rate when they
+    give rates: the same draws, rescaled), or all at once."""
     if getattr(cfg.arrival, "value", cfg.arrival) == "poisson" and n:
-        if cfg.rate <= 0:
+        rate = rate or cfg.rate
+        if rate <= 0:
             raise WorkloadError(f"workload.rate={cfg.rate} must be > 0 for Poisson arrivals")
-        arrivals = np.cumsum(rng.exponential(1.0 / cfg.rate, size=n))
+        arrivals = np.cumsum(rng.exponential(1.0 / rate, size=n))
         return arrivals - arrivals[0]
     return np.zeros(n)
 
@@ -37,10 +42,12 @@ def _arrivals(cfg, n: int, rng: np.random.Generator) -> np.ndarray:
 def _requests(cfg, prompts: list[tuple[str, tuple[int, ...]]], rng: np.random.Generator) -> list[Request]:
     if cfg.max_tokens < 1:
         raise WorkloadError(f"workload.max_tokens={cfg.max_tokens} must be >= 1")
-    arrivals = _arrivals(cfg, len(prompts), rng)
+    clients = parse_clients(cfg, rates_unless_all_at_once(cfg))
+    arrivals = _arrivals(cfg, len(prompts), rng, summed_rate(clients))
+    ids = client_ids(clients, draw_clients(clients, len(prompts), cfg.seed), len(prompts))
     sampling = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k, None)
     return [Request(id=rid, prompt_token_ids=tokens, max_tokens=cfg.max_tokens, arrival_time=float(arrivals[i]),
-                    sampling=sampling, ignore_eos=cfg.ignore_eos)
+                    sampling=sampling, ignore_eos=cfg.ignore_eos, client_id=ids[i])
             for i, (rid, tokens) in enumerate(prompts)]
 
 
