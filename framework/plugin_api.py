@@ -3,9 +3,10 @@
 The names here are the public, stable surface (the modules behind them may move):
 
 - registration: :data:`hookimpl` (the hooks are in :mod:`servelab.core.hookspecs`);
-- the five plugin kinds: :class:`Scheduler` (most subclass :class:`QueueScheduler`),
+- the six plugin kinds: :class:`Scheduler` (most subclass :class:`QueueScheduler`),
   :class:`BlockAllocator`, :class:`PreemptionPolicy`, :class:`SpeculativeDrafter`,
-  :class:`TimeModel` (with its :class:`TimeModelContext`);
+  :class:`TimeModel` (with its :class:`TimeModelContext`), :class:`LengthPredictor` (with its
+  :class:`PredictorContext`);
 - the data they exchange: :class:`Request`, :class:`SamplingParams`, :class:`Sequence`,
   :class:`Status`, :class:`SchedulePlan`, :class:`ScheduledSeq`, :class:`PreemptionDecision`,
   :class:`Drafts`, :class:`EngineLimits`, :class:`StepWork`, :class:`NoConfig`, :class:`ConfigError`;
@@ -19,9 +20,9 @@ from __future__ import annotations
 
 from servelab.core.errors import ConfigError
 from servelab.core.hookspecs import hookimpl
-from servelab.core.interfaces import (BlockAllocator, Drafts, EngineLimits, NoConfig, PreemptionDecision,
-                                      PreemptionPolicy, ScheduledSeq, SchedulePlan, Scheduler, SpeculativeDrafter,
-                                      TimeModel, TimeModelContext)
+from servelab.core.interfaces import (BlockAllocator, Drafts, EngineLimits, LengthPredictor, NoConfig,
+                                      PredictorContext, PreemptionDecision, PreemptionPolicy, ScheduledSeq,
+                                      SchedulePlan, Scheduler, SpeculativeDrafter, TimeModel, TimeModelContext)
 from servelab.core.request import Request, SamplingParams, Sequence, Status
 from servelab.core.step_work import StepWork
 from servelab.engine.scheduling import QueueScheduler, WaitQueue
@@ -31,7 +32,7 @@ _CONFORMANCE = ("check_plugin", "Report")
 _RUNNING = ("compose", "run_job")
 
 __all__ = ["hookimpl", "Scheduler", "QueueScheduler", "WaitQueue", "BlockAllocator", "PreemptionPolicy",
-           "SpeculativeDrafter", "TimeModel", "TimeModelContext", "Request", "SamplingParams", "Sequence", "Status",
+           "SpeculativeDrafter", "TimeModel", "TimeModelContext", "LengthPredictor", "PredictorContext", "Request", "SamplingParams", "Sequence", "Status",
            "SchedulePlan", "ScheduledSeq", "PreemptionDecision", "Drafts", "EngineLimits", "StepWork", "NoConfig",
            "ConfigError", *_TESTING, *_CONFORMANCE, *_RUNNING]
 

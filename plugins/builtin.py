@@ -39,3 +39,10 @@ def servelab_register_time_models():
     from .time_models import BUILTIN
 
     return BUILTIN
+
+
+@hookimpl
+def servelab_register_length_predictors():
+    from .length_predictors import BUILTIN
+
+    return BUILTIN

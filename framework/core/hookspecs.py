@@ -36,3 +36,8 @@ def servelab_register_drafters() -> list[type]:
 @hookspec
 def servelab_register_time_models() -> list[type]:
     """Return :class:`~servelab.core.interfaces.TimeModel` subclasses."""
+
+
+@hookspec
+def servelab_register_length_predictors() -> list[type]:
+    """Return :class:`~servelab.core.interfaces.LengthPredictor` subclasses."""

@@ -7,6 +7,8 @@ Division of labour (the executor boundary):
 - a :class:`PreemptionPolicy` picks victims and how each is preempted when blocks run out;
 - a :class:`SpeculativeDrafter` proposes draft tokens for a sequence;
 - a :class:`TimeModel` predicts how long a step takes (the virtual clock's ground truth);
+- a :class:`LengthPredictor` predicts how many tokens a request will generate (length-aware
+  schedulers read it through :meth:`Scheduler.predicted_output_len`);
 - the executor (not a plugin) owns the KV tensors and moves data when the plan says so.
 
 Every plugin class has a ``name`` (what ``scheduler=<name>`` selects) and a ``Config`` dataclass
@@ -19,7 +21,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Sequence as Seq
 
-from servelab.core.request import Sequence
+from servelab.core.request import Request, Sequence
 
 if TYPE_CHECKING:
     from servelab.core.cost_model import StepCostModel
@@ -225,7 +227,16 @@ class Scheduler(Plugin):
     ``self.preemption`` for victims when blocks run out, and never touches tensors.
     Most schedulers subclass :class:`servelab.engine.scheduling.QueueScheduler`, which implements the
     unified token-budget loop and exposes the policy decisions as small overridable methods.
+
+    Output-length predictions (``length_predictor=<name>``) come through one call,
+    :meth:`predicted_output_len`; a scheduler that cannot work without them sets
+    :attr:`needs_length_predictor` and the run refuses ``length_predictor=none`` at start-up.
     """
+
+    #: True: this scheduler orders by predicted output length; ``length_predictor=none`` is refused.
+    needs_length_predictor: ClassVar[bool] = False
+    #: The run's predictor (set by the stack after construction; None = ``length_predictor=none``).
+    length_predictor: "LengthPredictor | None" = None
 
     def __init__(self, config, limits: EngineLimits, allocator: BlockAllocator,
                  preemption: PreemptionPolicy, cost_model: "StepCostModel") -> None:
@@ -234,6 +245,21 @@ class Scheduler(Plugin):
         self.allocator = allocator
         self.preemption = preemption
         self.cost_model = cost_model
+
+    def predicted_output_len(self, seq: Sequence) -> float | None:
+        """The predicted total number of output tokens of ``seq`` (>= 0), or None when the run has
+        no predictor (``length_predictor=none``). Asked once per request (cached on the sequence),
+        so it is cheap on a hot path. Remaining output is this minus ``seq.num_output_tokens``
+        (it can go negative when a request outlives its prediction). A predictor that raises or
+        returns a negative or non-finite length stops the run naming the predictor and the request."""
+        cached = seq.predicted_output_len
+        if cached is not None:
+            return cached
+        predictor = self.length_predictor
+        if predictor is None or not predictor.predicts:
+            return None
+        seq.predicted_output_len = value = predict_checked(predictor, seq.request)
+        return value
 
     @abstractmethod
     def add(self, seq: Sequence) -> None:
@@ -338,6 +364,62 @@ class SpeculativeDrafter(Plugin):
 
     def forget(self, seq: Sequence) -> None:
         """``seq`` ended (finished or aborted): drop any state kept for it. Default: nothing."""
+
+
+class LengthPredictorError(RuntimeError):
+    """A length predictor raised or returned an impossible length (names the plugin and the request)."""
+
+
+def predict_checked(predictor: "LengthPredictor", request: Request) -> float:
+    """``predictor.predict(request)`` as a float >= 0, or :class:`LengthPredictorError` naming both."""
+    where = f"length_predictor plugin {type(predictor).name!r} on request {request.id!r}"
+    try:
+        value = predictor.predict(request)
+    except Exception as exc:  # noqa: BLE001 - any failure is reported with the plugin and the request
+        raise LengthPredictorError(f"{where} raised {type(exc).__name__}: {exc}") from exc
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise LengthPredictorError(f"{where} returned {value!r}, not a number of tokens") from None
+    if not number >= 0 or number == float("inf"):
+        raise LengthPredictorError(f"{where} returned {value!r}: a predicted length must be a finite number >= 0")
+    return number
+
+
+@dataclass(frozen=True)
+class PredictorContext:
+    """What a length predictor is built for: the run's model and limits.
+
+    ``model_name`` is ``model.name`` (``tiny_code``, ``llama3_70b``, ``hf`` ...); ``model_path`` the
+    checkpoint directory (None for a catalogue shape or the random tiny model); a predictor trained
+    for one model refuses another at start-up by comparing these.
+    """
+
+    model_name: str
+    model_path: str | None
+    vocab_size: int
+    max_model_len: int
+    seed: int = 0
+
+
+class LengthPredictor(Plugin):
+    """Predicts how many tokens a request will generate, from what a server sees when it arrives
+    (the :class:`~servelab.core.request.Request`: prompt token ids, ``max_tokens``, sampling, client).
+
+    Schedulers read predictions through :meth:`Scheduler.predicted_output_len` (asked once per
+    request, cached). A prediction is a number of output tokens >= 0 (fractional is fine); it only
+    orders work, it never changes what the model computes. ``predicts = False`` marks ``none``.
+    """
+
+    predicts: ClassVar[bool] = True
+
+    def __init__(self, config, context: PredictorContext) -> None:
+        self.config = config
+        self.context = context
+
+    @abstractmethod
+    def predict(self, request: Request) -> float:
+        """Predicted number of output tokens of ``request`` (>= 0)."""
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from typing import Callable
 
 from servelab.core.cost_model import StepCostModel, StepFeatures
 from servelab.core.executor import Executor, StepOutput
-from servelab.core.interfaces import (BlockAllocator, Drafts, EngineLimits, PreemptionDecision, Scheduler, SchedulePlan,
-                                      SpeculativeDrafter)
+from servelab.core.interfaces import (BlockAllocator, Drafts, EngineLimits, LengthPredictorError, PreemptionDecision,
+                                      Scheduler, SchedulePlan, SpeculativeDrafter)
 from servelab.core.request import Request, Sequence, Status
 from servelab.core.step_work import DraftWork, StepWork
 from servelab.engine.batch import build_batch, step_work
@@ -126,7 +126,7 @@ class Engine:
             seq.status, seq.rejected_reason, seq.finish_time = Status.REJECTED, reason, self.now()
             self._ended(seq)
         else:
-            self.scheduler.add(seq)
+            self._call_plugin("scheduler", lambda: self.scheduler.add(seq))
         return seq
 
     def rejection_reason(self, request: Request) -> str | None:
@@ -362,6 +362,8 @@ class Engine:
     def _call_plugin(self, role: str, fn):
         try:
             return fn()
+        except LengthPredictorError as exc:  # already names its plugin and the request
+            raise PluginFailure(f"{exc} (step {self.totals.num_steps})") from exc
         except Exception as exc:  # name the plugin and step in the error
             plugin = getattr(self, role)
             raise PluginFailure(f"{role} plugin {type(plugin).name!r} failed at step {self.totals.num_steps}: "

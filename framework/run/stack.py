@@ -18,7 +18,7 @@ from servelab.core.errors import ConfigError
 from servelab.engine.engine import Engine
 from servelab.exec.executor import Executor, LocalExecutor, WorkerConfig
 from servelab.exec.tp import TPExecutor
-from servelab.core.interfaces import EngineLimits, TimeModel, TimeModelContext
+from servelab.core.interfaces import EngineLimits, PredictorContext, TimeModel, TimeModelContext
 from servelab.core.packaged import PACKAGED_CHECKPOINTS, PACKAGED_MODELS
 from servelab.exec.model.random_checkpoint import cached_random_checkpoint
 from servelab.core.registry import KINDS, Registry, default_registry
@@ -238,6 +238,7 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
                       time_model.swap_bytes_per_s() if clock_kind == "virtual" and clock is None else None)
     preemption = classes["preemption"](_plugin_config(cfg.preemption), limits, allocator, cost_model)
     scheduler = classes["scheduler"](_plugin_config(cfg.scheduler), limits, allocator, preemption, cost_model)
+    scheduler.length_predictor = _length_predictor(cfg, classes, executor, max_model_len)
     drafter = classes["drafter"](drafter_config, limits)
     if drafter.num_speculative_tokens:
         if cfg.backend.name == "sim":
@@ -250,6 +251,24 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
         clock_kind = "custom"
     engine = Engine(limits, scheduler, allocator, executor, cost_model, seed=cfg.seed, clock=clock, drafter=drafter)
     return Stack(engine, executor, limits, time_model, clock_kind)
+
+
+def _length_predictor(cfg: DictConfig, classes: dict, executor: Executor, max_model_len: int):
+    """The run's output-length predictor (None for ``length_predictor=none``); refuses a scheduler
+    that needs predictions without one, and a predictor that refuses this model (one line)."""
+    cls = classes["length_predictor"]
+    if not cls.predicts:
+        if classes["scheduler"].needs_length_predictor:
+            raise ConfigError(f"scheduler={cfg.scheduler.name} orders requests by predicted output length, but "
+                              f"length_predictor={cfg.length_predictor.name}: choose one, e.g. length_predictor=oracle "
+                              f"(the true length) or length_predictor=learned")
+        return None
+    context = PredictorContext(model_name=cfg.model.name, model_path=None if cfg.model.path is None else str(cfg.model.path),
+                               vocab_size=executor.spec.vocab_size, max_model_len=max_model_len, seed=cfg.seed)
+    try:
+        return cls(_plugin_config(cfg.length_predictor), context)
+    except ValueError as exc:
+        raise ConfigError(f"length_predictor={cfg.length_predictor.name}: {exc}") from None
 
 
 def _draft_model_path(cfg: DictConfig, drafter_class, drafter_config) -> str | None:
