@@ -6,7 +6,8 @@ waiting ones are admitted (in the waiting queue's order) while the token budget,
 and the allocator allow. When blocks run out, the preemption policy picks a victim among the
 running sequences not yet scheduled this step. A policy is a subclass overriding a few small
 methods: :meth:`waiting_key` (or :meth:`make_waiting_queue`), :meth:`running_order`,
-:meth:`may_admit`, :meth:`may_preempt_for`, :meth:`prefill_token_cap`. An order that depends on
+:meth:`may_admit`, :meth:`may_preempt_for`, :meth:`prefill_token_cap`, and the notification
+:meth:`on_admit` (a sequence starts running: charge it, start its quantum). An order that depends on
 the time (aging, deadlines, starvation bounds) sets :attr:`QueueScheduler.time_dependent_key`:
 its key then also gets ``now`` and the queue is re-sorted once per step.
 
@@ -136,6 +137,11 @@ class QueueScheduler(Scheduler):
         cap beyond the token budget, which running decodes and their drafts take first; a policy
         that protects prefill under load returns less (0 = verify nothing this step)."""
         return self.limits.max_num_batched_tokens
+
+    def on_admit(self, seq: Sequence, now: float) -> None:
+        """``seq`` left the waiting queue and runs from this step (its first admission, or again
+        after a recompute preemption: ``seq.num_preemptions > 0``; a swap-in is not an admission).
+        For policies that account service at admission (fair sharing, quanta). Default: nothing."""
 
     def step_stats(self) -> dict[str, float]:
         """Numbers about the last :meth:`schedule` call for the step log (``steps.jsonl``)."""
@@ -287,6 +293,7 @@ class QueueScheduler(Scheduler):
                 seq.first_scheduled_time = now
             self.running.append(seq)
             self._take(seq, n, plan, scheduled)
+            self.on_admit(seq, now)
             budget -= n
         return budget
 

@@ -1,8 +1,12 @@
 """Built-in schedulers."""
 
 from .fcfs import FCFSScheduler
+from .mlfq import MLFQScheduler
 from .priority import PriorityScheduler
+from .sjf import SJFScheduler
 from .slo_aware import SLOAwareScheduler
 from .static import StaticBatchScheduler
+from .vtc import VTCScheduler
 
-BUILTIN = [FCFSScheduler, StaticBatchScheduler, PriorityScheduler, SLOAwareScheduler]
+BUILTIN = [FCFSScheduler, StaticBatchScheduler, PriorityScheduler, SLOAwareScheduler, VTCScheduler, MLFQScheduler,
+           SJFScheduler]
