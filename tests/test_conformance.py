@@ -23,13 +23,15 @@ from servelab.engine.scheduling import QueueScheduler
 from servelab.plugin_api import check_plugin
 
 CASES = 5  # per built-in: a few seconds per kind (CI); servelab check-plugin runs 50 by default
-REAL_MODEL = {"scheduler": "priority", "allocator": "contiguous", "preemption": "swap", "drafter": "ngram"}
+REAL_MODEL = {"scheduler": "priority", "allocator": "contiguous", "preemption": "swap", "drafter": "ngram",
+              "length_predictor": "oracle"}
 
 
-@pytest.mark.parametrize("kind", ["scheduler", "allocator", "preemption", "drafter"])
+@pytest.mark.parametrize("kind", ["scheduler", "allocator", "preemption", "drafter", "length_predictor"])
 def test_every_builtin_passes(kind):
     for name in default_registry().names(kind):
-        report = check_plugin(kind, name, cases=CASES, real_model=name == REAL_MODEL[kind])
+        overrides = ("model=tiny_code",) if name == "learned" else ()  # trained for that checkpoint only
+        report = check_plugin(kind, name, cases=CASES, real_model=name == REAL_MODEL[kind], overrides=overrides)
         assert report.ok, str(report)
         assert report.cases == (0 if name == "draft_model" else CASES)
 

@@ -27,10 +27,11 @@ from __future__ import annotations
 import argparse
 import logging
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from servelab.core.errors import ServelabError
+from servelab.core.interfaces import LengthPredictorError, predict_checked
 from servelab.core.registry import KINDS, Registry, default_registry
 from servelab.core.request import Request
 from servelab.kit.conformance_cases import VOCAB, Scenario, make_scenario
@@ -40,7 +41,7 @@ from servelab.run.config import register_configs
 from servelab.run.runner import run_workload
 
 MAX_STEPS = 5_000  # per scenario: far above what any needs; reaching it is a livelock
-KIT_KINDS = ("scheduler", "allocator", "preemption", "drafter")
+KIT_KINDS = ("scheduler", "allocator", "preemption", "drafter", "length_predictor")
 CONTRACTS = {
     "budget": "a plan schedules at most max_num_batched_tokens tokens",
     "seats": "a plan schedules at most max_num_seqs sequences, each once",
@@ -59,6 +60,8 @@ CONTRACTS = {
     "state left behind": "once every sequence ended (finished, aborted, preempted on the way), a scheduler, "
                          "allocator or drafter keeps no per-sequence state (ids or Sequence objects) for any",
     "plugin raised": "the plugin does not raise",
+    "predictions": "a length predictor answers every request with a finite number of tokens >= 0, the same "
+                   "number every time it is asked about the same request",
 }
 REAL_MODEL = ("model=tiny", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=1",
               "model.num_attention_heads=2", "model.num_key_value_heads=1", "max_model_len=128")
@@ -112,60 +115,127 @@ class Report:
 
 
 def check_plugin(kind: str, name: str, registry: Registry | None = None, cases: int = 20, seed: int = 0,
-                 real_model: bool = True, max_failures: int = 3) -> Report:
+                 real_model: bool = True, max_failures: int = 3, overrides: tuple[str, ...] = ()) -> Report:
     """Run plugin ``kind=name`` through ``cases`` random scenarios (seeds ``seed ..``) and, with
     ``real_model``, the tiny-model equality check. ``registry``: one holding the plugin (default:
-    the installed entry points). Stops after ``max_failures`` failing scenarios."""
+    the installed entry points). Stops after ``max_failures`` failing scenarios. ``overrides``
+    (Hydra syntax, e.g. ``("length_predictor=oracle", "scheduler.max_wait_s=0.5")``) go into every
+    run of the plugin and beat the scenario's own choice of the same key; the default stack the
+    outputs are compared with never gets them."""
     if kind not in KIT_KINDS:
         raise ValueError(f"check_plugin: kind {kind!r} is not one of {', '.join(KIT_KINDS)}")
     registry = registry or default_registry()
     registry.get(kind, name)  # an unknown name fails here, listing the known ones
     register_configs(registry)
     report = Report(kind, name)
+    extra = _companion_overrides(kind, name, registry, tuple(overrides), report.notes)
     with _captured_warnings() as warnings:
         if kind == "drafter" and _needs_draft_model(registry.get("drafter", name)):
             report.notes.append("needs a draft model: random scenarios (fake executor) skipped")
             cases = 0
         for s in range(seed, seed + cases):
             report.cases += 1
-            failure = _check_scenario(make_scenario(s, kind, name), registry, warnings, (kind, name))
+            failure = _check_scenario(with_overrides(make_scenario(s, kind, name), extra), registry, warnings,
+                                      (kind, name))
             if failure is not None:
                 report.failures.append(_shrink(failure, registry, warnings, (kind, name)))
                 if len(report.failures) >= max_failures:
                     break
         if kind in STATE_KINDS and not report.failures and (  # one root cause at a time
                 kind != "drafter" or not _needs_draft_model(registry.get(kind, name))):
-            failure = _check_state_scenario(kind, name, registry)
+            failure = _check_state_scenario(kind, name, registry, extra)
             if failure is not None:
                 report.failures.append(failure)
         if kind == "scheduler" and promises_bound(registry.get(kind, name)):
-            failure = _check_starvation(name, registry)
+            failure = _check_starvation(name, registry, extra)
             if failure is not None:
                 report.failures.append(failure)
         if real_model:
             report.real_model = True
-            failure = _check_real_model(kind, name, registry)
+            failure = _check_real_model(kind, name, registry, extra)
             if failure is not None:
                 report.failures.append(failure)
         else:
             report.notes.append("real-model check skipped")
+        if kind == "length_predictor" and registry.get(kind, name).predicts and not report.failures:
+            failure = _check_predictions(registry, extra)
+            if failure is not None:
+                report.failures.append(failure)
     return report
 
 
-def _check_starvation(name: str, registry: Registry) -> Failure | None:
+def _companion_overrides(kind: str, name: str, registry: Registry, overrides: tuple[str, ...],
+                         notes: list[str]) -> tuple[str, ...]:
+    """The user's overrides, plus what the plugin cannot run without: a length predictor is
+    exercised by ``scheduler=sjf`` (which asks it about every request), and a scheduler that needs
+    predictions gets ``length_predictor=oracle`` unless one was given."""
+    keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    extra = (f"{kind}={name}",) if kind == "length_predictor" else ()
+    if kind == "length_predictor" and "scheduler" not in keys:
+        if registry.get(kind, name).predicts:
+            extra += ("scheduler=sjf",)
+            notes.append("length predictor exercised by scheduler=sjf (give scheduler=... to choose another)")
+        else:  # `none`: only a scheduler that tolerates no predictions can run with it
+            extra += ("scheduler=mlfq", "scheduler.use_length_predictor=true")
+            notes.append("predicts nothing: run with scheduler=mlfq scheduler.use_length_predictor=true, "
+                         "which falls back to skip-join")
+    if kind == "scheduler" and registry.get(kind, name).needs_length_predictor and "length_predictor" not in keys:
+        extra += ("length_predictor=oracle",)
+        notes.append(f"scheduler={name} needs predictions: length_predictor=oracle (give length_predictor=... "
+                     "to choose another)")
+    return extra + overrides
+
+
+def with_overrides(scenario: Scenario, extra: tuple[str, ...]) -> Scenario:
+    """``scenario`` with ``extra`` overrides replacing its own for the same keys."""
+    return replace(scenario, overrides=merge_overrides(scenario.overrides, extra)) if extra else scenario
+
+
+def merge_overrides(base: tuple[str, ...], extra: tuple[str, ...]) -> tuple[str, ...]:
+    """``base`` less the keys ``extra`` sets, then ``extra`` (Hydra refuses a key given twice)."""
+    keys = {o.split("=", 1)[0].lstrip("+~") for o in extra}
+    return tuple(o for o in base if o.split("=", 1)[0].lstrip("+~") not in keys) + tuple(extra)
+
+
+def _check_predictions(registry: Registry, extra: tuple[str, ...]) -> Failure | None:
+    """The predictor answers every request of a few scenarios with a finite number >= 0, and the
+    same number when asked again (a fresh instance too): predictions must not depend on call order."""
+    from servelab.run.stack import build_stack  # noqa: PLC0415 - torch
+
+    requests = [r for s in range(3) for r in make_scenario(s).requests if r.prompt_token_ids and r.max_tokens > 0]
+    cfg = _compose(merge_overrides(("model=tiny", "max_model_len=128"), extra))
+    answers = []
+    for _ in range(2):
+        predictor = build_stack(cfg, registry).engine.scheduler.length_predictor
+        if predictor is None:
+            return Failure("predictions", "the stack built no predictor (length_predictor=none?)")
+        try:
+            answers.append([predict_checked(predictor, r) for r in requests] + [predict_checked(predictor, requests[0])])
+        except LengthPredictorError as exc:
+            return Failure("predictions", str(exc))
+    first, second = answers
+    if first[0] != first[-1] or first != second:
+        changed = next(r.id for r, a, b in zip(requests, first, second) if a != b) if first != second else requests[0].id
+        return Failure("predictions", f"request {changed!r} got different predictions when asked again")
+    return None
+
+
+def _check_starvation(name: str, registry: Registry, extra: tuple[str, ...] = ()) -> Failure | None:
     overrides, requests = starvation_scenario()
     try:
-        _, result = _run((f"scheduler={name}", *overrides), 4096, 0, requests, registry, checked=True)
+        _, result = _run(merge_overrides((f"scheduler={name}", *overrides), extra), 4096, 0, requests, registry,
+                         checked=True)
     except ContractViolation as exc:
         return Failure(exc.contract, str(exc).split(": ", 1)[1])
     message = starvation_message({r["id"]: r for r in result.requests})
     return Failure("starvation bound", message) if message else None
 
 
-def _check_state_scenario(kind: str, name: str, registry: Registry) -> Failure | None:
+def _check_state_scenario(kind: str, name: str, registry: Registry, extra: tuple[str, ...] = ()) -> Failure | None:
     """The fixed run of :func:`state_scenario` (finishes, preemptions, a waiting and a running
     request aborted): afterwards the plugin holds nothing for any of its sequences."""
     overrides, num_blocks, requests, aborts = state_scenario(kind, name)
+    overrides = merge_overrides(overrides, extra)
 
     def abort_due(engine, record) -> None:
         for rid, step in aborts.items():
@@ -302,7 +372,7 @@ def _run(overrides, num_blocks: int, num_swap_blocks: int, requests, registry: R
     from servelab.run.session import collect_results  # noqa: PLC0415 - torch
     from servelab.run.stack import build_stack  # noqa: PLC0415 - torch
 
-    cfg = _compose(("model=tiny", *overrides))
+    cfg = _compose(merge_overrides(("model=tiny",), tuple(overrides)))
     clock = VirtualClock()
     executor = KVCheckingExecutor(clock, num_blocks, cfg.block_size, vocab_size=VOCAB,
                                   num_swap_blocks=num_swap_blocks, max_positions=cfg.max_model_len)
@@ -391,17 +461,20 @@ def _shrink(failure: Failure, registry: Registry, warnings: list[str],
 
 
 # ---- the real model -------------------------------------------------------------------------
-def _check_real_model(kind: str, name: str, registry: Registry) -> Failure | None:
+def _check_real_model(kind: str, name: str, registry: Registry, extra: tuple[str, ...] = ()) -> Failure | None:
     """Greedy tokens of a few requests on the tiny random model equal the default stack's."""
     from servelab.run.stack import build_stack  # noqa: PLC0415 - torch
 
     requests = [Request(f"m{i}", tuple((7 * i + 3 * j) % 300 + 1 for j in range(5 + 9 * i)), 6 + i,
                         arrival_time=0.0) for i in range(4)]
     outputs = {}
-    for label, overrides in (("default", ()), ("plugin", (f"{kind}={name}", "num_kv_blocks=40", "block_size=4",
-                                                          "max_num_batched_tokens=32", "max_num_seqs=3"))):
+    plugin_stack = merge_overrides((f"{kind}={name}", "num_kv_blocks=40", "block_size=4", "max_num_batched_tokens=32",
+                                    "max_num_seqs=3"), extra)
+    # a model override (model=tiny_code for a predictor trained for it) replaces the random tiny shape
+    model = REAL_MODEL if not any(o.startswith("model=") for o in extra) else REAL_MODEL[-1:]
+    for label, overrides in (("default", ()), ("plugin", plugin_stack)):
         try:
-            cfg = _compose((*REAL_MODEL, *overrides))
+            cfg = _compose(merge_overrides(model, overrides))
             engine = build_stack(cfg, registry).engine
             run_workload(engine, requests)
         except Exception as exc:  # noqa: BLE001
@@ -436,17 +509,23 @@ class _captured_warnings:
 
 # ---- the command line -----------------------------------------------------------------------
 def main(argv: list[str]) -> int:
-    """``servelab check-plugin <kind>=<name> [--cases N] [--seed S] [--no-real-model]``."""
+    """``servelab check-plugin <kind>=<name> [overrides ...] [--cases N] [--seed S] [--no-real-model]``."""
     parser = argparse.ArgumentParser(prog="servelab check-plugin",
                                      description="Run a plugin through servelab's conformance kit.")
     parser.add_argument("plugin", help=f"<kind>=<name>, kind one of {', '.join(KIT_KINDS)}")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run of the plugin, e.g. "
+                        "length_predictor=oracle scheduler.max_wait_s=0.5")
     parser.add_argument("--cases", type=int, default=50, help="random scenarios (default 50)")
     parser.add_argument("--seed", type=int, default=0, help="first scenario seed (default 0)")
     parser.add_argument("--no-real-model", action="store_true", help="skip the tiny-model equality check")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # options may come between the overrides
     kind, sep, name = args.plugin.partition("=")
     if not sep or kind not in KIT_KINDS or not name:
         parser.error(f"expected <kind>=<name> with kind one of {', '.join(KIT_KINDS)}, got {args.plugin!r}")
-    report = check_plugin(kind, name, cases=args.cases, seed=args.seed, real_model=not args.no_real_model)
+    bad = [o for o in args.overrides if "=" not in o]
+    if bad:
+        parser.error(f"expected overrides as key=value, got {bad[0]!r}")
+    report = check_plugin(kind, name, cases=args.cases, seed=args.seed, real_model=not args.no_real_model,
+                          overrides=tuple(args.overrides))
     print(report)
     return 0 if report.ok else 1

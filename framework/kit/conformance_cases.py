@@ -48,7 +48,7 @@ class Scenario:
                  f"(KVCheckingExecutor, vocab_size={VOCAB})",
                  f"  requests ({len(self.requests)}):"]
         for r in self.requests:
-            extra = "".join(f", {k}={getattr(r, k)!r}" for k in ("priority", "ttft_slo_ms", "tpot_slo_ms", "cache_salt")
+            extra = "".join(f", {k}={getattr(r, k)!r}" for k in ("priority", "ttft_slo_ms", "tpot_slo_ms", "cache_salt", "client_id")
                             if getattr(r, k) not in (None, 0))
             why = f"  # invalid: {self.invalid[r.id]}" if r.id in self.invalid else ""
             lines.append(f"    Request({r.id!r}, {tuple(r.prompt_token_ids)!r}, {r.max_tokens}, "
@@ -81,6 +81,7 @@ def make_scenario(seed: int, kind: str | None = None, name: str | None = None) -
     if kind == "drafter":
         overrides.append(f"drafter={name}")
     requests, invalid = _workload(rng, max_model_len)
+    requests = _with_clients(seed, requests)
     valid = [r for r in requests if r.id not in invalid]
     reserve = {"contiguous_max_model_len": lambda r: max_model_len}.get(  # what the allocator holds per request
         allocator, lambda r: min(r.prompt_len + r.max_tokens, max_model_len))
@@ -90,6 +91,16 @@ def make_scenario(seed: int, kind: str | None = None, name: str | None = None) -
     else:  # from below the largest request (some rejected for the pool) to a fraction of them all
         num_blocks = max(1, int(rng.uniform(0.5, 1.3) * max(max(blocks), sum(blocks) // 3)))
     return Scenario(seed, tuple(overrides), max_model_len, num_blocks, rng.choice((0, 2, 8, 64)), requests, invalid)
+
+
+def _with_clients(seed: int, requests: list[Request]) -> list[Request]:
+    """Half the scenarios spread their requests over two or three clients (fair-sharing
+    schedulers); from a separate stream, so the rest of the scenario is the same with or without."""
+    rng = random.Random(f"clients-{seed}")
+    if rng.random() < 0.5:
+        return requests
+    clients = ("a", "b", "c")[:rng.randint(2, 3)]
+    return [replace(r, client_id=rng.choice(clients)) for r in requests]
 
 
 def _workload(rng: random.Random, max_model_len: int) -> tuple[list[Request], dict[str, str]]:

@@ -27,13 +27,16 @@ class GradeWorkload:
     about: str
     overrides: tuple[str, ...]
     requests: Callable[[], list[Request]]
+    #: The clients whose goodput is the score (None: every request's). A fairness workload scores
+    #: the goodput of the client that behaves: what it keeps while another floods the server.
+    scored_clients: tuple[str, ...] | None = None
 
 
 def _request(rng: np.random.Generator, rid: str, prompt: int, output: int, arrival: float,
-             ttft_ms: float, tpot_ms: float, priority: int = 0) -> Request:
+             ttft_ms: float, tpot_ms: float, priority: int = 0, client_id: str | None = None) -> Request:
     tokens = tuple(int(t) for t in rng.integers(1, VOCAB, size=prompt))
     return Request(rid, tokens, output, arrival_time=arrival, priority=priority,
-                   ttft_slo_ms=ttft_ms, tpot_slo_ms=tpot_ms)
+                   ttft_slo_ms=ttft_ms, tpot_slo_ms=tpot_ms, client_id=client_id)
 
 
 def chat_burst() -> list[Request]:
@@ -66,9 +69,25 @@ def tight_pool() -> list[Request]:
                      4000.0, 60.0) for i in range(64)]
 
 
+def fairness_flood() -> list[Request]:
+    """Two clients over 20 s: ``steady`` sends 2 requests/s (Poisson; 256-768 prompt tokens,
+    64-192 output), ``flood`` sends 30/s for the first 10 s (the same lengths): far more than the
+    server can do, so both are backlogged for most of the run. Both have TTFT 2 s, TPOT 100 ms."""
+    rng = np.random.default_rng(4)
+    out = []
+    for client, rate, until in (("steady", 2.0, 20.0), ("flood", 30.0, 10.0)):
+        arrivals = np.cumsum(rng.exponential(1 / rate, size=int(rate * until * 1.5)))
+        for i, t in enumerate(arrivals[arrivals < until]):
+            out.append(_request(rng, f"{client}-{i}", int(rng.integers(256, 768)), int(rng.integers(64, 192)),
+                                float(t), 2000.0, 100.0, client_id=client))
+    return sorted(out, key=lambda r: r.arrival_time)
+
+
 WORKLOADS = (
     GradeWorkload("chat_burst", "bursty chat mix, two SLO classes", ("max_model_len=2048",), chat_burst),
     GradeWorkload("long_prompts", "long prompts, short answers", ("max_model_len=8192",), long_prompts),
     GradeWorkload("tight_pool", "small KV pool: preemptions", ("max_model_len=2048", "num_kv_blocks=256",
                                                                "backend.num_swap_blocks=512"), tight_pool),
+    GradeWorkload("fairness_flood", "two clients, one flooding: the steady client's goodput",
+                  ("max_model_len=2048",), fairness_flood, scored_clients=("steady",)),
 )

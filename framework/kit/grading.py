@@ -4,8 +4,11 @@ Every fixed workload of :mod:`servelab.kit.grade_workloads` runs on the simulato
 for the submission and for each built-in of its kind (the other plugins: the default stack).
 Per workload and policy: output throughput, TTFT and TPOT p50/p99, SLO attainment,
 preemptions, and the **score**: goodput (requests meeting both SLOs per second) relative to the
-default stack's (fcfs, paged, recompute), ``None`` when that is 0. The overall score is the
-geometric mean over workloads. Deterministic: the same numbers on every machine and every run.
+default stack's (fcfs, paged, recompute), ``None`` when that is 0; on a fairness workload
+(``fairness_flood``: one client floods) the goodput of the client that behaves, so a fair-sharing
+scheduler scores by what it protects. The overall score is the geometric mean over workloads. A
+scheduler that orders by predicted output length (``scheduler=sjf``) is graded with the oracle
+predictor (an upper bound). Deterministic: the same numbers on every machine and every run.
 The tables go to ``hydra.run.dir`` as ``grade.md`` and ``grade.csv`` (``--out FILE`` names one file
 instead; default ``outputs/grade/<date>/<time>/``).
 """
@@ -29,6 +32,7 @@ from servelab.run.config import register_configs
 from servelab.run.runner import run_workload
 
 GRADED = {"scheduler": "fcfs", "allocator": "paged", "preemption": "recompute"}  # kind -> default (reference)
+PREDICTOR = "length_predictor=oracle"  # what a scheduler that orders by predicted length is graded with
 
 
 @dataclass
@@ -46,7 +50,9 @@ class Row:
     tpot_p99_ms: float | None
     slo_attainment: float | None
     preemptions: int
-    goodput_req_s: float
+    goodput_req_s: float  # of the scored clients' requests (GradeWorkload.scored_clients), else of all
+    jain_fairness_index: float | None = None
+    max_service_gap_tokens: float | None = None
     score: float | None = None  # goodput / the reference's
 
 
@@ -95,21 +101,32 @@ def _run(kind: str, policy: str, workload: GradeWorkload, requests, registry: Re
     from servelab.run.session import collect_results  # noqa: PLC0415 - torch
     from servelab.run.stack import build_stack  # noqa: PLC0415 - torch
 
-    cfg = compose([*SIM, *workload.overrides, f"{kind}={policy}"], logger="none", progress=False)
+    overrides = [*SIM, *workload.overrides, f"{kind}={policy}"]
+    if kind == "scheduler" and registry.get(kind, policy).needs_length_predictor:
+        overrides.append(PREDICTOR)
+    cfg = compose(overrides, logger="none", progress=False)
     stack = build_stack(cfg, registry)
     try:
         run_workload(stack.engine, requests)
-        s = collect_results(stack.engine, 1.0).summary
+        results = collect_results(stack.engine, 1.0)
     finally:
         stack.executor.shutdown()
+    s = results.summary
+    goodput = s["goodput_req_s"] or 0.0
+    if workload.scored_clients is not None:
+        sequences = stack.engine.sequences
+        met = sum(1 for r in results.requests
+                  if sequences[r["id"]].request.client_id in workload.scored_clients and r["met_slo"])
+        goodput = met / s["duration_s"] if s["duration_s"] else 0.0
     return Row(workload.name, policy, s["num_finished"], s["num_requests"], s["output_throughput_tok_s"],
                s["ttft_ms"]["p50"], s["ttft_ms"]["p99"], s["tpot_ms"]["p50"], s["tpot_ms"]["p99"],
-               s["slo_attainment"], s["num_preemptions"], s["goodput_req_s"] or 0.0)
+               s["slo_attainment"], s["num_preemptions"], goodput, s.get("jain_fairness_index"),
+               s.get("max_service_gap_tokens"))
 
 
 # ---- output ---------------------------------------------------------------------------------
 HEADER = ("workload", "policy", "finished", "tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms",
-          "SLO met", "preemptions", "score")
+          "SLO met", "preemptions", "Jain", "score")
 
 
 def _cells(row: Row) -> tuple[str, ...]:
@@ -119,7 +136,7 @@ def _cells(row: Row) -> tuple[str, ...]:
     return (row.workload, row.policy, f"{row.finished}/{row.requests}", num(row.throughput_tok_s, "{:.0f}"),
             num(row.ttft_p50_ms), num(row.ttft_p99_ms), num(row.tpot_p50_ms), num(row.tpot_p99_ms),
             num(None if row.slo_attainment is None else 100 * row.slo_attainment, "{:.1f}%"),
-            str(row.preemptions), num(row.score, "{:.3f}"))
+            str(row.preemptions), num(row.jain_fairness_index, "{:.3f}"), num(row.score, "{:.3f}"))
 
 
 def title(g: Grade) -> str:

@@ -54,7 +54,7 @@ The guide for this kind: $guide in servelab's docs.
 
 GUIDES = {"scheduler": "docs/write-a-scheduler.md", "allocator": "docs/write-an-allocator.md",
           "preemption": "docs/write-a-preemption-policy.md", "drafter": "docs/write-a-drafter.md",
-          "time_model": "docs/write-a-time-model.md"}
+          "time_model": "docs/write-a-time-model.md", "length_predictor": "docs/write-a-length-predictor.md"}
 
 _HEAD = '''\
 """$doc
@@ -231,6 +231,29 @@ class $Class(TimeModel):
 
 @hookimpl
 def servelab_register_time_models():
+    return [$Class]
+'''),
+    "length_predictor": Template(_HEAD + '''\
+from servelab.plugin_api import LengthPredictor
+
+
+@dataclass
+class ${Class}Config:
+    tokens_per_prompt_token: float = 0.5  # predicted output tokens per prompt token
+
+
+class $Class(LengthPredictor):
+    """Predicts an output proportional to the prompt, never more than ``max_tokens``."""
+
+    name = "$name"
+    Config = ${Class}Config
+
+    def predict(self, request):
+        return min(float(request.max_tokens), self.config.tokens_per_prompt_token * request.prompt_len)
+
+
+@hookimpl
+def servelab_register_length_predictors():
     return [$Class]
 '''),
 }
