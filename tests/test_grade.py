@@ -46,7 +46,7 @@ def test_a_generated_submission_is_graded_first_against_every_builtin(tmp_path):
     pm.register(builtin)
     pm.register(module)
     g = grade("scheduler", "my_policy", registry=build_registry(pm), workloads=WORKLOADS[:1])
-    assert [r.policy for r in g.rows] == ["my_policy", "fcfs", "priority", "slo_aware", "static"]
+    assert [r.policy for r in g.rows] == ["my_policy", "fcfs", "mlfq", "priority", "sjf", "slo_aware", "static", "vtc"]
     assert all(r.finished == r.requests == 144 for r in g.rows) and g.score == g.rows[0].score > 0
 
 
