@@ -3,10 +3,11 @@
 The names here are the public, stable surface (the modules behind them may move):
 
 - registration: :data:`hookimpl` (the hooks are in :mod:`servelab.core.hookspecs`);
-- the six plugin kinds: :class:`Scheduler` (most subclass :class:`QueueScheduler`),
+- the seven plugin kinds: :class:`Scheduler` (most subclass :class:`QueueScheduler`),
   :class:`BlockAllocator`, :class:`PreemptionPolicy`, :class:`SpeculativeDrafter`,
   :class:`TimeModel` (with its :class:`TimeModelContext`), :class:`LengthPredictor` (with its
-  :class:`PredictorContext`);
+  :class:`PredictorContext`), :class:`Evictor` (with its :class:`EvictorContext` and the
+  :class:`CachedBlock` events it receives);
 - the data they exchange: :class:`Request`, :class:`SamplingParams`, :class:`Sequence`,
   :class:`Status`, :class:`SchedulePlan`, :class:`ScheduledSeq`, :class:`PreemptionDecision`,
   :class:`Drafts`, :class:`EngineLimits`, :class:`StepWork`, :class:`NoConfig`, :class:`ConfigError`;
@@ -20,7 +21,8 @@ from __future__ import annotations
 
 from servelab.core.errors import ConfigError
 from servelab.core.hookspecs import hookimpl
-from servelab.core.interfaces import (BlockAllocator, Drafts, EngineLimits, LengthPredictor, NoConfig,
+from servelab.core.interfaces import (BlockAllocator, CachedBlock, Drafts, EngineLimits, Evictor, EvictorContext,
+                                      LengthPredictor, NoConfig,
                                       PredictorContext, PreemptionDecision, PreemptionPolicy, ScheduledSeq,
                                       SchedulePlan, Scheduler, SpeculativeDrafter, TimeModel, TimeModelContext)
 from servelab.core.request import Request, SamplingParams, Sequence, Status
@@ -32,7 +34,8 @@ _CONFORMANCE = ("check_plugin", "Report")
 _RUNNING = ("compose", "run_job")
 
 __all__ = ["hookimpl", "Scheduler", "QueueScheduler", "WaitQueue", "BlockAllocator", "PreemptionPolicy",
-           "SpeculativeDrafter", "TimeModel", "TimeModelContext", "LengthPredictor", "PredictorContext", "Request", "SamplingParams", "Sequence", "Status",
+           "SpeculativeDrafter", "TimeModel", "TimeModelContext", "LengthPredictor", "PredictorContext", "Evictor", "EvictorContext", "CachedBlock",
+           "Request", "SamplingParams", "Sequence", "Status",
            "SchedulePlan", "ScheduledSeq", "PreemptionDecision", "Drafts", "EngineLimits", "StepWork", "NoConfig",
            "ConfigError", *_TESTING, *_CONFORMANCE, *_RUNNING]
 

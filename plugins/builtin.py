@@ -46,3 +46,10 @@ def servelab_register_length_predictors():
     from .length_predictors import BUILTIN
 
     return BUILTIN
+
+
+@hookimpl
+def servelab_register_evictors():
+    from .evictors import BUILTIN
+
+    return BUILTIN

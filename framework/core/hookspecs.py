@@ -41,3 +41,8 @@ def servelab_register_time_models() -> list[type]:
 @hookspec
 def servelab_register_length_predictors() -> list[type]:
     """Return :class:`~servelab.core.interfaces.LengthPredictor` subclasses."""
+
+
+@hookspec
+def servelab_register_evictors() -> list[type]:
+    """Return :class:`~servelab.core.interfaces.Evictor` subclasses."""

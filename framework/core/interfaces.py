@@ -9,6 +9,8 @@ Division of labour (the executor boundary):
 - a :class:`TimeModel` predicts how long a step takes (the virtual clock's ground truth);
 - a :class:`LengthPredictor` predicts how many tokens a request will generate (length-aware
   schedulers read it through :meth:`Scheduler.predicted_output_len`);
+- an :class:`Evictor` chooses which cached prefix block a prefix-caching allocator gives up when
+  the pool needs room;
 - the executor (not a plugin) owns the KV tensors and moves data when the plan says so.
 
 Every plugin class has a ``name`` (what ``scheduler=<name>`` selects) and a ``Config`` dataclass
@@ -105,6 +107,75 @@ class Plugin(ABC):
     Config: ClassVar[type] = NoConfig
 
 
+@dataclass(frozen=True, slots=True)
+class CachedBlock:
+    """A full, computed KV block that entered the prefix cache.
+
+    ``digest`` is the block's content identity (chained: it covers every token before it too) and
+    ``parent`` the previous block's digest (the chain's root for the first block), so ``position``
+    is how many blocks precede it: its tokens sit at ``position * block_size ..`` of every prompt
+    that shares it. Losing it loses every cached block after it in the chain as well (a lookup
+    walks the chain from the root and stops at the first missing block).
+    """
+
+    block: int
+    digest: bytes
+    parent: bytes
+    position: int
+
+
+@dataclass(frozen=True)
+class EvictorContext:
+    """What an evictor is built for: the pool it serves and the policies' step-cost model
+    (``cost_model.recompute_seconds(n)`` and ``coefficient_vector()`` price recomputing tokens)."""
+
+    num_blocks: int
+    block_size: int
+    cost_model: "StepCostModel"
+
+
+class EvictorError(RuntimeError):
+    """An evictor chose a block it may not (names the plugin and the block)."""
+
+
+class Evictor(Plugin):
+    """Chooses which cached, unreferenced KV block a prefix-caching allocator gives up for room.
+
+    The allocator reports every event of the cache, in order, and asks :meth:`evict` only when
+    it needs a block and no never-cached block is free (so nothing is evicted while the pool has
+    room: an infinite pool keeps every hit). Events:
+
+    - :meth:`on_insert`: a computed full block entered the cache (it is referenced);
+    - :meth:`on_hit`: an admitted request reused a cached block (referenced or not);
+    - :meth:`on_release`: the block's last reference went away: it is now evictable;
+    - :meth:`evict`: return one evictable block and forget it as a candidate. The allocator
+      drops it from the cache and reuses it at once.
+
+    A block is evictable from its ``on_release`` until the next ``on_hit`` of it or its eviction.
+    :meth:`evict` returning a referenced block, a block that is not cached, or None while
+    evictable blocks exist stops the run with :class:`EvictorError` naming the plugin and the block.
+    Evictors never change what the model computes, only which prefixes stay cached.
+    """
+
+    def __init__(self, config, context: EvictorContext) -> None:
+        self.config = config
+        self.context = context
+
+    def on_insert(self, entry: CachedBlock) -> None:
+        """``entry.block`` now caches ``entry.digest`` (referenced by the request that computed it)."""
+
+    def on_hit(self, block: int) -> None:
+        """An admitted request reused cached ``block``; if it was evictable it no longer is."""
+
+    @abstractmethod
+    def on_release(self, block: int) -> None:
+        """Cached ``block`` has no references left: it is a candidate for eviction."""
+
+    @abstractmethod
+    def evict(self) -> int | None:
+        """One evictable block (called only when at least one exists); forget it as a candidate."""
+
+
 class BlockAllocator(Plugin):
     """Owns the mapping of each sequence's logical blocks to physical KV blocks, and ref counts.
 
@@ -118,6 +189,12 @@ class BlockAllocator(Plugin):
         self.block_size = block_size
         self.limits = limits
         self.num_swap_blocks = 0
+        self.evictor: Evictor | None = None
+
+    def attach_evictor(self, evictor: Evictor) -> None:
+        """Called once at build time with the run's ``evictor=<name>``; an allocator with a prefix
+        cache asks it which cached block to give up. Default: keep it (no cache, nothing to evict)."""
+        self.evictor = evictor
 
     def attach_swap_pool(self, num_blocks: int) -> None:
         """Called once at build time with the size of the executor's host swap pool (blocks,
@@ -158,6 +235,13 @@ class BlockAllocator(Plugin):
         caching; the blocks are then referenced by ``seq``), at most ``seq.num_tokens - 1`` so
         the last token is always computed. Default: none.
         """
+        return 0
+
+    def cached_prefix_len(self, seq: Sequence) -> int:
+        """How many leading tokens of ``seq.token_ids`` the cache holds right now, without
+        referencing anything (what :meth:`admit` would return if called now). Prefix-aware
+        schedulers call it for waiting requests every step, so it must be cheap: an allocator
+        memoises the sequence's block digests. Default: 0 (no prefix cache)."""
         return 0
 
     def on_tokens_computed(self, seq: Sequence) -> None:

@@ -20,8 +20,8 @@ import pluggy
 
 from servelab.core import hookspecs
 from servelab.core.errors import ServelabError
-from servelab.core.interfaces import (BlockAllocator, LengthPredictor, PreemptionPolicy, Scheduler, SpeculativeDrafter,
-                                      TimeModel)
+from servelab.core.interfaces import (BlockAllocator, Evictor, LengthPredictor, PreemptionPolicy, Scheduler,
+                                      SpeculativeDrafter, TimeModel)
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,7 @@ KINDS: dict[str, tuple[type, str]] = {
     "drafter": (SpeculativeDrafter, "servelab_register_drafters"),
     "time_model": (TimeModel, "servelab_register_time_models"),
     "length_predictor": (LengthPredictor, "servelab_register_length_predictors"),
+    "evictor": (Evictor, "servelab_register_evictors"),
 }
 
 

@@ -20,8 +20,8 @@ from typing import Callable
 
 from servelab.core.cost_model import StepCostModel, StepFeatures
 from servelab.core.executor import Executor, StepOutput
-from servelab.core.interfaces import (BlockAllocator, Drafts, EngineLimits, LengthPredictorError, PreemptionDecision,
-                                      Scheduler, SchedulePlan, SpeculativeDrafter)
+from servelab.core.interfaces import (BlockAllocator, Drafts, EngineLimits, EvictorError, LengthPredictorError,
+                                      PreemptionDecision, Scheduler, SchedulePlan, SpeculativeDrafter)
 from servelab.core.request import Request, Sequence, Status
 from servelab.core.step_work import DraftWork, StepWork
 from servelab.engine.batch import build_batch, step_work
@@ -362,7 +362,7 @@ class Engine:
     def _call_plugin(self, role: str, fn):
         try:
             return fn()
-        except LengthPredictorError as exc:  # already names its plugin and the request
+        except (LengthPredictorError, EvictorError) as exc:  # already names its plugin and the request/block
             raise PluginFailure(f"{exc} (step {self.totals.num_steps})") from exc
         except Exception as exc:  # name the plugin and step in the error
             plugin = getattr(self, role)

@@ -348,6 +348,7 @@ class ServelabConfig:
     drafter: Any = MISSING
     time_model: Any = MISSING
     length_predictor: Any = MISSING
+    evictor: Any = MISSING
     hardware: HardwareConfig = MISSING
     model: ModelConfig = MISSING
     workload: Any = MISSING

@@ -18,7 +18,7 @@ from servelab.core.errors import ConfigError
 from servelab.engine.engine import Engine
 from servelab.exec.executor import Executor, LocalExecutor, WorkerConfig
 from servelab.exec.tp import TPExecutor
-from servelab.core.interfaces import EngineLimits, PredictorContext, TimeModel, TimeModelContext
+from servelab.core.interfaces import EngineLimits, EvictorContext, PredictorContext, TimeModel, TimeModelContext
 from servelab.core.packaged import PACKAGED_CHECKPOINTS, PACKAGED_MODELS
 from servelab.exec.model.random_checkpoint import cached_random_checkpoint
 from servelab.core.registry import KINDS, Registry, default_registry
@@ -229,6 +229,8 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
         ttft_slo_ms=cfg.slo.ttft_ms, tpot_slo_ms=cfg.slo.tpot_ms)
     cost_model = StepCostModel()
     allocator = classes["allocator"](_plugin_config(cfg.allocator), executor.num_kv_blocks, cfg.block_size, limits)
+    allocator.attach_evictor(classes["evictor"](_plugin_config(cfg.evictor), EvictorContext(
+        executor.num_kv_blocks, cfg.block_size, cost_model)))
     try:
         time_model = classes["time_model"](_plugin_config(cfg.time_model), time_model_context(cfg, executor))
     except ValueError as exc:

@@ -5,11 +5,15 @@ digest :func:`block_digest` (BLAKE2b of the parent block's digest and the block'
 identity never rests on Python's 64-bit ``hash()``, where two different prefixes can collide and
 a request would read another's KV); a request's ``cache_salt`` seeds the chain, so requests with
 different salts (tenants) never share a block. An admitted sequence reuses every cached full block
-of its prefix (ref + 1) and computes only the rest. A freed block that has a hash stays cached in
-an LRU list and is evicted (oldest first) only when the pool needs room; blocks without a hash
-are reused first. Only full blocks are ever shared, so copy-on-write is never needed: a partial
+of its prefix (ref + 1) and computes only the rest. A freed block that has a hash stays cached
+(evictable) and is evicted only when the pool needs room; blocks without a hash are reused first. Only full blocks are ever shared, so copy-on-write is never needed: a partial
 last block always belongs to one sequence, and it is hashed (and becomes shareable) only once it
 is full and computed.
+
+Which cached block to give up when the pool needs room is the evictor's choice (``evictor=<name>``,
+default ``lru``): the allocator reports each cache event to it (insert, hit, release) and asks it
+for a victim only when no never-cached block is free. :meth:`PagedAllocator.cached_prefix_len`
+answers how much of a waiting request the cache holds, from digests memoised per sequence.
 
 Swap: with a host pool attached (``backend.num_swap_blocks`` / ``swap_space_gb``), a victim's
 blocks are copied to host blocks and its device blocks released (a shared prefix block stays for
@@ -21,11 +25,13 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass
 
-from servelab.core.interfaces import BlockAllocator
+from servelab.core.cost_model import StepCostModel
+from servelab.core.interfaces import BlockAllocator, CachedBlock, EvictorContext, EvictorError
 from servelab.core.request import Sequence
+from servelab.plugins.evictors.lru import LruEvictor
 
 
 def block_digest(parent: bytes, tokens) -> bytes:
@@ -56,7 +62,8 @@ class PagedAllocator(BlockAllocator):
         self.ref_counts = [0] * num_blocks
         self.block_hash: list[bytes | None] = [None] * num_blocks
         self.free_plain: deque[int] = deque(range(num_blocks))
-        self.free_cached: OrderedDict[int, None] = OrderedDict()  # LRU: oldest first
+        self.evictable: set[int] = set()  # cached blocks nobody references (the evictor orders them)
+        self.evictor = LruEvictor(LruEvictor.Config(), EvictorContext(num_blocks, block_size, StepCostModel()))
         self.cached: dict[bytes, int] = {}  # block digest -> block id
         self.tables: dict[str, list[int]] = {}
         self.hashes: dict[str, list[bytes]] = {}  # digests of each sequence's full computed blocks
@@ -65,6 +72,7 @@ class PagedAllocator(BlockAllocator):
         self._table_blocks = 0  # sum of len(table) over self.tables: usage_stats runs every step
         self.free_host: deque[int] = deque()
         self.swapped: dict[str, tuple[list[int], int]] = {}  # seq id -> (host blocks, slots used)
+        self.prompt_digests: dict[str, list[bytes]] = {}  # waiting seq id -> digests of its full blocks
 
     def attach_swap_pool(self, num_blocks: int) -> None:
         super().attach_swap_pool(num_blocks)
@@ -79,7 +87,7 @@ class PagedAllocator(BlockAllocator):
         total = seq.num_computed_tokens + num_new_tokens
         need = -(-total // self.block_size) - len(table)
         if need > 0:  # most decode steps need no new block: keep that path short
-            if need > len(self.free_plain) + len(self.free_cached):
+            if need > len(self.free_plain) + len(self.evictable):
                 return False
             for _ in range(need):
                 table.append(self._take_block())
@@ -96,6 +104,7 @@ class PagedAllocator(BlockAllocator):
         if table:
             self._table_blocks -= len(table)
         self.hashes.pop(seq.id, None)
+        self.prompt_digests.pop(seq.id, None)
         self._total_slots_used -= self.slots_used.pop(seq.id, 0)
         for block in reversed(table or ()):  # tail blocks end up evicted first
             self._release(block)
@@ -114,7 +123,7 @@ class PagedAllocator(BlockAllocator):
         return self.tables.get(seq_id, [])
 
     def num_free_blocks(self) -> int:
-        return len(self.free_plain) + len(self.free_cached)
+        return len(self.free_plain) + len(self.evictable)
 
     def admit(self, seq: Sequence) -> int:
         if not self.config.prefix_caching:
@@ -122,24 +131,45 @@ class PagedAllocator(BlockAllocator):
         table = self.tables.setdefault(seq.id, [])
         held = len(table)
         hashes = self.hashes.setdefault(seq.id, [])
-        tokens = seq.token_ids
-        parent = root_digest(seq)
-        for j in range((seq.num_tokens - 1) // self.block_size):  # the last token is always computed
-            h = block_digest(parent, tokens[j * self.block_size:(j + 1) * self.block_size])
+        for h in self._prompt_digests(seq):
             block = self.cached.get(h)
             if block is None:
                 break
             if self.ref_counts[block] == 0:
-                del self.free_cached[block]
+                self.evictable.remove(block)
             self.ref_counts[block] += 1
+            self._tell_evictor("on_hit", block)
             table.append(block)
             hashes.append(h)
-            parent = h
+        del self.prompt_digests[seq.id]  # admitted: its digests now live in self.hashes
         self._table_blocks += len(table) - held
         cached_tokens = len(table) * self.block_size
         self._total_slots_used += cached_tokens
         self.slots_used[seq.id] = cached_tokens
         return cached_tokens
+
+    def cached_prefix_len(self, seq: Sequence) -> int:
+        if not self.config.prefix_caching:
+            return 0
+        cached, hits = self.cached, 0
+        for h in self._prompt_digests(seq):
+            if h not in cached:
+                break
+            hits += 1
+        return hits * self.block_size
+
+    def _prompt_digests(self, seq: Sequence) -> list[bytes]:
+        """Digests of ``seq``'s full blocks but the last token's (memoised until it is admitted or
+        freed: a waiting sequence's tokens do not change)."""
+        n = (seq.num_tokens - 1) // self.block_size  # the last token is always computed
+        digests = self.prompt_digests.get(seq.id)
+        if digests is None or len(digests) != n:
+            digests, parent, tokens, bs = [], root_digest(seq), seq.token_ids, self.block_size
+            for j in range(n):
+                parent = block_digest(parent, tokens[j * bs:(j + 1) * bs])
+                digests.append(parent)
+            self.prompt_digests[seq.id] = digests
+        return digests
 
     def on_tokens_computed(self, seq: Sequence) -> None:
         if not self.config.prefix_caching:
@@ -152,8 +182,7 @@ class PagedAllocator(BlockAllocator):
             hashes.append(h)
             block = table[j]
             if self.block_hash[block] is None and h not in self.cached:
-                self.block_hash[block] = h
-                self.cached[h] = block
+                self._cache(block, h, parent, j)
             parent = h
 
     def leaked_blocks(self) -> int:
@@ -188,10 +217,11 @@ class PagedAllocator(BlockAllocator):
         self._table_blocks += len(table)
         self.slots_used[seq.id] = used
         self._total_slots_used += used
-        for block, h in zip(table, self.hashes.get(seq.id, ())):
+        parent = root_digest(seq)
+        for j, (block, h) in enumerate(zip(table, self.hashes.get(seq.id, ()))):
             if h not in self.cached:  # the copy is the only block holding this content now
-                self.block_hash[block] = h
-                self.cached[h] = block
+                self._cache(block, h, parent, j)
+            parent = h
         self.free_host.extend(host)
         return list(zip(host, table))
 
@@ -201,20 +231,45 @@ class PagedAllocator(BlockAllocator):
         return {"kv_waste_fraction": waste}
 
     # ---- helpers ------------------------------------------------------------------------
+    def _cache(self, block: int, digest: bytes, parent: bytes, position: int) -> None:
+        self.block_hash[block] = digest
+        self.cached[digest] = block
+        self._tell_evictor("on_insert", CachedBlock(block, digest, parent, position))
+
     def _release(self, block: int) -> None:
         self.ref_counts[block] -= 1
         if self.ref_counts[block] == 0:
             if self.block_hash[block] is None:
                 self.free_plain.append(block)
             else:
-                self.free_cached[block] = None
+                self.evictable.add(block)
+                self._tell_evictor("on_release", block)
 
     def _take_block(self) -> int:
-        if self.free_plain:
-            block = self.free_plain.popleft()
-        else:
-            block, _ = self.free_cached.popitem(last=False)  # evict the least recently used
-            del self.cached[self.block_hash[block]]
-            self.block_hash[block] = None
+        block = self.free_plain.popleft() if self.free_plain else self._evict()
         self.ref_counts[block] = 1
         return block
+
+    def _evict(self) -> int:
+        """Ask the evictor for a victim among the evictable blocks (the caller checked there is
+        one), check it, and drop it from the cache."""
+        block = self._tell_evictor("evict")
+        if block not in self.evictable:
+            where = f"evictor plugin {type(self.evictor).name!r}"
+            if block is None:
+                raise EvictorError(f"{where} returned no block while {len(self.evictable)} cached blocks are evictable")
+            if not (isinstance(block, int) and 0 <= block < self.num_blocks) or self.block_hash[block] is None:
+                raise EvictorError(f"{where} returned block {block!r}, which is not a cached block")
+            raise EvictorError(f"{where} returned block {block}, which {self.ref_counts[block]} running "
+                               "request(s) still reference")
+        self.evictable.remove(block)
+        del self.cached[self.block_hash[block]]
+        self.block_hash[block] = None
+        return block
+
+    def _tell_evictor(self, event: str, *args):
+        try:
+            return getattr(self.evictor, event)(*args)
+        except Exception as exc:  # noqa: BLE001 - any failure is reported naming the evictor
+            raise EvictorError(f"evictor plugin {type(self.evictor).name!r} raised {type(exc).__name__} in "
+                               f"{event}{args if len(args) != 1 else f'({args[0]!r})'}: {exc}") from exc

@@ -1,0 +1,5 @@
+"""Built-in prefix-cache evictors (``evictor=<name>``)."""
+
+from .lru import LruEvictor
+
+BUILTIN = [LruEvictor]
