@@ -237,6 +237,28 @@ class HashIdsWorkload:
 
 
 @dataclass
+class ChatSessionsWorkload:
+    """Synthetic multi-turn chat (``servelab.workloads.chat_sessions``): ``num_sessions`` conversations
+    starting at ``session_rate``/s, each of ``turns`` turns; each opens with one of
+    ``num_system_prompts`` system prompts (Zipf ``system_zipf`` popularity) and every turn's prompt
+    repeats the conversation so far; a next turn arrives ``think_time_s`` (exponential mean) later.
+    Each request's ``client_id`` is its session."""
+
+    name: str = "chat_sessions"
+    num_sessions: int = 64
+    session_rate: float = 1.0  # new conversations per second (Poisson)
+    turns: LengthConfig = field(default_factory=lambda: LengthConfig(LengthDist.uniform, 1, 6))
+    num_system_prompts: int = 8
+    system_zipf: float = 1.0  # popularity of system prompt i ~ 1 / i**zipf (0 = equally popular)
+    system_prompt_len: LengthConfig = field(default_factory=lambda: LengthConfig(LengthDist.uniform, 256, 1024))
+    user_len: LengthConfig = field(default_factory=lambda: LengthConfig(LengthDist.lognormal, 8, 512, 64.0, 0.8))
+    output_len: LengthConfig = field(default_factory=lambda: LengthConfig(LengthDist.lognormal, 8, 512, 128.0, 0.8))
+    think_time_s: float = 20.0  # mean gap between a turn's arrival and the next turn's
+    seed: int = "${seed}"  # type: ignore[assignment]
+    time_scale: float = 1.0
+
+
+@dataclass
 class BackendConfig:
     """The executor: ``torch`` runs the model in this process (TP comes with ``tensor_parallel_size``)."""
 
@@ -410,6 +432,7 @@ def register_configs(registry: Registry | None = None) -> None:
     cs.store(group="workload", name="jsonl", node=JsonlWorkload)
     cs.store(group="workload", name="trace", node=TraceWorkload)
     cs.store(group="workload", name="hash_ids", node=HashIdsWorkload)
+    cs.store(group="workload", name="chat_sessions", node=ChatSessionsWorkload)
     cs.store(group="workload", name="prompts", node=PromptsWorkload)
     cs.store(group="workload", name="corpus", node=CorpusWorkload)
     cs.store(group="backend", name="torch", node=BackendConfig)

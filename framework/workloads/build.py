@@ -22,6 +22,7 @@ from servelab.core.packaged import trace_path
 from servelab.core.request import Request, SamplingParams
 from servelab.workloads.clients import (client_ids, client_rng, draw_clients, parse_clients,
                                         rates_unless_all_at_once, summed_rate)
+from servelab.workloads.chat_sessions import chat_session_requests
 from servelab.workloads.hash_ids import hash_ids_requests
 from servelab.workloads.text import CheckpointText
 from servelab.workloads.text_prompts import corpus_requests, prompts_requests
@@ -34,7 +35,7 @@ def build_requests(cfg, vocab_size: int, max_model_len: int, text=None) -> list[
     checkpoint's :class:`~servelab.workloads.text.CheckpointText` (text prompts need its tokenizer)."""
     text = text if text is not None else CheckpointText(None)
     kinds = {"synthetic": synthetic_requests, "jsonl": lambda c, v, m: jsonl_requests(c, v, m, text),
-             "trace": trace_requests, "hash_ids": hash_ids_requests,
+             "trace": trace_requests, "hash_ids": hash_ids_requests, "chat_sessions": chat_session_requests,
              "prompts": lambda c, v, m: prompts_requests(c, text), "corpus": lambda c, v, m: corpus_requests(c, text)}
     if cfg.name not in kinds:
         raise WorkloadError(f"workload.name={cfg.name!r} is not one of {sorted(kinds)}")
