@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from servelab.core.cost_model import StepCostModel
 from servelab.core.interfaces import BlockAllocator, CachedBlock, EvictorContext, EvictorError
-from servelab.core.request import Sequence
+from servelab.core.request import Sequence, Status
 from servelab.plugins.evictors.lru import LruEvictor
 
 
@@ -63,7 +63,7 @@ class PagedAllocator(BlockAllocator):
         self.block_hash: list[bytes | None] = [None] * num_blocks
         self.free_plain: deque[int] = deque(range(num_blocks))
         self.evictable: set[int] = set()  # cached blocks nobody references (the evictor orders them)
-        self.evictor = LruEvictor(LruEvictor.Config(), EvictorContext(num_blocks, block_size, StepCostModel()))
+        self.attach_evictor(LruEvictor(LruEvictor.Config(), EvictorContext(num_blocks, block_size, StepCostModel())))
         self.cached: dict[bytes, int] = {}  # block digest -> block id
         self.tables: dict[str, list[int]] = {}
         self.hashes: dict[str, list[bytes]] = {}  # digests of each sequence's full computed blocks
@@ -73,6 +73,11 @@ class PagedAllocator(BlockAllocator):
         self.free_host: deque[int] = deque()
         self.swapped: dict[str, tuple[list[int], int]] = {}  # seq id -> (host blocks, slots used)
         self.prompt_digests: dict[str, list[bytes]] = {}  # waiting seq id -> digests of its full blocks
+
+    def attach_evictor(self, evictor) -> None:
+        super().attach_evictor(evictor)
+        # bound once: these run for every cached block a request touches
+        self._on_hit, self._on_release = evictor.on_hit, evictor.on_release
 
     def attach_swap_pool(self, num_blocks: int) -> None:
         super().attach_swap_pool(num_blocks)
@@ -104,7 +109,8 @@ class PagedAllocator(BlockAllocator):
         if table:
             self._table_blocks -= len(table)
         self.hashes.pop(seq.id, None)
-        self.prompt_digests.pop(seq.id, None)
+        if seq.status is not Status.WAITING:  # a failed admission retries next step: keep its digests
+            self.prompt_digests.pop(seq.id, None)
         self._total_slots_used -= self.slots_used.pop(seq.id, 0)
         for block in reversed(table or ()):  # tail blocks end up evicted first
             self._release(block)
@@ -138,10 +144,12 @@ class PagedAllocator(BlockAllocator):
             if self.ref_counts[block] == 0:
                 self.evictable.remove(block)
             self.ref_counts[block] += 1
-            self._tell_evictor("on_hit", block)
+            try:
+                self._on_hit(block)
+            except Exception as exc:  # noqa: BLE001 - reported naming the evictor
+                raise self._evictor_error("on_hit", block, exc) from exc
             table.append(block)
             hashes.append(h)
-        del self.prompt_digests[seq.id]  # admitted: its digests now live in self.hashes
         self._table_blocks += len(table) - held
         cached_tokens = len(table) * self.block_size
         self._total_slots_used += cached_tokens
@@ -159,8 +167,8 @@ class PagedAllocator(BlockAllocator):
         return hits * self.block_size
 
     def _prompt_digests(self, seq: Sequence) -> list[bytes]:
-        """Digests of ``seq``'s full blocks but the last token's (memoised until it is admitted or
-        freed: a waiting sequence's tokens do not change)."""
+        """Digests of ``seq``'s full blocks but the last token's, memoised until it leaves (a failed
+        admission is retried every step; a preempted sequence grows, so the length is checked)."""
         n = (seq.num_tokens - 1) // self.block_size  # the last token is always computed
         digests = self.prompt_digests.get(seq.id)
         if digests is None or len(digests) != n:
@@ -234,7 +242,11 @@ class PagedAllocator(BlockAllocator):
     def _cache(self, block: int, digest: bytes, parent: bytes, position: int) -> None:
         self.block_hash[block] = digest
         self.cached[digest] = block
-        self._tell_evictor("on_insert", CachedBlock(block, digest, parent, position))
+        entry = CachedBlock(block, digest, parent, position)
+        try:
+            self.evictor.on_insert(entry)
+        except Exception as exc:  # noqa: BLE001 - reported naming the evictor
+            raise self._evictor_error("on_insert", entry, exc) from exc
 
     def _release(self, block: int) -> None:
         self.ref_counts[block] -= 1
@@ -243,7 +255,10 @@ class PagedAllocator(BlockAllocator):
                 self.free_plain.append(block)
             else:
                 self.evictable.add(block)
-                self._tell_evictor("on_release", block)
+                try:
+                    self._on_release(block)
+                except Exception as exc:  # noqa: BLE001 - reported naming the evictor
+                    raise self._evictor_error("on_release", block, exc) from exc
 
     def _take_block(self) -> int:
         block = self.free_plain.popleft() if self.free_plain else self._evict()
@@ -253,7 +268,10 @@ class PagedAllocator(BlockAllocator):
     def _evict(self) -> int:
         """Ask the evictor for a victim among the evictable blocks (the caller checked there is
         one), check it, and drop it from the cache."""
-        block = self._tell_evictor("evict")
+        try:
+            block = self.evictor.evict()
+        except Exception as exc:  # noqa: BLE001 - reported naming the evictor
+            raise self._evictor_error("evict", None, exc) from exc
         if block not in self.evictable:
             where = f"evictor plugin {type(self.evictor).name!r}"
             if block is None:
@@ -267,9 +285,6 @@ class PagedAllocator(BlockAllocator):
         self.block_hash[block] = None
         return block
 
-    def _tell_evictor(self, event: str, *args):
-        try:
-            return getattr(self.evictor, event)(*args)
-        except Exception as exc:  # noqa: BLE001 - any failure is reported naming the evictor
-            raise EvictorError(f"evictor plugin {type(self.evictor).name!r} raised {type(exc).__name__} in "
-                               f"{event}{args if len(args) != 1 else f'({args[0]!r})'}: {exc}") from exc
+    def _evictor_error(self, event: str, arg, exc: Exception) -> EvictorError:
+        call = f"{event}()" if arg is None else f"{event}({arg!r})"
+        return EvictorError(f"evictor plugin {type(self.evictor).name!r} raised {type(exc).__name__} in {call}: {exc}")
