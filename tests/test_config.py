@@ -30,7 +30,7 @@ def test_unknown_keys_fail_at_compose_time(override):
         compose(override)
 
 
-@pytest.mark.parametrize("override", ["block_size=abc", "allocator.prefix_caching=maybe", "model.dtype=float64",
+@pytest.mark.parametrize("override", ["allocator.prefix_caching=maybe", "model.dtype=float64",
                                       "attention_backend=cuda", "max_num_seqs=1.5"])
 def test_wrong_types_fail_at_compose_time(override):
     with pytest.raises(ConfigCompositionException, match="Error merging override"):
@@ -43,7 +43,7 @@ def test_unknown_plugin_lists_available_options():
 
 
 @pytest.mark.parametrize("override,key", [
-    ("block_size=12", "block_size"), ("block_size=512", "block_size"), ("max_num_seqs=0", "max_num_seqs"),
+    ("block_size=12", "block_size"), ("block_size=512", "block_size"), ("block_size=abc", "block_size"), ("max_num_seqs=0", "max_num_seqs"),
     ("max_num_batched_tokens=8", "max_num_batched_tokens"), ("num_kv_blocks=0", "num_kv_blocks"),
     ("slo.ttft_ms=0", "slo.ttft_ms"), ("slo.tpot_ms=-5", "slo.tpot_ms"),
     ("tensor_parallel_size=0", "tensor_parallel_size"),

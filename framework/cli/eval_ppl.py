@@ -30,7 +30,7 @@ from servelab.core.errors import ConfigError, ServelabError
 from servelab.core.model_spec import load_spec
 from servelab.exec.executor import ModelWorker
 from servelab.exec.model.llama import AttentionMetadata
-from servelab.run.stack import worker_config
+from servelab.run.stack import explicit_block_size, worker_config
 from servelab.workloads import corpus
 from servelab.workloads.text import checkpoint_text
 
@@ -64,7 +64,7 @@ def evaluate(cfg, documents: list[str] | None = None) -> dict:
     start = time.perf_counter()
     wcfg = worker_config(cfg)
     spec_window = _window(cfg, wcfg.model_path)
-    block_size = cfg.block_size
+    block_size = explicit_block_size(cfg, "servelab eval-ppl")
     blocks_per_window = -(-spec_window // block_size)
     wcfg = dataclasses.replace(wcfg, max_model_len=spec_window, num_kv_blocks=e.batch_windows * blocks_per_window,
                                num_swap_blocks=0, swap_space_gb=None)

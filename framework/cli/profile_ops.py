@@ -50,7 +50,7 @@ from servelab.exec.executor import DTYPES, resolve_device
 from servelab.exec.quant import kv_cache_storage_dtype, linear_kernel
 from servelab.exec.tp import check_tensor_parallel
 from servelab.kernels import select_attention_backend
-from servelab.run.stack import model_path, model_shape
+from servelab.run.stack import explicit_block_size, model_path, model_shape
 from servelab.sim.op_tables import FORMAT, isotonic, load_op_tables
 from servelab.sim.step_profile import machine_description
 
@@ -233,6 +233,7 @@ def profile_ops(argv: list[str], out: str | Path | None = None, quiet: bool = Fa
         cfg, run_dir = compose_with_run_dir(overrides)
     except HydraException as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None
+    explicit_block_size(cfg, "servelab profile-ops")
     out = Path(out) if out is not None else command_output_dir("profile-ops", run_dir)
     lines = _Lines(quiet)
 

@@ -376,7 +376,7 @@ class ServelabConfig:
     workload: Any = MISSING
     backend: BackendConfig = MISSING
     logger: LoggerConfig = MISSING
-    block_size: int = 16
+    block_size: Any = 16  # a power of two 1..256, or "auto" (servelab.run.block_size); checked by validate
     seed: int = 0
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048

@@ -20,7 +20,8 @@ from servelab.run.metrics import RequestStats, request_record, summarize
 from servelab.run.preflight import check_requests
 from servelab.core.request import Request
 from servelab.run.runner import run_workload
-from servelab.run.stack import Stack, build_stack
+from servelab.run.block_size import workload_requests
+from servelab.run.stack import Stack, build_stack, model_shape, validate
 from servelab.workloads.text import checkpoint_text, text_decorator
 from servelab.workloads.build import build_requests
 
@@ -172,13 +173,17 @@ def run_job(cfg: DictConfig, output_dir: str | Path, requests: list[Request] | N
 
     Without ``stack`` the stack is built here and its executor shut down at the end (error or not);
     a given ``stack`` stays open (its owner shuts it down). ``banner``: print what runs and where
-    its results go before the first step (the command line does).
+    its results go before the first step (the command line does). With ``block_size=auto`` the
+    workload's requests are built once, before the stack, for the choice and the run.
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     if stack is not None:
         return _run_on_stack(cfg, output_dir, requests, stack, banner)
-    stack = build_stack(cfg)
+    if requests is None and cfg.block_size == "auto":  # built once: block_size=auto reads them, the run replays them
+        validate(cfg)  # a missing key is named before the workload trips on it
+        requests = workload_requests(cfg, model_shape(cfg))
+    stack = build_stack(cfg, requests=requests)
     try:
         return _run_on_stack(cfg, output_dir, requests, stack, banner)
     finally:
@@ -225,6 +230,7 @@ def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | N
             progress.close()
         result = collect_results(engine, cfg.workload.time_scale, status,
                                  {"tensor_parallel_size": cfg.tensor_parallel_size, **stack.describe_time(),
+                                  **({"block_size_auto": stack.block_size_auto} if stack.block_size_auto else {}),
                                   **(stack.executor.summary() if hasattr(stack.executor, "summary") else {})},
                                  writer=writer, fairness_weights=weights)
         result.write(output_dir, cfg.debug.log_steps)

@@ -24,6 +24,7 @@ from servelab.exec.model.random_checkpoint import cached_random_checkpoint
 from servelab.core.registry import KINDS, Registry, default_registry
 from servelab.core.shapes import HardwareProfile, ModelShape, StorageBytes
 from servelab.sim.executor import SimExecutor, plan_memory
+from servelab.run.block_size import resolve_block_size
 from servelab.run.swap_pool import swap_pool_config
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ class Stack:
     limits: EngineLimits
     time_model: TimeModel | None = None
     clock_kind: str = "wall"  # wall | virtual | custom (a clock handed in by the caller)
+    block_size_auto: dict | None = None  # block_size=auto: {"chosen": size, "reason": why}
 
     def describe_time(self) -> dict:
         """What ``summary.json`` states about time: the clock, the time model, the hardware."""
@@ -51,14 +53,12 @@ def validate(cfg: DictConfig) -> None:
     """Cross-key checks Hydra's types cannot express; raise :class:`ConfigError` naming the key."""
     check_required(cfg)
     check_packaged_model(cfg)
-    bs = cfg.block_size
-    if bs < 1 or bs > 256 or bs & (bs - 1):
-        raise ConfigError(f"block_size={bs} must be a power of two between 1 and 256")
+    bs = check_block_size(cfg.block_size)
     if cfg.max_num_seqs < 1:
         raise ConfigError(f"max_num_seqs={cfg.max_num_seqs} must be >= 1")
     if cfg.max_model_len < 2:
         raise ConfigError(f"max_model_len={cfg.max_model_len} must be >= 2")
-    if cfg.max_num_batched_tokens < max(bs, cfg.max_num_seqs):
+    if cfg.max_num_batched_tokens < max(bs, cfg.max_num_seqs):  # auto: only sizes that fit are candidates
         raise ConfigError(f"max_num_batched_tokens={cfg.max_num_batched_tokens} must be >= block_size ({bs}) and "
                           f">= max_num_seqs ({cfg.max_num_seqs}, one token per running sequence)")
     if not cfg.chunked_prefill and cfg.max_num_batched_tokens < cfg.max_model_len:
@@ -88,6 +88,24 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"backend.activation_reserve_gb={cfg.backend.activation_reserve_gb} must be >= 0")
     if cfg.backend.kv_cache_memory_gb <= 0:
         raise ConfigError(f"backend.kv_cache_memory_gb={cfg.backend.kv_cache_memory_gb} must be > 0")
+
+
+def explicit_block_size(cfg: DictConfig, command: str) -> int:
+    """``cfg.block_size`` for a command that runs no workload (so ``auto`` has nothing to choose from)."""
+    bs = check_block_size(cfg.block_size)
+    if cfg.block_size == "auto":
+        raise ConfigError(f"block_size=auto chooses from a workload's lengths, and {command} runs none: "
+                          "give block_size=<int>")
+    return bs
+
+
+def check_block_size(bs) -> int:
+    """``block_size``: a power of two 1..256 (returned), or ``auto`` (returned as 1: resolved later)."""
+    if bs == "auto":
+        return 1
+    if not isinstance(bs, int) or isinstance(bs, bool) or bs < 1 or bs > 256 or bs & (bs - 1):
+        raise ConfigError(f"block_size={bs} must be a power of two between 1 and 256, or auto")
+    return bs
 
 
 def check_required(cfg: DictConfig) -> None:
@@ -208,9 +226,13 @@ def build_executor(cfg: DictConfig, draft_model_path: str | None = None, registr
 
 
 def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Executor | None = None,
-                clock=None) -> Stack:
-    """Validate ``cfg``, build the executor (unless given) and the policies, and wire the engine."""
+                clock=None, requests=None) -> Stack:
+    """Validate ``cfg``, build the executor (unless given) and the policies, and wire the engine.
+
+    ``block_size=auto`` is resolved first (``cfg.block_size`` becomes the chosen size) from ``requests``
+    (the run's; built from ``cfg.workload`` when None)."""
     validate(cfg)
+    auto = resolve_block_size(cfg, model_shape(cfg), requests) if cfg.block_size == "auto" else None
     registry = registry or default_registry()
     classes = {kind: registry.get(kind, cfg[kind].name) for kind in KINDS}
     clock_kind = _clock_kind(cfg)
@@ -252,7 +274,8 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
     else:
         clock_kind = "custom"
     engine = Engine(limits, scheduler, allocator, executor, cost_model, seed=cfg.seed, clock=clock, drafter=drafter)
-    return Stack(engine, executor, limits, time_model, clock_kind)
+    return Stack(engine, executor, limits, time_model, clock_kind,
+                 {"chosen": auto.chosen, "reason": auto.reason} if auto else None)
 
 
 def _length_predictor(cfg: DictConfig, classes: dict, executor: Executor, max_model_len: int):
