@@ -39,6 +39,7 @@ def hash_ids_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]
     rows = _read_rows(path, cfg.start_row, cfg.num_requests)
     owners = client_ids(clients, draw_clients(clients, len(rows), cfg.seed), len(rows))
     blocks: dict[int, list[int]] = {}
+    seed, block_tokens = int(cfg.seed), int(cfg.block_tokens)  # read once: an OmegaConf read per block dominated
     requests, clipped = [], 0
     t0 = rows[0][1]["timestamp"] if rows else 0
     for i, (lineno, row) in enumerate(rows):
@@ -50,13 +51,13 @@ def hash_ids_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]
             arrival = (float(row["timestamp"]) - t0) / 1e3
         except (KeyError, TypeError, ValueError) as exc:
             raise WorkloadError(f"{where}: needs timestamp, input_length, output_length, hash_ids ({exc})") from None
-        if len(ids) * cfg.block_tokens < prompt_len:
-            raise WorkloadError(f"{where}: {len(ids)} hash_ids x {cfg.block_tokens} tokens cannot cover the scaled "
+        if len(ids) * block_tokens < prompt_len:
+            raise WorkloadError(f"{where}: {len(ids)} hash_ids x {block_tokens} tokens cannot cover the scaled "
                                 f"input_length {prompt_len}")
         tokens: list[int] = []
-        for h in ids[:-(-prompt_len // cfg.block_tokens)]:
+        for h in ids[:-(-prompt_len // block_tokens)]:
             if h not in blocks:
-                blocks[h] = block_token_ids(cfg.seed, h, cfg.block_tokens, vocab_size)
+                blocks[h] = block_token_ids(seed, h, block_tokens, vocab_size)
             tokens.extend(blocks[h])
         if prompt_len + output_len > max_model_len:
             clipped += 1
