@@ -251,8 +251,12 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
         ttft_slo_ms=cfg.slo.ttft_ms, tpot_slo_ms=cfg.slo.tpot_ms)
     cost_model = StepCostModel()
     allocator = classes["allocator"](_plugin_config(cfg.allocator), executor.num_kv_blocks, cfg.block_size, limits)
-    allocator.attach_evictor(classes["evictor"](_plugin_config(cfg.evictor), EvictorContext(
-        executor.num_kv_blocks, cfg.block_size, cost_model)))
+    try:
+        evictor = classes["evictor"](_plugin_config(cfg.evictor),
+                                     EvictorContext(executor.num_kv_blocks, cfg.block_size, cost_model))
+    except ValueError as exc:
+        raise ConfigError(f"evictor={cfg.evictor.name}: {exc}") from None
+    allocator.attach_evictor(evictor)
     try:
         time_model = classes["time_model"](_plugin_config(cfg.time_model), time_model_context(cfg, executor))
     except ValueError as exc:
