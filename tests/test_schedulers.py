@@ -15,7 +15,7 @@ from servelab.run.session import collect_results, run_job
 from servelab.run.stack import ConfigError, build_stack
 from servelab.kit.testing import FakeExecutor, StepTimeModel, VirtualClock
 
-SCHEDULERS = ["fcfs", "static", "priority", "slo_aware"]
+SCHEDULERS = ["fcfs", "static", "priority", "slo_aware", "lpm"]
 
 
 def compose(overrides, **values):

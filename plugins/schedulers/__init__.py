@@ -1,6 +1,7 @@
 """Built-in schedulers."""
 
 from .fcfs import FCFSScheduler
+from .lpm import LPMScheduler
 from .mlfq import MLFQScheduler
 from .priority import PriorityScheduler
 from .sjf import SJFScheduler
@@ -9,4 +10,4 @@ from .static import StaticBatchScheduler
 from .vtc import VTCScheduler
 
 BUILTIN = [FCFSScheduler, StaticBatchScheduler, PriorityScheduler, SLOAwareScheduler, VTCScheduler, MLFQScheduler,
-           SJFScheduler]
+           SJFScheduler, LPMScheduler]
