@@ -7,7 +7,7 @@ The names here are the public, stable surface (the modules behind them may move)
   :class:`BlockAllocator`, :class:`PreemptionPolicy`, :class:`SpeculativeDrafter`,
   :class:`TimeModel` (with its :class:`TimeModelContext`), :class:`LengthPredictor` (with its
   :class:`PredictorContext`), :class:`Evictor` (with its :class:`EvictorContext` and the
-  :class:`CachedBlock` events it receives);
+  :class:`CachedBlock` events it receives; :class:`StepCostModel` prices recomputing a block);
 - the data they exchange: :class:`Request`, :class:`SamplingParams`, :class:`Sequence`,
   :class:`Status`, :class:`SchedulePlan`, :class:`ScheduledSeq`, :class:`PreemptionDecision`,
   :class:`Drafts`, :class:`EngineLimits`, :class:`StepWork`, :class:`NoConfig`, :class:`ConfigError`;
@@ -19,6 +19,7 @@ The names here are the public, stable surface (the modules behind them may move)
 
 from __future__ import annotations
 
+from servelab.core.cost_model import StepCostModel
 from servelab.core.errors import ConfigError
 from servelab.core.hookspecs import hookimpl
 from servelab.core.interfaces import (BlockAllocator, CachedBlock, Drafts, EngineLimits, Evictor, EvictorContext,
@@ -34,7 +35,7 @@ _CONFORMANCE = ("check_plugin", "Report")
 _RUNNING = ("compose", "run_job")
 
 __all__ = ["hookimpl", "Scheduler", "QueueScheduler", "WaitQueue", "BlockAllocator", "PreemptionPolicy",
-           "SpeculativeDrafter", "TimeModel", "TimeModelContext", "LengthPredictor", "PredictorContext", "Evictor", "EvictorContext", "CachedBlock",
+           "SpeculativeDrafter", "TimeModel", "TimeModelContext", "LengthPredictor", "PredictorContext", "Evictor", "EvictorContext", "CachedBlock", "StepCostModel",
            "Request", "SamplingParams", "Sequence", "Status",
            "SchedulePlan", "ScheduledSeq", "PreemptionDecision", "Drafts", "EngineLimits", "StepWork", "NoConfig",
            "ConfigError", *_TESTING, *_CONFORMANCE, *_RUNNING]

@@ -24,10 +24,10 @@ from servelab.plugin_api import check_plugin
 
 CASES = 5  # per built-in: a few seconds per kind (CI); servelab check-plugin runs 50 by default
 REAL_MODEL = {"scheduler": "priority", "allocator": "contiguous", "preemption": "swap", "drafter": "ngram",
-              "length_predictor": "oracle"}
+              "length_predictor": "oracle", "evictor": "arc"}
 
 
-@pytest.mark.parametrize("kind", ["scheduler", "allocator", "preemption", "drafter", "length_predictor"])
+@pytest.mark.parametrize("kind", ["scheduler", "allocator", "preemption", "drafter", "length_predictor", "evictor"])
 def test_every_builtin_passes(kind):
     for name in default_registry().names(kind):
         overrides = ("model=tiny_code",) if name == "learned" else ()  # trained for that checkpoint only
@@ -285,3 +285,17 @@ def test_an_ignored_starvation_bound_is_caught(registry):
     report = check_plugin("scheduler", "ignores_its_bound", registry=registry, cases=2, real_model=False)
     assert report.contracts_broken == ["starvation bound"], str(report)
     assert "the long request waited" in str(report)
+
+
+def test_the_kits_fast_compose_gives_what_hydra_composes():
+    """The scenario's scalar keys are set on a cached composition of the rest: the same config."""
+    from omegaconf import OmegaConf
+
+    from servelab.api import compose
+    from servelab.kit.conformance import _compose, merge_overrides
+
+    for seed, kind, name in ((0, None, None), (3, None, None), (5, "evictor", "lru"), (7, "allocator", "contiguous")):
+        overrides = merge_overrides(("model=tiny",), make_scenario(seed, kind, name).overrides)
+        fast = OmegaConf.to_container(_compose(overrides), resolve=True)
+        full = compose([*overrides, "workload=synthetic"], logger="none", progress=False)
+        assert fast == OmegaConf.to_container(full, resolve=True), overrides

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from servelab.core.errors import ServelabError
-from servelab.kit.grade_workloads import WORKLOADS
+from servelab.kit.grade_workloads import WORKLOADS, workloads_for
 from servelab.kit.grading import grade, main, to_csv, to_markdown
 from servelab.kit.new_plugin import new_plugin
 from servelab.plugins import builtin
@@ -30,7 +30,7 @@ def test_the_cli_prints_a_table_and_writes_what_a_second_run_computes(tmp_path):
     again = grade("scheduler", "priority")
     assert out.read_text() == to_csv([again])  # deterministic: another process, the same numbers
     rows = {(r.workload, r.policy): r for r in again.rows}
-    assert all(rows[(w.name, "fcfs")].score == 1.0 for w in WORKLOADS)
+    assert all(rows[(w.name, "fcfs")].score == 1.0 for w in workloads_for("scheduler"))
     assert rows[("tight_pool", "fcfs")].preemptions > 0
     assert rows[("chat_burst", "priority")].score > 1.0  # the interactive class first meets more SLOs
     md = to_markdown([again])
@@ -46,12 +46,13 @@ def test_a_generated_submission_is_graded_first_against_every_builtin(tmp_path):
     pm.register(builtin)
     pm.register(module)
     g = grade("scheduler", "my_policy", registry=build_registry(pm), workloads=WORKLOADS[:1])
-    assert [r.policy for r in g.rows] == ["my_policy", "fcfs", "mlfq", "priority", "sjf", "slo_aware", "static", "vtc"]
+    assert [r.policy for r in g.rows] == ["my_policy", "fcfs", "lpm", "mlfq", "priority", "sjf", "slo_aware", "static",
+                                         "vtc"]
     assert all(r.finished == r.requests == 144 for r in g.rows) and g.score == g.rows[0].score > 0
 
 
 @pytest.mark.parametrize("args, message", [
-    (["drafter=ngram"], "grade: kind 'drafter' cannot be graded; kinds: scheduler, allocator, preemption"),
+    (["drafter=ngram"], "grade: kind 'drafter' cannot be graded; kinds: scheduler, allocator, preemption, evictor"),
     (["scheduler"], "expected <kind>=<name>"),
     (["scheduler=nope"], "unknown scheduler 'nope'"),
 ])

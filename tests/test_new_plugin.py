@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab.kit.new_plugin import TORCH_VERSION, new_plugin, servelab_version
+from servelab.kit.new_plugin import GRADED_KINDS, TORCH_VERSION, new_plugin, render, servelab_version
 from servelab.core.registry import KINDS
 from servelab.plugin_api import check_plugin
 
@@ -42,6 +42,13 @@ def test_a_generated_scheduler_installs_and_passes_its_own_test(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert test.returncode == 0, test.stdout + test.stderr
     assert "1 passed" in test.stdout
+
+
+def test_the_generated_readme_offers_grade_for_the_kinds_grade_scores():
+    from servelab.kit.grading import GRADED
+
+    assert GRADED_KINDS == tuple(GRADED)
+    assert "servelab grade evictor=my_evictor" in render("evictor", "my_evictor")["README.md"]
 
 
 def test_the_pinned_torch_is_the_one_the_project_installs():

@@ -15,7 +15,11 @@ or ``servelab check-plugin scheduler=spf`` (exit code 0 only when it passes). Tw
    can never fit the pool) and every invalid one is rejected with a reason; no block leaks;
    tokens equal the default stack's; drafts within ``k`` and the vocabulary; the run ends; once
    every sequence ended (finished, aborted, preempted on the way) a scheduler, allocator or
-   drafter holds no state for any of them (:mod:`servelab.kit.conformance_state`).
+   drafter holds no state for any of them (:mod:`servelab.kit.conformance_state`). An evictor
+   runs behind ``allocator=paged allocator.prefix_caching=true``, every answer of its ``evict()``
+   is checked before the allocator acts on it, and it also goes through its own checks
+   (:mod:`servelab.kit.conformance_evictor`: scripted cache events, a fixed shared-prefix workload
+   through pools from large to thrashing, every block reusable at the end).
 2. **A real model** (``model=tiny``, random weights): greedy tokens equal the default stack's.
 
 A failure prints the contract, the seed, and the smallest scenario (requests dropped one at a
@@ -35,13 +39,16 @@ from servelab.core.interfaces import LengthPredictorError, predict_checked
 from servelab.core.registry import KINDS, Registry, default_registry
 from servelab.core.request import Request
 from servelab.kit.conformance_cases import VOCAB, Scenario, make_scenario
+from servelab.kit.conformance_evictor import (LADDER_BLOCK_SIZE, SCRIPT_BLOCKS, SCRIPT_SEEDS, drain_problem,
+                                              event_script, ideal_cached_tokens, ladder, ladder_requests,
+                                              real_model_case, victim_problem)
 from servelab.kit.conformance_starvation import promises_bound, starvation_message, starvation_scenario
 from servelab.kit.conformance_state import STATE_KINDS, plugin_of, state_left_behind, state_message, state_scenario
 from servelab.run.config import register_configs
 from servelab.run.runner import run_workload
 
 MAX_STEPS = 5_000  # per scenario: far above what any needs; reaching it is a livelock
-KIT_KINDS = ("scheduler", "allocator", "preemption", "drafter", "length_predictor")
+KIT_KINDS = ("scheduler", "allocator", "preemption", "drafter", "length_predictor", "evictor")
 CONTRACTS = {
     "budget": "a plan schedules at most max_num_batched_tokens tokens",
     "seats": "a plan schedules at most max_num_seqs sequences, each once",
@@ -62,6 +69,12 @@ CONTRACTS = {
     "plugin raised": "the plugin does not raise",
     "predictions": "a length predictor answers every request with a finite number of tokens >= 0, the same "
                    "number every time it is asked about the same request",
+    "live block kept": "an evictor never gives up a block that a running request still references",
+    "victim is cached": "an evictor gives up a block of the prefix cache (not a free, never-cached or evicted one)",
+    "victim given": "an evictor names a block whenever cached blocks are evictable (never None then)",
+    "hits kept": "in a pool that holds every block, the prefix-cache hits equal the ideal's and lru's",
+    "blocks reusable": "once a run ended every block is free, and a request for the whole pool gets every block "
+                       "(each cached one evicted once)",
 }
 REAL_MODEL = ("model=tiny", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=1",
               "model.num_attention_heads=2", "model.num_key_value_heads=1", "max_model_len=128")
@@ -133,6 +146,13 @@ def check_plugin(kind: str, name: str, registry: Registry | None = None, cases: 
         if kind == "drafter" and _needs_draft_model(registry.get("drafter", name)):
             report.notes.append("needs a draft model: random scenarios (fake executor) skipped")
             cases = 0
+        if kind == "evictor":
+            report.notes.append("evicts behind allocator=paged allocator.prefix_caching=true")
+            failure = _check_event_script(name, registry, extra)
+            if failure is not None:  # the clearest account of a bad answer: nothing else until it passes
+                report.failures.append(failure)
+                report.notes.append("random scenarios and the real model skipped until the event script passes")
+                return report
         for s in range(seed, seed + cases):
             report.cases += 1
             failure = _check_scenario(with_overrides(make_scenario(s, kind, name), extra), registry, warnings,
@@ -144,6 +164,10 @@ def check_plugin(kind: str, name: str, registry: Registry | None = None, cases: 
         if kind in STATE_KINDS and not report.failures and (  # one root cause at a time
                 kind != "drafter" or not _needs_draft_model(registry.get(kind, name))):
             failure = _check_state_scenario(kind, name, registry, extra)
+            if failure is not None:
+                report.failures.append(failure)
+        if kind == "evictor" and not report.failures:
+            failure = _check_ladder(name, registry, extra)
             if failure is not None:
                 report.failures.append(failure)
         if kind == "scheduler" and promises_bound(registry.get(kind, name)):
@@ -251,6 +275,76 @@ def _check_state_scenario(kind: str, name: str, registry: Registry, extra: tuple
     return None
 
 
+def _check_event_script(name: str, registry: Registry, extra: tuple[str, ...]) -> Failure | None:
+    """The evictor alone, fresh for each seed, through :func:`event_script`'s cache events."""
+    from servelab.kit.testing import KVCheckingExecutor, VirtualClock  # noqa: PLC0415 - torch
+    from servelab.run.stack import build_stack  # noqa: PLC0415 - torch
+
+    cfg = _compose(merge_overrides(("model=tiny", "allocator=paged", f"evictor={name}"), extra))
+    for seed in SCRIPT_SEEDS:
+        clock = VirtualClock()
+        try:
+            stack = build_stack(cfg, registry, executor=KVCheckingExecutor(clock, SCRIPT_BLOCKS, cfg.block_size,
+                                                                           vocab_size=VOCAB), clock=clock)
+        except Exception as exc:  # noqa: BLE001 - e.g. its __init__ refusing its config
+            return Failure("plugin raised", f"building evictor {name!r}: {type(exc).__name__}: {exc}")
+        problem = event_script(stack.engine.allocator.evictor, seed, SCRIPT_BLOCKS)
+        if problem is not None:
+            return Failure(problem[0], f"evictor plugin {name!r}: {problem[1]}")
+    return None
+
+
+def _check_ladder(name: str, registry: Registry, extra: tuple[str, ...]) -> Failure | None:
+    """:func:`ladder_requests` through each pool of :func:`ladder` (lru too in the large ones):
+    tokens equal the default stack's, every request ends, nothing leaks, every block is reusable, and
+    where the pool holds every block the hits equal lru's and, one request at a time, the ideal's."""
+    requests = ladder_requests()
+    expected = _reference(64, requests)
+    ideal = ideal_cached_tokens(requests, LADDER_BLOCK_SIZE)
+    lru_extra = tuple(o for o in extra if not o.lstrip("+~").startswith("evictor"))
+    for label, overrides, num_blocks in ladder():
+        where = (f"(the kit's fixed shared-prefix run, {label}: {' '.join(overrides)}, {len(requests)} requests, "
+                 f"pool of {num_blocks} blocks)")
+        hits = {}
+        for evictor in (name, "lru") if label.startswith("large") else (name,):
+            run_overrides = merge_overrides((*overrides, f"evictor={evictor}"), extra if evictor == name else lru_extra)
+            try:
+                stack, result = _run(run_overrides, num_blocks, 0, requests, registry, checked=True)
+                for rec in result.requests:
+                    if rec["finish_reason"] != "length":
+                        raise ContractViolation("every request ends", f"{rec['id']} ended {rec['finish_reason']}: "
+                                                f"{rec['rejected_reason']}")
+                    if rec["output_token_ids"] != expected[rec["id"]]:
+                        raise ContractViolation("outputs", f"{rec['id']}: {rec['output_token_ids']} != "
+                                                f"{expected[rec['id']]} (the default stack's)")
+                if result.summary["leaked_blocks"]:
+                    raise ContractViolation("leaked blocks", f"{result.summary['leaked_blocks']} blocks still held")
+                _check_drain(stack)
+            except ContractViolation as exc:
+                who = "" if evictor == name else f"evictor={evictor} (the run compared with): "
+                return Failure(exc.contract, f"{who}{str(exc).split(': ', 1)[1]} {where}")
+            hits[evictor] = sum(rec["num_cached_prompt_tokens"] for rec in result.requests)
+        if label.startswith("large") and hits[name] != hits["lru"]:
+            return Failure("hits kept", f"{hits[name]} prompt tokens came from the cache, lru's {hits['lru']} {where}")
+        if "one request at a time" in label and hits[name] != ideal:
+            return Failure("hits kept", f"{hits[name]} prompt tokens came from the cache; an unbounded cache "
+                           f"keeping every earlier prompt serves {ideal} {where}")
+    return None
+
+
+def _check_drain(stack) -> None:
+    """Every block of a paged allocator is reusable once its run ended (:func:`drain_problem`)."""
+    allocator = stack.engine.allocator
+    if not hasattr(allocator, "evictable"):  # an evictor put behind another allocator: nothing to drain
+        return
+    try:
+        problem = drain_problem(allocator)
+    except Exception as exc:  # noqa: BLE001 - the guard's ContractViolation, or the evictor raising
+        raise _as_violation(exc) from exc
+    if problem:
+        raise ContractViolation("blocks reusable", problem)
+
+
 def _needs_draft_model(drafter_cls) -> bool:
     try:
         return drafter_cls.model_path(drafter_cls.Config(), None) is not None
@@ -299,6 +393,8 @@ def _check_outcome(scenario: Scenario, registry: Registry, warnings: list[str],
     leaked = result.summary["leaked_blocks"]
     if leaked:
         raise ContractViolation("leaked blocks", f"{leaked} blocks still held after every request ended")
+    if plugin is not None and plugin[0] == "evictor":
+        _check_drain(stack)
     _check_state(stack, plugin)
     _check_aborts(scenario, registry, expected, plugin)
 
@@ -359,8 +455,31 @@ def _reference(max_model_len: int, valid: list) -> dict[str, list[int]]:
     return {r["id"]: r["output_token_ids"] for r in result.requests}
 
 
+# Scalar keys the random scenarios vary: set on a composed config of the rest rather than composed
+# afresh (a Hydra compose costs ~0.5 s of CPU; the plugin choices repeat across scenarios, these don't).
+SCALAR_KEYS = frozenset(("block_size", "chunked_prefill", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+                         "allocator.prefix_caching", "slo.ttft_ms"))
+
+
 @lru_cache(maxsize=1024)
 def _compose(overrides: tuple[str, ...]):
+    """The config ``run.py <overrides> workload=synthetic`` composes (logger off); the kit's
+    :data:`SCALAR_KEYS` are set on a cached composition of the other overrides."""
+    import yaml  # noqa: PLC0415
+    from omegaconf import OmegaConf  # noqa: PLC0415
+
+    scalar = [o for o in overrides if o.split("=", 1)[0] in SCALAR_KEYS]
+    if not scalar:
+        return _hydra_compose(overrides)
+    cfg = _hydra_compose(tuple(o for o in overrides if o not in scalar)).copy()
+    for o in scalar:
+        key, value = o.split("=", 1)
+        OmegaConf.update(cfg, key, yaml.safe_load(value), merge=False)
+    return cfg
+
+
+@lru_cache(maxsize=256)
+def _hydra_compose(overrides: tuple[str, ...]):
     from servelab.api import compose  # noqa: PLC0415 - torch
 
     return compose([*overrides, "workload=synthetic"], logger="none", progress=False)
@@ -390,8 +509,10 @@ def _run(overrides, num_blocks: int, num_swap_blocks: int, requests, registry: R
 
 
 def _as_violation(exc: Exception) -> ContractViolation:
-    cause = exc.__cause__ if exc.__cause__ is not None else exc
-    if isinstance(cause, ContractViolation):
+    cause = exc  # a guard's violation may come wrapped twice (an evictor's, by the allocator and the engine)
+    while cause is not None and not isinstance(cause, ContractViolation):
+        cause = cause.__cause__
+    if cause is not None:
         return cause
     if isinstance(exc, AssertionError):  # the KV-checking executor
         return ContractViolation("kv integrity", str(exc))
@@ -426,6 +547,29 @@ def _guard(stack) -> None:
 
     scheduler.schedule, preemption.select_victim = checked_schedule, checked_select_victim
     engine.step_listeners.append(cap)
+    if hasattr(allocator, "evictable") and allocator.evictor is not None:
+        _guard_evictions(allocator, engine)
+
+
+def _guard_evictions(allocator, engine) -> None:
+    """Check every answer of the evictor's ``evict()`` before the paged allocator acts on it (an
+    instance-level wrapper; the allocator reports what it raises naming the evictor, and
+    :func:`_as_violation` finds the named contract inside)."""
+    evictor = allocator.evictor
+    evict = evictor.evict
+
+    def checked_evict():
+        answer = evict()
+        problem = victim_problem(answer, allocator)
+        if problem is not None:
+            raise ContractViolation(problem[0], f"evictor plugin {type(evictor).name!r}: {problem[1]} "
+                                    f"(step {engine.totals.num_steps})")
+        return answer
+
+    try:
+        evictor.evict = checked_evict
+    except AttributeError:  # __slots__ without __dict__: the allocator's own check still stops the run
+        pass
 
 
 def _check_plan(plan, limits, allocator, step: int) -> None:
@@ -470,6 +614,9 @@ def _check_real_model(kind: str, name: str, registry: Registry, extra: tuple[str
     outputs = {}
     plugin_stack = merge_overrides((f"{kind}={name}", "num_kv_blocks=40", "block_size=4", "max_num_batched_tokens=32",
                                     "max_num_seqs=3"), extra)
+    if kind == "evictor":  # shared prefixes through a pool that evicts
+        overrides, requests = real_model_case()
+        plugin_stack = merge_overrides((f"{kind}={name}", *overrides), extra)
     # a model override (model=tiny_code for a predictor trained for it) replaces the random tiny shape
     model = REAL_MODEL if not any(o.startswith("model=") for o in extra) else REAL_MODEL[-1:]
     for label, overrides in (("default", ()), ("plugin", plugin_stack)):

@@ -58,11 +58,12 @@ class Scenario:
 
 def make_scenario(seed: int, kind: str | None = None, name: str | None = None) -> Scenario:
     """A random scenario; with ``kind``/``name`` that plugin replaces the random choice of its kind
-    (the random stream is the same, so other choices do not move)."""
+    (the random stream is the same, so other choices do not move). An evictor is put behind the
+    paged allocator with prefix caching on (the only place it is asked anything)."""
     rng = random.Random(seed)
     max_model_len = rng.choice((64, 128))
     drawn_allocator = rng.choice(ALLOCATORS[:1] * 2 + ALLOCATORS)  # paged half the time: it is the one that preempts
-    allocator = name if kind == "allocator" else drawn_allocator
+    allocator = {"allocator": name, "evictor": "paged"}.get(kind, drawn_allocator)
     block_size = rng.choice(BLOCK_SIZES)
     chunked = rng.random() < 0.6
     choice = {"scheduler": rng.choice(SCHEDULERS), "allocator": allocator, "preemption": rng.choice(PREEMPTIONS)}
@@ -73,13 +74,13 @@ def make_scenario(seed: int, kind: str | None = None, name: str | None = None) -
                  f"chunked_prefill={str(chunked).lower()}", f"max_model_len={max_model_len}",
                  f"max_num_seqs={rng.choice((2, 4, 8, 8))}",
                  f"max_num_batched_tokens={rng.choice((16, 32, max_model_len)) if chunked else max_model_len}"]
-    prefix_caching = drawn_allocator == "paged" and rng.random() < 0.5
+    prefix_caching = (drawn_allocator == "paged" and rng.random() < 0.5) or kind == "evictor"
     if allocator == "paged":
         overrides.append(f"allocator.prefix_caching={str(prefix_caching).lower()}")
     if rng.random() < 0.3:
         overrides.append(f"slo.ttft_ms={rng.choice((50, 200, 1000))}")
-    if kind == "drafter":
-        overrides.append(f"drafter={name}")
+    if kind in ("drafter", "evictor"):
+        overrides.append(f"{kind}={name}")
     requests, invalid = _workload(rng, max_model_len)
     requests = _with_clients(seed, requests)
     valid = [r for r in requests if r.id not in invalid]

@@ -3,6 +3,8 @@
 Each is a seeded list of requests plus the engine settings it runs under, on the simulator
 (``backend=sim``, the roofline time model, the virtual clock): the same numbers on every
 machine, a few hundred milliseconds a run. Changing one changes every grade: add, don't edit.
+A workload grades the kinds it names (``kinds``): an evictor is graded only where a prefix cache
+thrashes, the other kinds only where they were graded before evictors came.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class GradeWorkload:
     #: The clients whose goodput is the score (None: every request's). A fairness workload scores
     #: the goodput of the client that behaves: what it keeps while another floods the server.
     scored_clients: tuple[str, ...] | None = None
+    kinds: tuple[str, ...] = ("scheduler", "allocator", "preemption")  # the plugin kinds it grades
 
 
 def _request(rng: np.random.Generator, rid: str, prompt: int, output: int, arrival: float,
@@ -83,6 +86,39 @@ def fairness_flood() -> list[Request]:
     return sorted(out, key=lambda r: r.arrival_time)
 
 
+def prefix_thrash() -> list[Request]:
+    """Shared-prefix traffic through a pool that cannot keep it, for evictors. 160 conversations
+    start at 4/s (Poisson); each opens with one of 12 documents (512-3k tokens, Zipf(1.1)
+    popularity) and has 2-6 turns an exponential 4 s apart, each turn's prompt repeating the
+    conversation so far (user turns 32-256 tokens, replies 64-256, the reply's length the turn's
+    output). Among them one-off long prompts (2-6k tokens, 16-64 output) arrive at 1.5/s and are
+    never reused: what pushes the hot prefixes out of a recency-only cache. TTFT 1 s, TPOT 100 ms.
+    An unbounded cache would serve 75% of the prompt tokens."""
+    rng = np.random.default_rng(5)
+
+    def tokens(n: int) -> tuple[int, ...]:
+        return tuple(int(t) for t in rng.integers(1, VOCAB, size=n))
+
+    popularity = 1.0 / np.arange(1, 13) ** 1.1
+    documents = [tokens(int(rng.integers(512, 3072))) for _ in range(12)]
+    starts = np.cumsum(rng.exponential(1 / 4.0, size=160))
+    out = []
+    for k, start in enumerate(starts):
+        history, arrival = documents[int(rng.choice(12, p=popularity / popularity.sum()))], float(start)
+        for turn in range(int(rng.integers(2, 7))):
+            history += tokens(int(rng.integers(32, 256)))
+            output = int(rng.integers(64, 256))
+            out.append(Request(f"c{k}-{turn}", history, output, arrival_time=arrival, ttft_slo_ms=1000.0,
+                               tpot_slo_ms=100.0))
+            history += tokens(output)
+            arrival += float(rng.exponential(4.0))
+    scans = np.cumsum(rng.exponential(1 / 1.5, size=int(1.5 * starts[-1] * 1.5)))
+    for i, t in enumerate(scans[scans < starts[-1]]):
+        out.append(_request(rng, f"s{i}", int(rng.integers(2048, 6144)), int(rng.integers(16, 64)), float(t),
+                            1000.0, 100.0))
+    return sorted(out, key=lambda r: r.arrival_time)
+
+
 WORKLOADS = (
     GradeWorkload("chat_burst", "bursty chat mix, two SLO classes", ("max_model_len=2048",), chat_burst),
     GradeWorkload("long_prompts", "long prompts, short answers", ("max_model_len=8192",), long_prompts),
@@ -90,4 +126,12 @@ WORKLOADS = (
                                                                "backend.num_swap_blocks=512"), tight_pool),
     GradeWorkload("fairness_flood", "two clients, one flooding: the steady client's goodput",
                   ("max_model_len=2048",), fairness_flood, scored_clients=("steady",)),
+    GradeWorkload("prefix_thrash", "shared prefixes and one-off long prompts through a 3,072-block prefix cache",
+                  ("max_model_len=8192", "allocator.prefix_caching=true", "num_kv_blocks=3072"), prefix_thrash,
+                  kinds=("evictor",)),
 )
+
+
+def workloads_for(kind: str) -> tuple[GradeWorkload, ...]:
+    """The workloads that grade ``kind``."""
+    return tuple(w for w in WORKLOADS if kind in w.kinds)

@@ -8,7 +8,11 @@ default stack's (fcfs, paged, recompute), ``None`` when that is 0; on a fairness
 (``fairness_flood``: one client floods) the goodput of the client that behaves, so a fair-sharing
 scheduler scores by what it protects. The overall score is the geometric mean over workloads. A
 scheduler that orders by predicted output length (``scheduler=sjf``) is graded with the oracle
-predictor (an upper bound). Deterministic: the same numbers on every machine and every run.
+predictor (an upper bound). An evictor is graded on the workloads made for it (``prefix_thrash``:
+shared prefixes through a prefix cache that thrashes) against ``lru`` in the same grade run: its
+score is the geometric mean of its prefix-cache hit rate and its goodput, each relative to lru's
+(throughput is set by the open-loop arrivals there, so it would not tell evictors apart).
+Deterministic: the same numbers on every machine and every run.
 The tables go to ``hydra.run.dir`` as ``grade.md`` and ``grade.csv`` (``--out FILE`` names one file
 instead; default ``outputs/grade/<date>/<time>/``).
 """
@@ -27,11 +31,11 @@ from rich.table import Table
 
 from servelab.core.errors import ServelabError
 from servelab.core.registry import Registry, default_registry
-from servelab.kit.grade_workloads import SIM, WORKLOADS, GradeWorkload
+from servelab.kit.grade_workloads import SIM, GradeWorkload, workloads_for
 from servelab.run.config import register_configs
 from servelab.run.runner import run_workload
 
-GRADED = {"scheduler": "fcfs", "allocator": "paged", "preemption": "recompute"}  # kind -> default (reference)
+GRADED = {"scheduler": "fcfs", "allocator": "paged", "preemption": "recompute", "evictor": "lru"}  # kind -> reference
 PREDICTOR = "length_predictor=oracle"  # what a scheduler that orders by predicted length is graded with
 
 
@@ -53,7 +57,8 @@ class Row:
     goodput_req_s: float  # of the scored clients' requests (GradeWorkload.scored_clients), else of all
     jain_fairness_index: float | None = None
     max_service_gap_tokens: float | None = None
-    score: float | None = None  # goodput / the reference's
+    score: float | None = None  # goodput / the reference's (an evictor's: see score_of)
+    prefix_hit_rate: float = 0.0  # prompt tokens served from the prefix cache / prompt tokens
 
 
 @dataclass
@@ -74,12 +79,13 @@ class Grade:
 
 
 def grade(kind: str, name: str, registry: Registry | None = None,
-          workloads: tuple[GradeWorkload, ...] = WORKLOADS) -> Grade:
-    """Run ``kind=name`` and every built-in of that kind on ``workloads``; ``registry``: one
-    holding the plugin (default: the installed entry points)."""
+          workloads: tuple[GradeWorkload, ...] | None = None) -> Grade:
+    """Run ``kind=name`` and every built-in of that kind on ``workloads`` (default: those that
+    grade ``kind``); ``registry``: one holding the plugin (default: the installed entry points)."""
     if kind not in GRADED:
         raise ServelabError(f"grade: kind {kind!r} cannot be graded; kinds: {', '.join(GRADED)} "
                             "(drafters and time models change no simulated schedule worth scoring)")
+    workloads = workloads_for(kind) if workloads is None else workloads
     registry = registry or default_registry()
     registry.get(kind, name)  # an unknown name fails here, listing the known ones
     register_configs(registry)
@@ -89,11 +95,23 @@ def grade(kind: str, name: str, registry: Registry | None = None,
     for workload in workloads:
         requests = workload.requests()
         results = {p: _run(kind, p, workload, requests, registry) for p in policies}
-        reference = results[GRADED[kind]].goodput_req_s if GRADED[kind] in results else None
         for row in results.values():
-            row.score = row.goodput_req_s / reference if reference else None
+            row.score = score_of(kind, row, results.get(GRADED[kind]))
             rows.append(row)
     return Grade(kind, name, rows)
+
+
+def score_of(kind: str, row: Row, reference: Row | None) -> float | None:
+    """``row``'s goodput relative to ``reference``'s; an evictor's: the geometric mean of that and
+    its prefix-cache hit rate relative to the reference's. None when a reference value is 0."""
+    if reference is None or not reference.goodput_req_s:
+        return None
+    goodput = row.goodput_req_s / reference.goodput_req_s
+    if kind != "evictor":
+        return goodput
+    if not reference.prefix_hit_rate:
+        return None
+    return math.sqrt(goodput * row.prefix_hit_rate / reference.prefix_hit_rate)
 
 
 def _run(kind: str, policy: str, workload: GradeWorkload, requests, registry: Registry) -> Row:
@@ -119,36 +137,45 @@ def _run(kind: str, policy: str, workload: GradeWorkload, requests, registry: Re
     return Row(workload.name, policy, s["num_finished"], s["num_requests"], s["output_throughput_tok_s"],
                s["ttft_ms"]["p50"], s["ttft_ms"]["p99"], s["tpot_ms"]["p50"], s["tpot_ms"]["p99"],
                s["slo_attainment"], s["num_preemptions"], goodput, s.get("jain_fairness_index"),
-               s.get("max_service_gap_tokens"))
+               s.get("max_service_gap_tokens"), prefix_hit_rate=s["prefix_cache_hit_rate"])
 
 
 # ---- output ---------------------------------------------------------------------------------
 HEADER = ("workload", "policy", "finished", "tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms",
           "SLO met", "preemptions", "Jain", "score")
+EVICTOR_HEADER = HEADER[:-2] + ("prefix hit", "score")  # what an evictor changes, in Jain's place
 
 
-def _cells(row: Row) -> tuple[str, ...]:
+def header(kind: str) -> tuple[str, ...]:
+    return EVICTOR_HEADER if kind == "evictor" else HEADER
+
+
+def _cells(row: Row, kind: str = "scheduler") -> tuple[str, ...]:
     def num(v, fmt="{:.1f}"):
         return "-" if v is None else fmt.format(v)
 
+    last = num(100 * row.prefix_hit_rate, "{:.1f}%") if kind == "evictor" else num(row.jain_fairness_index, "{:.3f}")
     return (row.workload, row.policy, f"{row.finished}/{row.requests}", num(row.throughput_tok_s, "{:.0f}"),
             num(row.ttft_p50_ms), num(row.ttft_p99_ms), num(row.tpot_p50_ms), num(row.tpot_p99_ms),
             num(None if row.slo_attainment is None else 100 * row.slo_attainment, "{:.1f}%"),
-            str(row.preemptions), num(row.jain_fairness_index, "{:.3f}"), num(row.score, "{:.3f}"))
+            str(row.preemptions), last, num(row.score, "{:.3f}"))
 
 
 def title(g: Grade) -> str:
     overall = "-" if g.score is None else f"{g.score:.3f}"
-    return (f"{g.kind}={g.name}: score {overall} (goodput vs {GRADED[g.kind]}, geometric mean over "
-            f"{len({r.workload for r in g.rows})} workloads; simulated {SIM[1][6:]} on {SIM[2][9:]})")
+    measure = "prefix hit rate and goodput" if g.kind == "evictor" else "goodput"
+    workloads = list(dict.fromkeys(r.workload for r in g.rows))
+    over = f"geometric mean over {len(workloads)} workloads" if len(workloads) != 1 else f"on {workloads[0]}"
+    return (f"{g.kind}={g.name}: score {overall} ({measure} vs {GRADED[g.kind]}, {over}; "
+            f"simulated {SIM[1][6:]} on {SIM[2][9:]})")
 
 
 def print_grade(g: Grade) -> None:
     table = Table(title=title(g), title_justify="left")
-    for i, head in enumerate(HEADER):
+    for i, head in enumerate(header(g.kind)):
         table.add_column(head, justify="left" if i < 2 else "right")
     for row in g.rows:
-        table.add_row(*_cells(row), style="bold" if row.policy == g.name else None,
+        table.add_row(*_cells(row, g.kind), style="bold" if row.policy == g.name else None,
                       end_section=row is g.rows[-1] or row.workload != g.rows[g.rows.index(row) + 1].workload)
     Console(width=160).print(table)
 
@@ -156,8 +183,9 @@ def print_grade(g: Grade) -> None:
 def to_markdown(grades: list[Grade]) -> str:
     parts = []
     for g in grades:
-        lines = [f"## {title(g)}", "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-        lines += ["| " + " | ".join(_cells(r)) + " |" for r in g.rows]
+        head = header(g.kind)
+        lines = [f"## {title(g)}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(_cells(r, g.kind)) + " |" for r in g.rows]
         parts.append("\n".join(lines) + "\n")
     return "\n".join(parts)
 

@@ -24,7 +24,7 @@ from servelab.kit.plugin_templates import GUIDES, MODULES, PYPROJECT, README, ge
 # The torch scripts/dev.sh installs (pyproject.toml only bounds it from below, so that a user's
 # CUDA build is kept); a generated package pins it so its results are this version's.
 TORCH_VERSION = "2.13.0"
-GRADED_KINDS = ("scheduler", "allocator", "preemption")  # what `servelab grade` scores
+GRADED_KINDS = ("scheduler", "allocator", "preemption", "evictor")  # what `servelab grade` scores (grading.GRADED)
 
 
 class NewPluginError(ServelabError):

@@ -54,7 +54,8 @@ The guide for this kind: $guide in servelab's docs.
 
 GUIDES = {"scheduler": "docs/write-a-scheduler.md", "allocator": "docs/write-an-allocator.md",
           "preemption": "docs/write-a-preemption-policy.md", "drafter": "docs/write-a-drafter.md",
-          "time_model": "docs/write-a-time-model.md", "length_predictor": "docs/write-a-length-predictor.md"}
+          "time_model": "docs/write-a-time-model.md", "length_predictor": "docs/write-a-length-predictor.md",
+          "evictor": "docs/write-an-evictor.md"}
 
 _HEAD = '''\
 """$doc
@@ -254,6 +255,51 @@ class $Class(LengthPredictor):
 
 @hookimpl
 def servelab_register_length_predictors():
+    return [$Class]
+'''),
+    "evictor": Template(_HEAD + '''\
+from servelab.plugin_api import Evictor
+
+
+@dataclass
+class ${Class}Config:
+    newest_first: bool = False  # flip the order (a worst-case baseline)
+
+
+class $Class(Evictor):
+    """Gives up the evictable block that entered the prefix cache longest ago (FIFO), however
+    recently it was reused. Change ``evict`` (and what the ``on_*`` events record) to make it your
+    policy; run with ``allocator.prefix_caching=true``."""
+
+    name = "$name"
+    Config = ${Class}Config
+
+    def __init__(self, config, context):
+        super().__init__(config, context)
+        self.inserted = {}  # cached block -> when it entered the cache (a tick)
+        self.candidates = set()  # the evictable blocks
+        self.ticks = 0
+
+    def on_insert(self, entry):
+        self.ticks += 1
+        self.inserted[entry.block] = self.ticks
+
+    def on_hit(self, block):
+        self.candidates.discard(block)  # in use again: not evictable
+
+    def on_release(self, block):
+        self.candidates.add(block)
+
+    def evict(self):
+        pick = max if self.config.newest_first else min  # O(n): keep a heap for large pools
+        block = pick(self.candidates, key=self.inserted.__getitem__)
+        self.candidates.remove(block)
+        del self.inserted[block]
+        return block
+
+
+@hookimpl
+def servelab_register_evictors():
     return [$Class]
 '''),
 }
