@@ -120,8 +120,8 @@ class Run:
 
 def run(label: str, overrides: list[str], requests, *, keep_dir: Path | None = None,
         record_predictions: bool = False, instrument=None) -> Run:
-    """One run of ``requests`` (a list of :class:`servelab.core.request.Request`) under
-    ``overrides``, on the stack those compose to. ``keep_dir``: write the run folder there
+    """One run of ``requests`` (a list of :class:`servelab.core.request.Request`; None: the configured
+    workload's) under ``overrides``, on the stack those compose to. ``keep_dir``: write the run folder there
     (``requests.jsonl``, ``summary.json``, ``config.yaml``), else a temporary one.
     ``record_predictions``: also return what the length predictor answered, per request id.
     ``instrument(stack) -> dict``: called on the built stack before the run; the dict it returns
@@ -147,11 +147,11 @@ def run(label: str, overrides: list[str], requests, *, keep_dir: Path | None = N
     try:
         if keep_dir is not None:
             keep_dir.mkdir(parents=True, exist_ok=True)
-            result = run_job(cfg, keep_dir, requests=list(requests), stack=stack)
+            result = run_job(cfg, keep_dir, requests=None if requests is None else list(requests), stack=stack)
             records = result.requests
         else:
             with tempfile.TemporaryDirectory(prefix="policy-pack-") as out:
-                result = run_job(cfg, out, requests=list(requests), stack=stack)
+                result = run_job(cfg, out, requests=None if requests is None else list(requests), stack=stack)
                 records = result.requests
     finally:
         stack.executor.shutdown()
