@@ -126,8 +126,8 @@ def real_part(args) -> dict:
 
 
 def plot(sim: dict, out: Path) -> None:
-    fig, axes = plt.subplots(1, 3 * len(sim), figsize=(5 * 3 * len(sim), 3.8), squeeze=False)
-    axes = axes[0]
+    fig, grid = plt.subplots(len(sim), 3, figsize=(15, 3.8 * len(sim)), squeeze=False)
+    axes = [ax for row in grid for ax in row]
     for i, (wname, d) in enumerate(sim.items()):
         for stack in STACKS:
             pts = sorted((r["fraction"], r) for r in d["rows"] if r["stack"] == stack)
@@ -137,6 +137,7 @@ def plot(sim: dict, out: Path) -> None:
             axes[3 * i + 2].plot(xs, [(r["alone_ttft_p99_ms"] or 0) / 1e3 for _, r in pts], "o-", label=stack)
         axes[3 * i].set(title=f"{wname}: hit rate", ylabel="prefix hit rate")
         axes[3 * i + 1].set(title=f"{wname}: output tok/s", ylabel="tokens/s (engine time)")
+        axes[3 * i + 1].set_ylim(bottom=0)  # arrival-bound throughput is flat: show it flat
         axes[3 * i + 2].set(title=f"{wname}: TTFT p99, requests sharing nothing", ylabel="s")
         for ax in axes[3 * i:3 * i + 3]:
             ax.set(xscale="log", xlabel="KV pool / working set")

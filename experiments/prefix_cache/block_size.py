@@ -117,8 +117,10 @@ def plot(sim: dict, out: Path) -> None:
                         color=line.get_color())
     for ax, title in zip(axes, ("KV waste (mean fraction of allocated slots unused)", "output tokens/s (engine time)",
                                 "TTFT p99 (s)")):
-        ax.set(xscale="log", xlabel="block_size (star: auto's choice)", title=title)
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="block_size (star: auto's choice)", title=title)
         ax.set_xticks([8, 16, 32, 64], labels=["8", "16", "32", "64"])
+        ax.minorticks_off()
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     save_figure(fig, out / "block_size.png")

@@ -150,16 +150,19 @@ def real_part(args) -> dict:
 
 
 def plot(sim: dict, args, out: Path) -> None:
-    fig, axes = plt.subplots(2, len(sim), figsize=(6 * len(sim), 7), squeeze=False)
+    fig, axes = plt.subplots(3, len(sim), figsize=(6 * len(sim), 10), squeeze=False)
     for col, (wname, d) in enumerate(sim.items()):
         for evictor in args.evictors:
             pts = sorted((r["fraction"], r) for r in d["rows"] if r["evictor"] == evictor)
             xs = [f for f, _ in pts]
             axes[0][col].plot(xs, [r["hit_rate"] for _, r in pts], "o-", label=evictor)
             axes[1][col].plot(xs, [r["output_tok_s"] for _, r in pts], "o-", label=evictor)
+            axes[2][col].plot(xs, [r["ttft_p99_ms"] / 1e3 for _, r in pts], "o-", label=evictor)
         axes[0][col].axhline(d["ideal_hit_rate"], color="grey", ls="--", label="infinite-memory ideal")
         axes[0][col].set(xscale="log", xlabel="KV pool / working set", ylabel="prefix hit rate", title=d["label"])
         axes[1][col].set(xscale="log", xlabel="KV pool / working set", ylabel="output tokens/s (engine time)")
+        axes[1][col].set_ylim(bottom=0)  # an arrival-bound workload's throughput is flat: show it flat
+        axes[2][col].set(xscale="log", yscale="log", xlabel="KV pool / working set", ylabel="TTFT p99 (s)")
         for ax in axes[:, col]:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
