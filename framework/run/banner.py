@@ -32,7 +32,9 @@ def banner_lines(cfg: DictConfig, stack, output_dir: Path, logger_where: str) ->
     if cfg.tensor_parallel_size > 1:
         device += f", tensor parallel x{cfg.tensor_parallel_size}"
     blocks, bpb = executor.num_kv_blocks, executor.bytes_per_block
-    pool = f"{blocks:,} blocks x {limits.block_size} = {blocks * limits.block_size:,} tokens, {_gib(blocks * bpb)}"
+    auto = " (block_size=auto)" if getattr(stack, "block_size_auto", None) else ""
+    pool = (f"{blocks:,} blocks x {limits.block_size}{auto} = {blocks * limits.block_size:,} tokens, "
+            f"{_gib(blocks * bpb)}")
     kv_dtype = getattr(cfg.get("kv_cache_dtype", "auto"), "value", cfg.get("kv_cache_dtype", "auto"))
     if kv_dtype != "auto":
         pool += f" ({kv_dtype} values + a float32 scale per token and KV head)"
@@ -41,7 +43,8 @@ def banner_lines(cfg: DictConfig, stack, output_dir: Path, logger_where: str) ->
         pool += f"; host swap pool {swap:,} blocks ({_gib(swap * bpb)})"
     prefix = cfg.allocator.get("prefix_caching")
     stack_text = (f"scheduler={cfg.scheduler.name} allocator={cfg.allocator.name}"
-                  + (f" (prefix_caching={str(prefix).lower()})" if prefix is not None else "")
+                  + (f" (prefix_caching={str(prefix).lower()}"
+                     + (f", evictor={cfg.evictor.name})" if prefix else ")") if prefix is not None else "")
                   + f" preemption={cfg.preemption.name} drafter={cfg.drafter.name}"
                   + f" chunked_prefill={str(cfg.chunked_prefill).lower()}"
                   + f" {_clock_text(cfg, stack.clock_kind)} time_model="
