@@ -6,9 +6,9 @@ identity never rests on Python's 64-bit ``hash()``, where two different prefixes
 a request would read another's KV); a request's ``cache_salt`` seeds the chain, so requests with
 different salts (tenants) never share a block. An admitted sequence reuses every cached full block
 of its prefix (ref + 1) and computes only the rest. A freed block that has a hash stays cached
-(evictable) and is evicted only when the pool needs room; blocks without a hash are reused first. Only full blocks are ever shared, so copy-on-write is never needed: a partial
-last block always belongs to one sequence, and it is hashed (and becomes shareable) only once it
-is full and computed.
+(evictable) and is evicted only when the pool needs room; blocks without a hash are reused first.
+Only full blocks are ever shared, so copy-on-write is never needed: a partial last block always
+belongs to one sequence, and it is hashed (and becomes shareable) only once it is full and computed.
 
 Which cached block to give up when the pool needs room is the evictor's choice (``evictor=<name>``,
 default ``lru``): the allocator reports each cache event to it (insert, hit, release) and asks it
@@ -72,7 +72,7 @@ class PagedAllocator(BlockAllocator):
         self._table_blocks = 0  # sum of len(table) over self.tables: usage_stats runs every step
         self.free_host: deque[int] = deque()
         self.swapped: dict[str, tuple[list[int], int]] = {}  # seq id -> (host blocks, slots used)
-        self.prompt_digests: dict[str, list[bytes]] = {}  # waiting seq id -> digests of its full blocks
+        self.prompt_digests: dict[str, list[bytes]] = {}  # seq id -> its prompt's block digests, until it leaves
 
     def attach_evictor(self, evictor) -> None:
         super().attach_evictor(evictor)
