@@ -26,6 +26,9 @@ TRACE = "azure_conv"  # the packaged Azure conversation trace (servelab.core.pac
 CASES = {
     "trace": ["backend=sim", "hardware=h100", "model=llama3_70b", "tensor_parallel_size=8", "workload=trace",
               f"workload.path={TRACE}", "scheduler=slo_aware"],
+    # the same trace eight times as fast on eight such replicas behind round_robin (each replica sees the trace's load)
+    "trace_8_replicas": ["backend=sim", "hardware=h100", "model=llama3_70b", "tensor_parallel_size=8", "workload=trace",
+                         f"workload.path={TRACE}", "scheduler=slo_aware", "cluster.replicas=8", "workload.time_scale=0.125"],
     "synthetic_10k": ["backend=sim", "hardware=h100", "model=llama3_8b", "workload.num_requests=10000", "workload.rate=20"],
     "synthetic_100k": ["backend=sim", "hardware=h100", "model=llama3_8b", "workload.num_requests=100000", "workload.rate=20"],
 }

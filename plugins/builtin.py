@@ -53,3 +53,10 @@ def servelab_register_evictors():
     from .evictors import BUILTIN
 
     return BUILTIN
+
+
+@hookimpl
+def servelab_register_routers():
+    from .routers import BUILTIN
+
+    return BUILTIN

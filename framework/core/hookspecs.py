@@ -46,3 +46,8 @@ def servelab_register_length_predictors() -> list[type]:
 @hookspec
 def servelab_register_evictors() -> list[type]:
     """Return :class:`~servelab.core.interfaces.Evictor` subclasses."""
+
+
+@hookspec
+def servelab_register_routers() -> list[type]:
+    """Return :class:`~servelab.core.interfaces.Router` subclasses."""

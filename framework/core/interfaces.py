@@ -11,6 +11,8 @@ Division of labour (the executor boundary):
   schedulers read it through :meth:`Scheduler.predicted_output_len`);
 - an :class:`Evictor` chooses which cached prefix block a prefix-caching allocator gives up when
   the pool needs room;
+- a :class:`Router` places each request on one replica of a cluster (``cluster.replicas``), seeing
+  only :class:`ReplicaView` s;
 - the executor (not a plugin) owns the KV tensors and moves data when the plan says so.
 
 Every plugin class has a ``name`` (what ``scheduler=<name>`` selects) and a ``Config`` dataclass
@@ -349,6 +351,14 @@ class Scheduler(Plugin):
     def add(self, seq: Sequence) -> None:
         """Accept a newly arrived sequence (status WAITING)."""
 
+    def add_transferred(self, seq: Sequence) -> None:
+        """Accept a sequence whose prompt KV a prefill replica computed and sent here (prefill/decode
+        disaggregation): status WAITING, blocks already allocated for its prompt and first output
+        token, ``num_computed_tokens`` = its prompt, so it needs only a seat to decode. It holds
+        blocks while it waits, so a scheduler should seat it before anything that needs new blocks.
+        Default: :meth:`add` (``QueueScheduler`` seats these first)."""
+        self.add(seq)
+
     @abstractmethod
     def schedule(self, now: float) -> SchedulePlan:
         """Build the next step's plan. ``now`` is seconds since the run started.
@@ -577,3 +587,67 @@ class TimeModel(Plugin):
     def describe(self) -> dict:
         """What ``summary.json`` records about this model (its name and coefficients)."""
         return {"name": self.name}
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaView:
+    """What a router may know of one replica when it places a request.
+
+    Only what a real router has at that moment: the replica's identity and size, the requests it
+    placed there and has not yet seen finish (counted by the router itself), and the gauges a
+    replica's metrics endpoint reports (queue lengths, KV use) as of the replica's last step
+    boundary at or before the request's arrival. ``can_hold``: the request fits this replica at
+    all (its prompt plus ``max_tokens`` within the replica's context and KV pool); a router must
+    choose a replica that can hold the request.
+    """
+
+    index: int  # the replica's id in the cluster: what :meth:`Router.route` returns
+    role: str  # "mixed" (prefill and decode), "prefill" or "decode"
+    can_hold: bool
+    num_outstanding: int  # requests placed here and not yet finished
+    outstanding_tokens: int  # their prompt + max_tokens, summed
+    num_waiting: int  # the replica's scheduler queues at its last step boundary
+    num_running: int
+    kv_utilization: float  # used / all KV blocks at its last step boundary
+    num_kv_blocks: int
+    block_size: int
+    tensor_parallel_size: int = 1
+
+
+@dataclass(frozen=True)
+class RouterContext:
+    """What a router is built for: the cluster's replicas (their ``index``, ``role``, pool size),
+    as views at time 0, and the run's seed (random routers draw from ``random.Random(seed)``)."""
+
+    replicas: tuple[ReplicaView, ...]
+    seed: int = 0
+
+
+class RouterError(RuntimeError):
+    """A router placed a request where it may not go (names the plugin and the request)."""
+
+
+class Router(Plugin):
+    """Places each arriving request on one replica of a cluster (``router=<name>``).
+
+    The cluster calls :meth:`route` once per request and stage: with ``cluster.replicas=N`` once on
+    arrival, offered every replica; with prefill/decode disaggregation once on arrival, offered the
+    prefill replicas, and once more when its prompt is prefilled, offered the decode replicas (the
+    views' ``role`` says which). :meth:`route` returns the ``index`` of one offered replica whose
+    ``can_hold`` is true; anything else (an index not offered, a replica that cannot hold it, None,
+    an exception) stops the run with :class:`RouterError` naming the plugin and the request.
+    A router sees the request as it arrives (prompt, ``max_tokens``, ``client_id``, arrival time),
+    never how many tokens it will generate. Placement never changes what the model computes.
+    """
+
+    def __init__(self, config, context: RouterContext) -> None:
+        self.config = config
+        self.context = context
+
+    @abstractmethod
+    def route(self, request: Request, replicas: Seq[ReplicaView], now: float) -> int:
+        """The ``index`` of the replica (one of ``replicas``) that serves ``request`` at ``now``."""
+
+    def on_finish(self, request: Request, replica: int) -> None:
+        """``request``, placed on ``replica``, finished there (or was rejected or aborted): a router
+        that keeps per-request state drops it here. Default: nothing."""

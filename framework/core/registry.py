@@ -20,7 +20,7 @@ import pluggy
 
 from servelab.core import hookspecs
 from servelab.core.errors import ServelabError
-from servelab.core.interfaces import (BlockAllocator, Evictor, LengthPredictor, PreemptionPolicy, Scheduler,
+from servelab.core.interfaces import (BlockAllocator, Evictor, LengthPredictor, PreemptionPolicy, Router, Scheduler,
                                       SpeculativeDrafter, TimeModel)
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,7 @@ KINDS: dict[str, tuple[type, str]] = {
     "time_model": (TimeModel, "servelab_register_time_models"),
     "length_predictor": (LengthPredictor, "servelab_register_length_predictors"),
     "evictor": (Evictor, "servelab_register_evictors"),
+    "router": (Router, "servelab_register_routers"),
 }
 
 

@@ -55,19 +55,33 @@ class HardwareProfile:
     link_bandwidth_gb_s: float
     host_link_gb_s: float
     link_latency_us: float = 10.0
+    # KV transfers between replicas (prefill/decode disaggregation): per GPU, per direction
+    intra_node_link_gb_s: float = 0.0  # 0 = link_bandwidth_gb_s (read it through kv_link)
+    intra_node_latency_us: float = 10.0
+    inter_node_link_gb_s: float = 25.0
+    inter_node_latency_us: float = 20.0
 
     @classmethod
     def from_config(cls, node) -> "HardwareProfile":
         """From the ``hardware`` config node; a non-positive figure is an error naming its key."""
-        values = {f: node[f] for f in cls.__dataclass_fields__}
+        values = {f: node.get(f, cls.__dataclass_fields__[f].default) for f in cls.__dataclass_fields__}
+        if not values["intra_node_link_gb_s"]:  # null: the GPU-to-GPU link the all-reduce uses
+            values["intra_node_link_gb_s"] = values["link_bandwidth_gb_s"]
         for key, value in values.items():
-            if key != "name" and not (value > 0 or (key == "link_latency_us" and value == 0)):
+            if key != "name" and not (value > 0 or (key.endswith("latency_us") and value == 0)):
                 raise ConfigError(f"hardware.{key}={value} must be > 0 (hardware={values['name']})")
         return cls(**values)
 
     @property
     def memory_bytes(self) -> float:
         return self.memory_gb * 1e9
+
+    def kv_link(self, same_node: bool) -> tuple[float, float]:
+        """(bytes/s, latency s) of one GPU's link to a GPU of another replica: NVLink (or PCIe) on
+        the same node, the node's network (InfiniBand / RoCE) between nodes."""
+        if same_node:
+            return (self.intra_node_link_gb_s or self.link_bandwidth_gb_s) * 1e9, self.intra_node_latency_us * 1e-6
+        return self.inter_node_link_gb_s * 1e9, self.inter_node_latency_us * 1e-6
 
 
 @dataclass(frozen=True)

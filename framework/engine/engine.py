@@ -98,6 +98,10 @@ class Engine:
         self.end_listeners: list[Callable[[Sequence], None]] = []
         self.forget_ended = False
         self._forgotten: set[str] = set()
+        # A prefill replica of a disaggregated cluster: a finished sequence keeps its KV blocks
+        # until release_kv() (its KV is still being sent to a decode replica).
+        self.hold_kv_on_finish = False
+        self._held: dict[str, Sequence] = {}
 
     def now(self) -> float:
         """Seconds since the engine started."""
@@ -150,6 +154,20 @@ class Engine:
             return (f"needs {needed} KV slots ({blocks} blocks of {self.limits.block_size}) but the whole pool "
                     f"has {self.allocator.num_blocks} blocks")
         return None
+
+    def adopt(self, seq: Sequence) -> None:
+        """Take over ``seq``, a sequence whose prompt KV another replica computed and a cluster has
+        already placed in this engine's allocator (prefill/decode disaggregation): its
+        ``num_computed_tokens`` covers the prompt, its first output token is appended, and the
+        scheduler seats it as a decode (:meth:`Scheduler.add_transferred`)."""
+        if seq.id in self.sequences or seq.id in self._forgotten:
+            raise ValueError(f"duplicate request id {seq.id!r}")
+        self.sequences[seq.id] = seq
+        self._call_plugin("scheduler", lambda: self.scheduler.add_transferred(seq))
+
+    def release_kv(self, request_id: str) -> None:
+        """Free the blocks a finished sequence kept under ``hold_kv_on_finish``."""
+        self.allocator.free(self._held.pop(request_id))
 
     def has_unfinished(self) -> bool:
         return self.scheduler.num_unfinished() > 0
@@ -280,7 +298,10 @@ class Engine:
     def _retire(self, seq: Sequence, status: Status, reason: str, now: float) -> None:
         """``seq`` has left the scheduler: free its blocks, drop drafter state, tell the listeners."""
         seq.status, seq.finish_reason, seq.finish_time = status, reason, now
-        self.allocator.free(seq)
+        if self.hold_kv_on_finish and status is Status.FINISHED:
+            self._held[seq.id] = seq
+        else:
+            self.allocator.free(seq)
         seq.compact()
         if self.drafter is not None:
             self.drafter.forget(seq)

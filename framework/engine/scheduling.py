@@ -95,6 +95,7 @@ class QueueScheduler(Scheduler):
         self.waiting = self.make_waiting_queue()
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
+        self.landed: deque[Sequence] = deque()  # KV sent by a prefill replica: they hold blocks, seated first
         self._prefill_left = self._prefill_cap = 0  # prefill tokens this step may (still) take
         self._drafts_left = 0  # draft tokens this step may (still) verify
 
@@ -151,6 +152,9 @@ class QueueScheduler(Scheduler):
     def add(self, seq: Sequence) -> None:
         self.waiting.push(seq)
 
+    def add_transferred(self, seq: Sequence) -> None:
+        self.landed.append(seq)
+
     def remove(self, seq: Sequence) -> None:
         if seq in self.running:
             self.running.remove(seq)
@@ -160,15 +164,18 @@ class QueueScheduler(Scheduler):
         A custom waiting queue (:meth:`make_waiting_queue`) needs a ``remove(seq)`` method for this."""
         if seq.status is Status.SWAPPED:
             self.swapped.remove(seq)
+        elif seq.status is Status.WAITING and seq in self.landed:
+            self.landed.remove(seq)
         elif seq.status is Status.WAITING and any(s is seq for s in self.waiting):
             self.waiting.remove(seq)
         self.remove(seq)
 
     def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running) + len(self.swapped)
+        return len(self.waiting) + len(self.running) + len(self.swapped) + len(self.landed)
 
     def queue_lengths(self) -> dict[str, int]:
-        return {"waiting": len(self.waiting), "running": len(self.running), "swapped": len(self.swapped)}
+        return {"waiting": len(self.waiting) + len(self.landed), "running": len(self.running),
+                "swapped": len(self.swapped)}
 
     def schedule(self, now: float) -> SchedulePlan:
         """Three phases: running sequences keep going, swapped ones come back, waiting ones are admitted."""
@@ -183,6 +190,8 @@ class QueueScheduler(Scheduler):
         budget = self._schedule_running(plan, scheduled, self.limits.max_num_batched_tokens)
         if not plan.preempted:
             self._swap_in(plan)
+        if self.landed:
+            budget = self._seat_landed(plan, scheduled, budget, now)
         if not self.swapped:
             self._admit(plan, scheduled, budget, now)
         return plan
@@ -236,6 +245,21 @@ class QueueScheduler(Scheduler):
             plan.swap_in.extend(self.allocator.swap_in(seq))
             seq.status = Status.RUNNING
             self.running.append(seq)
+
+    def _seat_landed(self, plan: SchedulePlan, scheduled: list[Sequence], budget: int, now: float) -> int:
+        """Sequences whose KV came from a prefill replica decode from here, in arrival order, while
+        seats and budget allow: their blocks are allocated already (holding them in a queue behind a
+        request that waits for blocks could deadlock the pool)."""
+        while self.landed and budget > 0 and len(self.running) < self.limits.max_num_seqs:
+            seq = self.landed.popleft()
+            if not self.allocator.allocate_slots(seq, 1):  # covered by the transfer's allocation
+                raise RuntimeError(f"sequence {seq.id!r} landed without blocks for its first token")
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            self._take(seq, 1, plan, scheduled)
+            self.on_admit(seq, now)
+            budget -= 1
+        return budget
 
     # ---- mechanics ----------------------------------------------------------------------
     def _verify(self, seq: Sequence, budget: int, plan: SchedulePlan) -> bool:

@@ -21,6 +21,7 @@ class StepTotals:
     swap_in_blocks: int = 0
     model_s: float = 0.0
     comm_s: float = 0.0
+    busy_s: float = 0.0  # the steps' durations summed (the engine's busy time on its clock)
     gauge_sums: dict[str, float] = field(default_factory=dict)
     gauge_counts: dict[str, int] = field(default_factory=dict)
 
@@ -42,6 +43,7 @@ class StepTotals:
         self.swap_in_blocks += record.swap_in_blocks
         self.model_s += record.model_s
         self.comm_s += record.comm_s
+        self.busy_s += record.duration_s
         for k, v in record.extra.items():
             if v is not None:
                 self.gauge_sums[k] = self.gauge_sums.get(k, 0.0) + v

@@ -57,8 +57,27 @@ def banner_lines(cfg: DictConfig, stack, output_dir: Path, logger_where: str) ->
             ("workload", f"{cfg.workload.name}"), ("results", str(output_dir)), ("W&B", logger_where)]
 
 
-def print_banner(cfg: DictConfig, stack, output_dir: Path, logger_where: str, console: Console | None = None) -> None:
+def cluster_line(cfg: DictConfig, cluster) -> tuple[str, str]:
+    """The cluster row: how many replicas of which shape, the router, and the KV links."""
+    groups: dict[tuple, int] = {}
+    for r in cluster.replicas:
+        key = (r.role, r.tensor_parallel_size, r.hardware, r.engine.allocator.num_blocks)
+        groups[key] = groups.get(key, 0) + 1
+    parts = [f"{n} x {role} (TP {tp} on {hw}, {blocks:,} KV blocks)" for (role, tp, hw, blocks), n in groups.items()]
+    text = ", ".join(parts) + f"; router={cfg.router.name}"
+    if cluster.links:
+        kinds = sorted({link.kind for link in cluster.links.values()})
+        overlap = "overlapped with prefill" if cluster.overlap else "after prefill"
+        text += f"; KV moves over {'/'.join(kinds)} links, {overlap}"
+    return "cluster", text
+
+
+def print_banner(cfg: DictConfig, stack, output_dir: Path, logger_where: str, console: Console | None = None,
+                 cluster=None) -> None:
     # soft_wrap: paths stay on one line (copyable) whatever the terminal width
     console = console or Console(soft_wrap=True, highlight=False)
-    for label, text in banner_lines(cfg, stack, output_dir, logger_where):
+    lines = banner_lines(cfg, stack, output_dir, logger_where)
+    if cluster is not None:
+        lines.insert(3, cluster_line(cfg, cluster))
+    for label, text in lines:
         console.print(f"[bold]{label:>8}[/bold]  {text}", soft_wrap=True)

@@ -289,6 +289,11 @@ class HardwareConfig:
     link_bandwidth_gb_s: float = MISSING  # GPU<->GPU per direction (NVLink, or PCIe)
     host_link_gb_s: float = MISSING  # GPU<->host per direction (PCIe)
     link_latency_us: float = 10.0  # per all-reduce call
+    # KV transfers between replicas (prefill/decode disaggregation), per GPU and direction
+    intra_node_link_gb_s: Optional[float] = None  # null = link_bandwidth_gb_s (NVLink, or PCIe)
+    intra_node_latency_us: float = 10.0
+    inter_node_link_gb_s: float = 25.0  # a 200 Gb/s NIC per GPU unless the hardware file says otherwise
+    inter_node_latency_us: float = 20.0
 
 
 @dataclass
@@ -304,6 +309,46 @@ class LoggerConfig:
     log_min_interval_s: float = 0.25  # ... and of at least this much wall time (0: exactly N steps)
     table_max_rows: int = 1000  # the requests table: beyond this many rows, an even sample of them
     step_interval: Optional[int] = None  # deprecated name of log_every_steps (wins when set)
+
+
+class KVLink(enum.Enum):
+    """``cluster.kv_link``: which link a KV transfer crosses. ``auto``: replicas take GPUs in order
+    (prefill pool first), ``cluster.gpus_per_node`` per node; same node = NVLink, else the network."""
+
+    auto = "auto"
+    intra_node = "intra_node"
+    inter_node = "inter_node"
+
+
+@dataclass
+class PoolConfig:
+    """One pool of a disaggregated cluster (``cluster.prefill`` / ``cluster.decode``): what differs
+    from the run's top-level keys; null = the run's value. ``hardware`` names a ``conf/hardware`` option."""
+
+    tensor_parallel_size: Optional[int] = None
+    hardware: Optional[str] = None
+    num_kv_blocks: Optional[int] = None
+    max_num_seqs: Optional[int] = None
+    max_num_batched_tokens: Optional[int] = None
+    kv_cache_dtype: Optional[KVCacheDType] = None
+    block_size: Optional[int] = None
+
+
+@dataclass
+class ClusterConfig:
+    """More than one engine (docs/cluster.md). ``replicas``: N identical engines behind ``router=``;
+    ``prefill_replicas`` / ``decode_replicas``: prefill/decode disaggregation instead (both or neither),
+    each pool shaped by ``prefill`` / ``decode``, the KV of each prompt moved over ``kv_link``, its
+    transfer streamed layer by layer during the prefill when ``overlap_kv_transfer``."""
+
+    replicas: int = 1
+    prefill_replicas: Optional[int] = None
+    decode_replicas: Optional[int] = None
+    prefill: PoolConfig = field(default_factory=PoolConfig)
+    decode: PoolConfig = field(default_factory=PoolConfig)
+    gpus_per_node: int = 8
+    kv_link: KVLink = KVLink.auto
+    overlap_kv_transfer: bool = True
 
 
 @dataclass
@@ -371,6 +416,7 @@ class ServelabConfig:
     time_model: Any = MISSING
     length_predictor: Any = MISSING
     evictor: Any = MISSING
+    router: Any = MISSING
     hardware: HardwareConfig = MISSING
     model: ModelConfig = MISSING
     workload: Any = MISSING
@@ -388,6 +434,7 @@ class ServelabConfig:
     tensor_parallel_size: int = 1
     clock: Clock = Clock.auto
     slo: SLOConfig = field(default_factory=SLOConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     fairness: FairnessConfig = field(default_factory=FairnessConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     eval_ppl: EvalPPLConfig = field(default_factory=EvalPPLConfig)

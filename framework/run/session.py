@@ -13,6 +13,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from servelab.cluster.figures import replica_figures
+from servelab.cluster.replica import Replica
 from servelab.engine.engine import Engine, StepRecord
 from servelab.run.fairness import DEFAULT_WEIGHTS, config_weights
 from servelab.run.loggers import make_logger
@@ -21,6 +23,7 @@ from servelab.run.preflight import check_requests
 from servelab.core.request import Request
 from servelab.run.runner import run_workload
 from servelab.run.block_size import workload_requests
+from servelab.run.cluster_build import is_cluster
 from servelab.run.stack import Stack, build_stack, model_shape, validate
 from servelab.workloads.text import checkpoint_text, text_decorator
 from servelab.workloads.build import build_requests
@@ -81,8 +84,9 @@ class RequestWriter:
     """Writes each request's record to ``requests.jsonl`` as it ends and keeps only its numbers
     (:class:`RequestStats`); attach with ``engine.end_listeners`` and ``engine.forget_ended``."""
 
-    def __init__(self, path: Path, engine: Engine, time_scale: float, decorate=None) -> None:
+    def __init__(self, path: Path, engine: Engine, time_scale: float, decorate=None, live=None) -> None:
         self.path, self.engine, self.time_scale, self.decorate = path, engine, time_scale, decorate
+        self.live = live  # () -> the sequences not yet ended (default: the engine's); a cluster has its own
         self.stats = RequestStats()
         self.record_listeners: list = []  # told of each record as it is written (the logger's table)
         self._fh = path.open("w")
@@ -102,7 +106,8 @@ class RequestWriter:
 
     def close(self) -> None:
         """Write the sequences that have not ended (an interrupted run) and close the file."""
-        for seq in list(self.engine.sequences.values()):
+        live = self.live() if self.live is not None else self.engine.sequences.values()
+        for seq in list(live):
             if not seq.is_finished:
                 self._write(seq)
         self._fh.close()
@@ -178,6 +183,10 @@ def run_job(cfg: DictConfig, output_dir: str | Path, requests: list[Request] | N
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    if stack is None and is_cluster(cfg):
+        from servelab.run.cluster_run import run_cluster_job  # noqa: PLC0415 - it builds on this module
+
+        return run_cluster_job(cfg, output_dir, requests, banner)
     if stack is not None:
         return _run_on_stack(cfg, output_dir, requests, stack, banner)
     if requests is None and cfg.block_size == "auto":  # built once: block_size=auto reads them, the run replays them
@@ -231,7 +240,8 @@ def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | N
         result = collect_results(engine, cfg.workload.time_scale, status,
                                  {"tensor_parallel_size": cfg.tensor_parallel_size, **stack.describe_time(),
                                   **({"block_size_auto": stack.block_size_auto} if stack.block_size_auto else {}),
-                                  **(stack.executor.summary() if hasattr(stack.executor, "summary") else {})},
+                                  **(stack.executor.summary() if hasattr(stack.executor, "summary") else {}),
+                                  "per_replica": [single_replica_figures(stack, cfg, writer.stats)]},
                                  writer=writer, fairness_weights=weights)
         result.write(output_dir, cfg.debug.log_steps)
         OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
@@ -251,3 +261,12 @@ def _progress_bar(total: int, enabled: bool):
     if not enabled:
         return None
     return tqdm(total=total, desc="requests", unit="req", dynamic_ncols=True, leave=False)
+
+
+def single_replica_figures(stack: Stack, cfg: DictConfig, stats: RequestStats) -> dict:
+    """``per_replica`` of a one-engine run: the engine as replica 0, serving every request."""
+    replica = Replica(0, "mixed", stack.engine, cfg.tensor_parallel_size,
+                      cfg.hardware.name if stack.clock_kind == "virtual" else "this machine")
+    replica.placed, replica.prompt_tokens = stats.num_requests, stats.prompt_tokens
+    replica.cached_prompt_tokens, replica.output_tokens = stats.cached_prompt_tokens, stats.output_tokens
+    return replica_figures(replica, stack.engine.totals.last_time_s)

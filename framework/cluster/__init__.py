@@ -1,0 +1,1 @@
+"""More than one engine: replicas behind a router, and prefill/decode disaggregation (docs/cluster.md)."""

@@ -1,0 +1,133 @@
+"""A cluster job end to end: build the replicas, run the workload through the router, write the
+result files (partial ones too, whatever happens), log the run. The one-engine form is
+:func:`servelab.run.session.run_job`, which hands ``cluster.*`` configs here."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from servelab.cluster.cluster import Cluster
+from servelab.cluster.figures import load_imbalance, merge_totals, replica_figures
+from servelab.run.block_size import workload_requests
+from servelab.run.cluster_build import build_cluster
+from servelab.run.fairness import config_weights
+from servelab.run.loggers import make_logger
+from servelab.run.metrics import summarize
+from servelab.run.preflight import check_requests
+from servelab.run.session import (RequestWriter, RunResult, _drop_placeholder_tokens, _progress_bar, kv_pool_metrics)
+from servelab.run.stack import Stack, model_shape
+from servelab.workloads.text import checkpoint_text, text_decorator
+
+log = logging.getLogger(__name__)
+
+
+def run_cluster_job(cfg: DictConfig, output_dir: Path, requests=None, banner: bool = False) -> RunResult:
+    """Run ``cfg``'s workload (or ``requests``) on the cluster ``cfg.cluster`` describes."""
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if requests is None:
+        requests = workload_requests(cfg, model_shape(cfg))  # once, for every replica and block_size=auto
+    cluster, stacks = build_cluster(cfg, requests)
+    try:
+        return _run(cfg, output_dir, requests, cluster, stacks, banner)
+    finally:
+        for stack in stacks:
+            stack.executor.shutdown()
+
+
+def _run(cfg: DictConfig, output_dir: Path, requests, cluster: Cluster, stacks: list[Stack], banner: bool):
+    first = cluster.replicas[0].engine
+    weights = config_weights(cfg)
+    check_requests(cfg, first, requests)
+    decorate = text_decorator(checkpoint_text(cfg)) if cfg.backend.name != "sim" else _drop_placeholder_tokens
+    logger = make_logger(cfg.logger)
+    logger.start(cfg, output_dir)
+    if banner:
+        from servelab.run.banner import print_banner  # noqa: PLC0415 - rich
+
+        print_banner(cfg, stacks[0], output_dir, logger.where(), cluster=cluster)
+    answering = (cluster.decode or cluster.mixed)[0].engine  # its limits carry the run's SLO targets
+    writer = RequestWriter(output_dir / "requests.jsonl", answering, cfg.workload.time_scale, decorate=decorate,
+                           live=cluster.live_sequences)
+    writer.record_listeners.append(logger.log_request)
+    cluster.request_listeners.append(writer.on_end)
+    for r in cluster.replicas:
+        r.engine.keep_steps = bool(cfg.debug.log_steps)
+        r.engine.forget_ended = True
+    status, exit_code = "completed", 0
+    progress = _progress_bar(len(requests), cfg.get("progress", True))
+    try:
+        cluster.run(requests, cfg.workload.time_scale, on_progress=progress.update if progress else None)
+        if writer.stats.num_requests and writer.stats.num_rejected == writer.stats.num_requests:
+            status, exit_code = "failed: every request was rejected", 2
+    except KeyboardInterrupt:
+        status, exit_code = "interrupted", 130
+        raise
+    except BaseException as exc:
+        status, exit_code = f"failed: {type(exc).__name__}: {exc}", 1
+        raise
+    finally:
+        if progress:
+            progress.close()
+        result = collect_cluster_results(cfg, cluster, stacks, status, writer, weights)
+        result.write(output_dir, cfg.debug.log_steps)
+        OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
+        logger.finish(result.summary, result.iter_requests(), exit_code)
+        if exit_code == 1:
+            log.error("run %s; partial results written to %s", status, output_dir)
+    return result
+
+
+def collect_cluster_results(cfg: DictConfig, cluster: Cluster, stacks: list[Stack], status: str,
+                            writer: RequestWriter, weights) -> RunResult:
+    """``summary.json`` for the whole cluster (today's keys, every replica folded in), plus
+    ``per_replica``, the router, and the KV transfers."""
+    writer.close()
+    engines = [r.engine for r in cluster.replicas]
+    totals = merge_totals([e.totals for e in engines])
+    requests = writer.stats
+    live = bool(cluster.live_sequences())
+    leaked = None if live else sum(e.allocator.leaked_blocks() for e in engines)
+    duration = totals.last_time_s
+    per_replica = [replica_figures(r, duration) for r in cluster.replicas]
+    pools = [kv_pool_metrics(e.executor) for e in engines]
+    bytes_per_block = getattr(engines[0].executor, "bytes_per_block", 0)
+    summary = summarize(requests, totals, duration, leaked, {
+        "status": status,
+        "prefix_cache_hit_rate": (requests.cached_prompt_tokens / requests.prompt_tokens
+                                  if requests.prompt_tokens else 0.0),
+        "prefill_tokens_computed": totals.prefill_tokens,
+        "max_concurrent_requests": totals.max_concurrent,
+        "kv_waste_fraction": totals.gauge_mean("kv_waste_fraction"),
+        "swap_out_bytes": sum(e.totals.swap_out_blocks * getattr(e.executor, "bytes_per_block", 0) for e in engines),
+        "swap_in_bytes": sum(e.totals.swap_in_blocks * getattr(e.executor, "bytes_per_block", 0) for e in engines),
+        "recomputed_tokens": totals.recomputed_tokens,
+        "bytes_per_block": bytes_per_block,
+        "swap_bandwidth_gb_s": (engines[0].cost_model.swap_bytes_per_s or 0.0) / 1e9,
+        **{f"{k}_mean": totals.gauge_mean(k) for k in sorted(set(totals.gauge_sums) - {"kv_waste_fraction"})},
+        "num_kv_blocks": sum(e.allocator.num_blocks for e in engines),
+        "kv_pool_blocks": sum(p["kv_pool_blocks"] for p in pools),
+        "kv_pool_bytes": sum(p["kv_pool_bytes"] for p in pools),
+        "num_swap_blocks": sum(getattr(e.executor, "num_swap_blocks", 0) for e in engines),
+        "block_size": engines[0].limits.block_size,
+        "cost_model": engines[0].cost_model.coefficients,
+        "model_time_s": totals.model_s,
+        "comm_time_s": totals.comm_s,
+        "tensor_parallel_size": cfg.tensor_parallel_size,
+        **stacks[0].describe_time(),
+        **(stacks[0].executor.summary() if hasattr(stacks[0].executor, "summary") else {}),  # replica 0's ranks
+        **({"block_size_auto": stacks[0].block_size_auto} if stacks[0].block_size_auto else {}),
+        "router": cfg.router.name,
+        "num_replicas": len(cluster.replicas),
+        "num_gpus": sum(r.tensor_parallel_size for r in cluster.replicas),
+        "load_imbalance": load_imbalance(per_replica),
+        "num_kv_transfers": cluster.num_kv_transfers,
+        "kv_transfer_bytes": cluster.kv_transfer_bytes,
+        "kv_transfer_s": cluster.kv_transfer_s,
+        "kv_transfer_exposed_s": cluster.kv_transfer_exposed_s,
+        "per_replica": per_replica,
+    }, weights)
+    return RunResult(None, summary, [s for e in engines for s in e.steps], writer.path)
