@@ -3,11 +3,13 @@
 The names here are the public, stable surface (the modules behind them may move):
 
 - registration: :data:`hookimpl` (the hooks are in :mod:`servelab.core.hookspecs`);
-- the seven plugin kinds: :class:`Scheduler` (most subclass :class:`QueueScheduler`),
+- the eight plugin kinds: :class:`Scheduler` (most subclass :class:`QueueScheduler`),
   :class:`BlockAllocator`, :class:`PreemptionPolicy`, :class:`SpeculativeDrafter`,
   :class:`TimeModel` (with its :class:`TimeModelContext`), :class:`LengthPredictor` (with its
   :class:`PredictorContext`), :class:`Evictor` (with its :class:`EvictorContext` and the
-  :class:`CachedBlock` events it receives; :class:`StepCostModel` prices recomputing a block);
+  :class:`CachedBlock` events it receives; :class:`StepCostModel` prices recomputing a block),
+  :class:`Router` (with its :class:`RouterContext`, the :class:`ReplicaView` s it places among, and
+  the :class:`RouterError` a bad placement stops a run with);
 - the data they exchange: :class:`Request`, :class:`SamplingParams`, :class:`Sequence`,
   :class:`Status`, :class:`SchedulePlan`, :class:`ScheduledSeq`, :class:`PreemptionDecision`,
   :class:`Drafts`, :class:`EngineLimits`, :class:`StepWork`, :class:`NoConfig`, :class:`ConfigError`;
@@ -24,7 +26,8 @@ from servelab.core.errors import ConfigError
 from servelab.core.hookspecs import hookimpl
 from servelab.core.interfaces import (BlockAllocator, CachedBlock, Drafts, EngineLimits, Evictor, EvictorContext,
                                       LengthPredictor, NoConfig,
-                                      PredictorContext, PreemptionDecision, PreemptionPolicy, ScheduledSeq,
+                                      PredictorContext, PreemptionDecision, PreemptionPolicy, ReplicaView, Router,
+                                      RouterContext, RouterError, ScheduledSeq,
                                       SchedulePlan, Scheduler, SpeculativeDrafter, TimeModel, TimeModelContext)
 from servelab.core.request import Request, SamplingParams, Sequence, Status
 from servelab.core.step_work import StepWork
@@ -36,6 +39,7 @@ _RUNNING = ("compose", "run_job")
 
 __all__ = ["hookimpl", "Scheduler", "QueueScheduler", "WaitQueue", "BlockAllocator", "PreemptionPolicy",
            "SpeculativeDrafter", "TimeModel", "TimeModelContext", "LengthPredictor", "PredictorContext", "Evictor", "EvictorContext", "CachedBlock", "StepCostModel",
+           "Router", "RouterContext", "ReplicaView", "RouterError",
            "Request", "SamplingParams", "Sequence", "Status",
            "SchedulePlan", "ScheduledSeq", "PreemptionDecision", "Drafts", "EngineLimits", "StepWork", "NoConfig",
            "ConfigError", *_TESTING, *_CONFORMANCE, *_RUNNING]

@@ -48,3 +48,11 @@ def test_simulator_keys_are_documented(tmp_path):
 
 def test_readme_links_the_metrics_table():
     assert "docs/metrics.md" in (REPO / "README.md").read_text()
+
+
+def test_cluster_keys_are_documented(tmp_path):
+    cfg = compose("backend=sim", "model=llama3_8b", "workload.num_requests=6", "cluster.prefill_replicas=1",
+                  "cluster.decode_replicas=1")
+    summary = run_job(cfg, tmp_path).summary
+    missing = sorted(set(summary) - set(documented()))
+    assert not missing, f"summary.json keys missing from docs/metrics.md: {missing}"

@@ -20,6 +20,10 @@ or ``servelab check-plugin scheduler=spf`` (exit code 0 only when it passes). Tw
    is checked before the allocator acts on it, and it also goes through its own checks
    (:mod:`servelab.kit.conformance_evictor`: scripted cache events, a fixed shared-prefix workload
    through pools from large to thrashing, every block reusable at the end).
+   A router needs no engine: it goes through synthetic clusters instead
+   (:mod:`servelab.kit.conformance_router`: mixed or prefill/decode pools of unequal replicas, each
+   answer checked; the same placements again with a fresh router, and without the later requests;
+   load spread over equal replicas), and has no real-model stage.
 2. **A real model** (``model=tiny``, random weights): greedy tokens equal the default stack's.
 
 A failure prints the contract, the seed, and the smallest scenario (requests dropped one at a
@@ -42,13 +46,15 @@ from servelab.kit.conformance_cases import VOCAB, Scenario, make_scenario
 from servelab.kit.conformance_evictor import (LADDER_BLOCK_SIZE, SCRIPT_BLOCKS, SCRIPT_SEEDS, drain_problem,
                                               event_script, ideal_cached_tokens, ladder, ladder_requests,
                                               real_model_case, victim_problem)
+from servelab.kit.conformance_router import (ROUTER_CONTRACTS, context_of, router_scenario, scenario_problem,
+                                             spread_problem, spread_scenario)
 from servelab.kit.conformance_starvation import promises_bound, starvation_message, starvation_scenario
 from servelab.kit.conformance_state import STATE_KINDS, plugin_of, state_left_behind, state_message, state_scenario
 from servelab.run.config import register_configs
 from servelab.run.runner import run_workload
 
 MAX_STEPS = 5_000  # per scenario: far above what any needs; reaching it is a livelock
-KIT_KINDS = ("scheduler", "allocator", "preemption", "drafter", "length_predictor", "evictor")
+KIT_KINDS = ("scheduler", "allocator", "preemption", "drafter", "length_predictor", "evictor", "router")
 CONTRACTS = {
     "budget": "a plan schedules at most max_num_batched_tokens tokens",
     "seats": "a plan schedules at most max_num_seqs sequences, each once",
@@ -75,6 +81,7 @@ CONTRACTS = {
     "hits kept": "in a pool that holds every block, the prefix-cache hits equal the ideal's and lru's",
     "blocks reusable": "once a run ended every block is free, and a request for the whole pool gets every block "
                        "(each cached one evicted once)",
+    **ROUTER_CONTRACTS,
 }
 REAL_MODEL = ("model=tiny", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=1",
               "model.num_attention_heads=2", "model.num_key_value_heads=1", "max_model_len=128")
@@ -142,6 +149,8 @@ def check_plugin(kind: str, name: str, registry: Registry | None = None, cases: 
     register_configs(registry)
     report = Report(kind, name)
     extra = _companion_overrides(kind, name, registry, tuple(overrides), report.notes)
+    if kind == "router":
+        return _check_router(report, registry, extra, cases, seed, max_failures)
     with _captured_warnings() as warnings:
         if kind == "drafter" and _needs_draft_model(registry.get("drafter", name)):
             report.notes.append("needs a draft model: random scenarios (fake executor) skipped")
@@ -273,6 +282,47 @@ def _check_state_scenario(kind: str, name: str, registry: Registry, extra: tuple
         return Failure(exc.contract, f"{str(exc).split(': ', 1)[1]} (the kit's fixed run: {' '.join(overrides)}, "
                        f"{len(requests)} requests, pool of {num_blocks} blocks, {sorted(aborts)} aborted)")
     return None
+
+
+# ---- routers ---------------------------------------------------------------------------------
+def _check_router(report: Report, registry: Registry, extra: tuple[str, ...], cases: int, seed: int,
+                  max_failures: int) -> Report:
+    """A router through its stages (:mod:`servelab.kit.conformance_router`), each once the earlier
+    ones passed: ``cases`` seeded synthetic clusters, then the spread over equal replicas. A router
+    never changes what is computed: there is no real-model stage."""
+    from omegaconf import OmegaConf  # noqa: PLC0415
+
+    cls = registry.get("router", report.name)
+    try:
+        config = OmegaConf.to_object(_compose(merge_overrides(("model=tiny", f"router={report.name}"), extra)).router)
+        cls(config, context_of(spread_scenario(), seed))
+    except Exception as exc:  # noqa: BLE001 - e.g. its __init__ refusing its config
+        report.failures.append(Failure("plugin raised", f"building router {report.name!r}: "
+                                       f"{type(exc).__name__}: {exc}"))
+        return report
+    report.notes.append("synthetic clusters (no engine); no real-model stage: a router never changes the tokens")
+    make = lambda context: cls(config, context)  # noqa: E731 - a fresh router per run
+    for stage in (_router_scenario_checks, _router_spread_check):
+        if report.failures:
+            break
+        stage(report, make, cases, seed, max_failures)
+    return report
+
+
+def _router_scenario_checks(report: Report, make, cases: int, seed: int, max_failures: int) -> None:
+    for s in range(seed, seed + cases):
+        report.cases += 1
+        problem = scenario_problem(make, router_scenario(s))
+        if problem is not None:
+            report.failures.append(Failure(*problem))
+            if len(report.failures) >= max_failures:
+                return
+
+
+def _router_spread_check(report: Report, make, cases: int, seed: int, max_failures: int) -> None:
+    problem = spread_problem(make)
+    if problem is not None:
+        report.failures.append(Failure(*problem))
 
 
 def _check_event_script(name: str, registry: Registry, extra: tuple[str, ...]) -> Failure | None:

@@ -55,7 +55,7 @@ The guide for this kind: $guide in servelab's docs.
 GUIDES = {"scheduler": "docs/write-a-scheduler.md", "allocator": "docs/write-an-allocator.md",
           "preemption": "docs/write-a-preemption-policy.md", "drafter": "docs/write-a-drafter.md",
           "time_model": "docs/write-a-time-model.md", "length_predictor": "docs/write-a-length-predictor.md",
-          "evictor": "docs/write-an-evictor.md"}
+          "evictor": "docs/write-an-evictor.md", "router": "docs/write-a-router.md"}
 
 _HEAD = '''\
 """$doc
@@ -302,12 +302,62 @@ class $Class(Evictor):
 def servelab_register_evictors():
     return [$Class]
 '''),
+    "router": Template(_HEAD + '''\
+from servelab.plugin_api import Router
+
+
+@dataclass
+class ${Class}Config:
+    tokens_per_request: int = 0  # added per outstanding request: > 0 weighs queue length besides tokens
+
+
+class $Class(Router):
+    """Sends each request to the replica with the fewest outstanding tokens (the prompts and
+    ``max_tokens`` of what it placed there and has not seen finish), ties to the lowest index,
+    among the offered replicas that can hold it. Change ``route`` to make it your policy; run with
+    ``cluster.replicas=4`` (or more)."""
+
+    name = "$name"
+    Config = ${Class}Config
+
+    def __init__(self, config, context):
+        super().__init__(config, context)
+        if config.tokens_per_request < 0:
+            raise ValueError(f"router.tokens_per_request={config.tokens_per_request} must be >= 0")
+
+    def route(self, request, replicas, now):
+        weight = self.config.tokens_per_request
+
+        def load(view):
+            return view.outstanding_tokens + weight * view.num_outstanding, view.index
+
+        return min((v for v in replicas if v.can_hold), key=load).index
+
+
+@hookimpl
+def servelab_register_routers():
+    return [$Class]
+'''),
 }
 
 KIT_TEST = Template('''\
 """$name through servelab's conformance kit: random workloads x small pools x chunked prefill
 on/off x block sizes on a KV-checking fake executor, then greedy tokens on a tiny random model.
 A failure names the broken contract and prints the smallest reproducing scenario."""
+
+from servelab.plugin_api import check_plugin
+
+
+def test_conformance():
+    report = check_plugin("$kind", "$name", cases=20)
+    assert report.ok, report
+''')
+
+ROUTER_TEST = Template('''\
+"""$name through servelab's conformance kit: synthetic clusters (one pool or prefill/decode pools,
+replicas that cannot hold some requests), each placement checked, repeated with a fresh router and
+without the later requests, and the load over equal replicas. A failure names the broken contract
+and the scenario to reproduce it."""
 
 from servelab.plugin_api import check_plugin
 
@@ -333,6 +383,6 @@ def test_the_simulator_runs_on_it_deterministically(tmp_path):
 
 
 def generated_test(kind: str) -> Template:
-    """The generated test of ``kind``: the conformance kit, or (time models, which the kit does
-    not cover) a deterministic simulator run."""
-    return TIME_MODEL_TEST if kind == "time_model" else KIT_TEST
+    """The generated test of ``kind``: the conformance kit (its router stage for routers), or (time
+    models, which the kit does not cover) a deterministic simulator run."""
+    return {"time_model": TIME_MODEL_TEST, "router": ROUTER_TEST}.get(kind, KIT_TEST)
