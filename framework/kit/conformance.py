@@ -300,13 +300,56 @@ def _check_router(report: Report, registry: Registry, extra: tuple[str, ...], ca
         report.failures.append(Failure("plugin raised", f"building router {report.name!r}: "
                                        f"{type(exc).__name__}: {exc}"))
         return report
-    report.notes.append("synthetic clusters (no engine); no real-model stage: a router never changes the tokens")
+    report.notes.append("synthetic clusters, then simulated ones; no real-model stage: a router never changes "
+                        "the tokens")
     make = lambda context: cls(config, context)  # noqa: E731 - a fresh router per run
     for stage in (_router_scenario_checks, _router_spread_check):
         if report.failures:
             break
         stage(report, make, cases, seed, max_failures)
+    if not report.failures:
+        _router_cluster_check(report, registry, extra, seed)
     return report
+
+
+def _router_cluster_check(report: Report, registry: Registry, extra: tuple[str, ...], seed: int) -> None:
+    """The router in the simulator's cluster loop: 3 colocated replicas, then 2 prefill + 2 decode;
+    every request must end exactly once and every pool end empty."""
+    from servelab.run.cluster_build import build_cluster  # noqa: PLC0415 - torch
+
+    shapes = (("cluster.replicas=3",), ("cluster.prefill_replicas=2", "cluster.decode_replicas=2"))
+    for shape in shapes:
+        cfg = _compose(merge_overrides(("backend=sim", "model=llama3_8b", "hardware=h100", "workload.num_requests=40",
+                                        "workload.rate=50", f"seed={seed}", f"router={report.name}", *shape), extra))
+        where = f"a simulated cluster ({' '.join(shape)}, 40 requests)"
+        try:
+            cluster, stacks = build_cluster(cfg, registry=registry)
+        except Exception as exc:  # noqa: BLE001 - e.g. its __init__ refusing its config
+            report.failures.append(Failure("plugin raised", f"building {where}: {type(exc).__name__}: {exc}"))
+            return
+        ended: list[str] = []
+        cluster.request_listeners.append(lambda seq: ended.append(seq.id))
+        try:
+            cluster.run(_sim_requests(cfg))
+        except Exception as exc:  # noqa: BLE001 - a RouterError names the request
+            report.failures.append(Failure("placed once", f"{where}: {type(exc).__name__}: {exc}"))
+            return
+        finally:
+            for stack in stacks:
+                stack.executor.shutdown()
+        leaked = sum(r.engine.allocator.leaked_blocks() for r in cluster.replicas)
+        twice = sorted({i for i in ended if ended.count(i) > 1})
+        if len(ended) != 40 or twice or leaked:
+            report.failures.append(Failure("cluster run", f"{where}: {len(ended)} requests ended (duplicates: "
+                                           f"{twice[:3]}), {leaked} KV blocks still held at the end"))
+            return
+
+
+def _sim_requests(cfg):
+    from servelab.run.block_size import workload_requests  # noqa: PLC0415 - torch
+    from servelab.run.stack import model_shape  # noqa: PLC0415 - torch
+
+    return workload_requests(cfg, model_shape(cfg))
 
 
 def _router_scenario_checks(report: Report, make, cases: int, seed: int, max_failures: int) -> None:

@@ -45,6 +45,8 @@ ROUTER_CONTRACTS = {
                     f"{SPREAD_MAX_SHARE:.0%} of {SPREAD_REQUESTS} requests",
     "on_finish": "calling on_finish(request, replica) for every request on every replica it was placed on "
                  "does not raise",
+    "cluster run": "in the simulator's cluster loop (3 colocated replicas; 2 prefill + 2 decode) every request ends "
+                   "exactly once and no KV block is left held",
 }
 RouterFactory = Callable[[RouterContext], Router]  # a fresh router for a cluster (its replicas and seed)
 Problem = tuple[str, str]  # (contract, why)
