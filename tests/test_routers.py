@@ -111,6 +111,21 @@ def test_prefix_affinity_sends_a_shared_prefix_back_and_respects_the_load_cap():
         assert r.route(request("d", SHARED), views(0, 8, 0), 0.0) == chosen
 
 
+def test_prefix_affinity_does_not_follow_a_short_match():
+    r = router(PrefixAffinityRouter)
+    system = tuple(range(100, 108))  # two blocks every request shares
+    assert r.route(request("a", system + tuple(range(24))), views(0, 0, 0), 0.0) == 0
+    # 2 of 8 blocks match on 0 (25% < cache_threshold 0.5): the replica with the most cache room
+    assert r.route(request("b", system + tuple(range(50, 74))), views(0, 0, 0), 0.0) == 1
+    # 7 of 8 match on 0: followed
+    assert r.route(request("c", system + tuple(range(20)) + (9, 9, 9, 9)), views(0, 0, 0), 0.0) == 0
+    r = router(PrefixAffinityRouter, cache_threshold=0.0)
+    r.route(request("a", system + tuple(range(24))), views(0, 0, 0), 0.0)
+    assert r.route(request("b", system + tuple(range(50, 74))), views(0, 0, 0), 0.0) == 0
+    with pytest.raises(ValueError, match=r"router.cache_threshold=1.5 must be in \[0, 1\]"):
+        router(PrefixAffinityRouter, cache_threshold=1.5)
+
+
 def test_prefix_affinity_keeps_salted_tenants_apart():
     r = router(PrefixAffinityRouter)
     assert r.route(request("a", SHARED, salt="x"), views(1, 0), 0.0) == 1

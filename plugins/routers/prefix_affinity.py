@@ -12,7 +12,10 @@ chain's root: tenants with different salts share no blocks in the replicas' cach
 Load cap (SGLang's ``balance_abs_threshold`` / ``balance_rel_threshold``): only replicas that can
 hold the request and have ``num_outstanding <= balance_rel x min + balance_abs`` (min over those
 that can hold it) are candidates. Among them the longest match wins; ties go to the fewest
-outstanding requests, then the lowest index. The chosen replica's record then takes the prompt's
+outstanding requests, then the lowest index. A match shorter than ``cache_threshold`` of the prompt's
+blocks is not worth following (SGLang's ``cache_threshold``, 0.5 by default there too): the request
+then goes to the candidate with the smallest record (the most cache room), ties as above. Without it
+a prefix every request shares (a system prompt) would draw all traffic to the first replica. The chosen replica's record then takes the prompt's
 blocks (each moved to the recent end), and the least recent blocks beyond its capacity are dropped.
 
 Cost per request: each full block of the prompt is hashed once (Python's ``hash`` of a tuple of its
@@ -58,6 +61,7 @@ class PrefixAffinityConfig:
     balance_abs: int = 8  # a candidate has at most balance_rel x min + balance_abs outstanding requests
     balance_rel: float = 1.5
     capacity_fraction: float = 1.0  # blocks remembered per replica, as a fraction of its num_kv_blocks
+    cache_threshold: float = 0.5  # follow a match only if it covers at least this fraction of the prompt's blocks
 
 
 class PrefixAffinityRouter(Router):
@@ -74,13 +78,15 @@ class PrefixAffinityRouter(Router):
             raise ValueError(f"router.balance_rel={config.balance_rel:g} must be >= 1")
         if not config.capacity_fraction > 0:
             raise ValueError(f"router.capacity_fraction={config.capacity_fraction:g} must be > 0")
+        if not 0 <= config.cache_threshold <= 1:
+            raise ValueError(f"router.cache_threshold={config.cache_threshold:g} must be in [0, 1]")
         self.records: dict[int, OrderedDict[int, None]] = {}  # replica index -> block keys, least recent first
 
     def route(self, request: Request, replicas: Sequence[ReplicaView], now: float) -> int:
         holding = [v for v in replicas if v.can_hold]
         cap = self.config.balance_rel * min(v.num_outstanding for v in holding) + self.config.balance_abs
         keys_by_size: dict[int, list[int]] = {}  # replicas of one pool share a block size: hashed once
-        best, best_rank = None, None  # the least loaded replica is always within the cap: best is set
+        best, best_rank, roomiest, roomiest_rank = None, None, None, None  # the least loaded is within the cap
         for view in holding:
             if view.num_outstanding > cap:
                 continue
@@ -89,9 +95,15 @@ class PrefixAffinityRouter(Router):
                 keys = keys_by_size[view.block_size] = chain_keys(request.prompt_token_ids, view.block_size,
                                                                   request.cache_salt)
             record = self.records.get(view.index)
-            rank = (match_length(record, keys) if record else 0, -view.num_outstanding, -view.index)
+            matched = match_length(record, keys) if record else 0
+            rank = (matched / max(1, len(keys)), -view.num_outstanding, -view.index)
             if best_rank is None or rank > best_rank:
                 best, best_rank = view, rank
+            room = (-(len(record) if record else 0), -view.num_outstanding, -view.index)
+            if roomiest_rank is None or room > roomiest_rank:
+                roomiest, roomiest_rank = view, room
+        if best_rank[0] < self.config.cache_threshold or best_rank[0] == 0:
+            best = roomiest
         self._remember(best, keys_by_size[best.block_size])
         return best.index
 
