@@ -223,3 +223,39 @@ def test_pools_take_their_own_tensor_parallelism_and_hardware():
     shapes = [(r.role, r.tensor_parallel_size, r.hardware) for r in cluster.replicas]
     assert shapes == [("prefill", 4, "h100"), ("decode", 2, "h200"), ("decode", 2, "h200")]
     assert cluster.links[(0, 1)].lanes == 2
+
+
+def test_an_interrupted_cluster_writes_every_request_it_had(tmp_path, monkeypatch):
+    calls = {"n": 0}
+    real = RoundRobinRouter.route
+
+    def route(self, request, views, now):
+        calls["n"] += 1
+        if calls["n"] == 40:
+            raise KeyboardInterrupt
+        return real(self, request, views, now)
+
+    monkeypatch.setattr(RoundRobinRouter, "route", route)
+    with pytest.raises(KeyboardInterrupt):
+        run_job(sim("cluster.prefill_replicas=1", "cluster.decode_replicas=1", base=SIM_70B), tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    lines = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    assert summary["status"] == "interrupted" and summary["leaked_blocks"] is None
+    ids = [r["id"] for r in lines]
+    assert len(ids) == len(set(ids)) == summary["num_requests"] >= 15  # each request it had, once
+    assert summary["num_finished"] + summary["num_unfinished"] == summary["num_requests"]
+
+
+def test_serve_refuses_a_cluster():
+    from servelab.serve.command import check_serve_config
+
+    with pytest.raises(ConfigError, match="servelab serve runs one engine"):
+        check_serve_config(compose(["model=tiny", "cluster.replicas=2"], logger="none"))
+
+
+def test_compare_reads_cluster_runs(tmp_path):
+    from servelab.cli.compare import main as compare_main
+
+    run_job(sim("cluster.replicas=2"), tmp_path / "a")
+    run_job(sim("cluster.replicas=2", "router=least_outstanding"), tmp_path / "b")
+    assert compare_main([str(tmp_path / "a"), str(tmp_path / "b"), "--format", "csv"]) in (0, None)

@@ -25,6 +25,7 @@ from servelab.core.errors import ConfigError
 from servelab.run.loggers import RunLogger, make_logger
 from servelab.run.session import RequestWriter, collect_results
 from servelab.run.fairness import config_weights
+from servelab.run.cluster_build import is_cluster
 from servelab.run.stack import Stack, build_stack
 from servelab.serve.engine_thread import EngineLoop
 from servelab.workloads.text import checkpoint_text, text_decorator
@@ -69,6 +70,9 @@ def check_serve_config(cfg: DictConfig) -> None:
     if cfg.backend.name == "sim" or clock == "virtual":
         raise ConfigError("servelab serve answers real clients in real time: it needs the wall clock and a model "
                           "(backend=torch clock=wall), not backend=sim / clock=virtual")
+    if is_cluster(cfg):
+        raise ConfigError("servelab serve runs one engine: cluster.replicas / prefill_replicas / decode_replicas "
+                          "are for run.py on the virtual clock (a served cluster is not built yet)")
     s = cfg.serve
     for key, ok in (("port", 0 <= s.port <= 65535), ("max_body_bytes", s.max_body_bytes >= 1024),
                     ("max_waiting_requests", s.max_waiting_requests >= 1),
