@@ -100,8 +100,8 @@ def usage_text() -> str:
         "a wrong key or type fails at start-up naming it. Metrics: docs/metrics.md.",
         "",
     ]
-    for group in ("scheduler", "allocator", "preemption", "drafter", "time_model", "workload", "model",
-                  "backend", "hardware", "logger"):
+    for group in ("scheduler", "allocator", "preemption", "drafter", "length_predictor", "evictor", "router",
+                  "time_model", "workload", "model", "backend", "hardware", "logger"):
         default = defaults.get(group)
         lines.append(f"{group}  (default: {default})")
         options: dict[str, str] = {}
@@ -129,8 +129,8 @@ def usage_text() -> str:
     lines.append("experiment  (presets, last in the defaults: override the rest)")
     lines.append("  " + ", ".join(_presets("experiment")))
     lines.append("")
-    groups = {"scheduler", "allocator", "preemption", "drafter", "time_model", "hardware", "model", "workload",
-              "backend", "logger"}
+    groups = {"scheduler", "allocator", "preemption", "drafter", "length_predictor", "evictor", "router", "time_model",
+              "hardware", "model", "workload", "backend", "logger"}
     top = [f for f in dataclasses.fields(C.ServelabConfig) if f.name not in groups]
     hints = get_type_hints(C.ServelabConfig)
     lines.append("top-level keys")
