@@ -4,10 +4,9 @@ result files (partial ones too, whatever happens), log the run. The one-engine f
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from servelab.cluster.cluster import Cluster
 from servelab.cluster.figures import load_imbalance, merge_totals, replica_figures
@@ -17,11 +16,10 @@ from servelab.run.fairness import config_weights
 from servelab.run.loggers import make_logger
 from servelab.run.metrics import summarize
 from servelab.run.preflight import check_requests
-from servelab.run.session import (RequestWriter, RunResult, _drop_placeholder_tokens, _progress_bar, kv_pool_metrics)
+from servelab.run.session import (RequestWriter, RunResult, _drop_placeholder_tokens, kv_pool_metrics,
+                                  run_and_write)
 from servelab.run.stack import Stack, model_shape
 from servelab.workloads.text import checkpoint_text, text_decorator
-
-log = logging.getLogger(__name__)
 
 
 def run_cluster_job(cfg: DictConfig, output_dir: Path, requests=None, banner: bool = False) -> RunResult:
@@ -57,28 +55,10 @@ def _run(cfg: DictConfig, output_dir: Path, requests, cluster: Cluster, stacks: 
     for r in cluster.replicas:
         r.engine.keep_steps = bool(cfg.debug.log_steps)
         r.engine.forget_ended = True
-    status, exit_code = "completed", 0
-    progress = _progress_bar(len(requests), cfg.get("progress", True))
-    try:
-        cluster.run(requests, cfg.workload.time_scale, on_progress=progress.update if progress else None)
-        if writer.stats.num_requests and writer.stats.num_rejected == writer.stats.num_requests:
-            status, exit_code = "failed: every request was rejected", 2
-    except KeyboardInterrupt:
-        status, exit_code = "interrupted", 130
-        raise
-    except BaseException as exc:
-        status, exit_code = f"failed: {type(exc).__name__}: {exc}", 1
-        raise
-    finally:
-        if progress:
-            progress.close()
-        result = collect_cluster_results(cfg, cluster, stacks, status, writer, weights)
-        result.write(output_dir, cfg.debug.log_steps)
-        OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
-        logger.finish(result.summary, result.iter_requests(), exit_code)
-        if exit_code == 1:
-            log.error("run %s; partial results written to %s", status, output_dir)
-    return result
+    return run_and_write(
+        cfg, output_dir, writer, logger, len(requests),
+        lambda on_progress: cluster.run(requests, cfg.workload.time_scale, on_progress=on_progress),
+        lambda status: collect_cluster_results(cfg, cluster, stacks, status, writer, weights))
 
 
 def collect_cluster_results(cfg: DictConfig, cluster: Cluster, stacks: list[Stack], status: str,

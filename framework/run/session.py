@@ -9,6 +9,7 @@ import json
 import logging
 from dataclasses import asdict
 from pathlib import Path
+from typing import Callable
 
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
@@ -222,10 +223,31 @@ def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | N
     writer.record_listeners.append(logger.log_request)
     engine.end_listeners.append(writer.on_end)
     engine.forget_ended = True  # each ended request is on disk: memory holds only live ones
+
+    def collect(status: str) -> RunResult:  # after the run: the executor's and time model's figures are final
+        return collect_results(engine, cfg.workload.time_scale, status,
+                               {"tensor_parallel_size": cfg.tensor_parallel_size, **stack.describe_time(),
+                                **({"block_size_auto": stack.block_size_auto} if stack.block_size_auto else {}),
+                                **(stack.executor.summary() if hasattr(stack.executor, "summary") else {}),
+                                "per_replica": [single_replica_figures(stack, cfg, writer.stats)]},
+                               writer=writer, fairness_weights=weights)
+
+    return run_and_write(
+        cfg, output_dir, writer, logger, len(requests),
+        lambda on_progress: run_workload(engine, requests, cfg.workload.time_scale, on_progress=on_progress),
+        collect)
+
+
+def run_and_write(cfg: DictConfig, output_dir: Path, writer: RequestWriter, logger, num_requests: int,
+                  run: Callable[[Callable[[int], None] | None], None],
+                  collect: Callable[[str], RunResult]) -> RunResult:
+    """``run(on_progress)`` the workload, then, however it ended, ``collect(status)`` its results and
+    write them (partial ones too): the result files, ``config.yaml``, the logger's finish with the
+    exit code (0 completed, 2 every request rejected, 130 interrupted, 1 an error, which goes on)."""
     status, exit_code = "completed", 0
-    progress = _progress_bar(len(requests), cfg.get("progress", True))
+    progress = _progress_bar(num_requests, cfg.get("progress", True))
     try:
-        run_workload(engine, requests, cfg.workload.time_scale, on_progress=progress.update if progress else None)
+        run(progress.update if progress else None)
         if writer.stats.num_requests and writer.stats.num_rejected == writer.stats.num_requests:
             status, exit_code = "failed: every request was rejected", 2
     except KeyboardInterrupt:
@@ -237,12 +259,7 @@ def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | N
     finally:
         if progress:
             progress.close()
-        result = collect_results(engine, cfg.workload.time_scale, status,
-                                 {"tensor_parallel_size": cfg.tensor_parallel_size, **stack.describe_time(),
-                                  **({"block_size_auto": stack.block_size_auto} if stack.block_size_auto else {}),
-                                  **(stack.executor.summary() if hasattr(stack.executor, "summary") else {}),
-                                  "per_replica": [single_replica_figures(stack, cfg, writer.stats)]},
-                                 writer=writer, fairness_weights=weights)
+        result = collect(status)
         result.write(output_dir, cfg.debug.log_steps)
         OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
         logger.finish(result.summary, result.iter_requests(), exit_code)
