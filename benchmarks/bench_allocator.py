@@ -19,12 +19,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from servelab.core.interfaces import EngineLimits  # noqa: E402
-from servelab.plugins.allocators.contiguous import ContiguousAllocator, ContiguousConfig  # noqa: E402
-from servelab.plugins.allocators.paged import PagedAllocator, PagedConfig  # noqa: E402
-from servelab.core.request import Request, Sequence  # noqa: E402
+from servelab.plugin_api import AllocatorContext
+from servelab.core.interfaces import EngineLimits
+from servelab.plugins.allocators.contiguous import ContiguousAllocator, ContiguousConfig
+from servelab.plugins.allocators.paged import PagedAllocator, PagedConfig
+from servelab.core.request import Request, Sequence
 
-from memory_helpers import _cfg, fake_stack, run_requests  # noqa: E402
+from memory_helpers import _cfg, fake_stack, run_requests
 
 BLOCK = 16
 LIMITS = EngineLimits(block_size=BLOCK, max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=4096,
@@ -38,8 +39,8 @@ def _seq(i: int, n: int = 512, max_tokens: int = 64) -> Sequence:
 
 def _allocator(kind: str, num_blocks: int = 8192):
     if kind == "contiguous":
-        return ContiguousAllocator(ContiguousConfig(), num_blocks, BLOCK, LIMITS)
-    return PagedAllocator(PagedConfig(prefix_caching=kind == "paged_prefix"), num_blocks, BLOCK, LIMITS)
+        return ContiguousAllocator(ContiguousConfig(), AllocatorContext(num_blocks, BLOCK, LIMITS))
+    return PagedAllocator(PagedConfig(prefix_caching=kind == "paged_prefix"), AllocatorContext(num_blocks, BLOCK, LIMITS))
 
 
 KINDS = ["paged", "paged_prefix", "contiguous"]

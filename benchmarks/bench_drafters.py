@@ -16,6 +16,7 @@ import random
 
 import pytest
 
+from servelab.plugin_api import DrafterContext
 from servelab.workloads import corpus
 from servelab.plugins.drafters.ngram import NgramConfig, NgramDrafter
 from servelab.core.request import Request, Sequence
@@ -36,7 +37,7 @@ def _sequences(kind: str) -> tuple[list[Sequence], list[bytes | None]]:
 @pytest.mark.parametrize("kind", ["random", "code"])
 def test_ngram_propose_256_x_2k(benchmark, kind):
     seqs, texts = _sequences(kind)
-    drafter = NgramDrafter(NgramConfig(k=4), None)
+    drafter = NgramDrafter(NgramConfig(k=4), DrafterContext(None))
     drafter.propose(seqs, 4)  # the first call converts the prompts
     rng = random.Random(1)
 

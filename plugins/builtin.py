@@ -1,62 +1,33 @@
 """servelab's built-in plugins, registered through the ``servelab`` entry point like any other.
 
-Each kind's folder lists its classes in ``BUILTIN`` (in its ``__init__``).
+Each sub-package is named after its kind (``schedulers`` for ``scheduler``, ``preemption`` for
+``preemption``) and lists its classes in ``BUILTIN`` (in its ``__init__``). The hook implementations
+below are made from the kinds table, one per sub-package, so a kind's built-ins need no line here.
 """
 
-from servelab.core.hookspecs import hookimpl
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from servelab.plugin_api import KINDS, hookimpl
 
 
-@hookimpl
-def servelab_register_schedulers():
-    from .schedulers import BUILTIN
+def _registration(package: str):
+    def register() -> list[type]:
+        return list(importlib.import_module(package).BUILTIN)  # imported when the registry is built
 
-    return BUILTIN
-
-
-@hookimpl
-def servelab_register_allocators():
-    from .allocators import BUILTIN
-
-    return BUILTIN
+    return register
 
 
-@hookimpl
-def servelab_register_preemption_policies():
-    from .preemption import BUILTIN
-
-    return BUILTIN
+def _kind_of(folder: str):
+    return next((k for k in KINDS.values() if folder in (k.name, k.name + "s")), None)
 
 
-@hookimpl
-def servelab_register_drafters():
-    from .drafters import BUILTIN
-
-    return BUILTIN
-
-
-@hookimpl
-def servelab_register_time_models():
-    from .time_models import BUILTIN
-
-    return BUILTIN
-
-
-@hookimpl
-def servelab_register_length_predictors():
-    from .length_predictors import BUILTIN
-
-    return BUILTIN
-
-
-@hookimpl
-def servelab_register_evictors():
-    from .evictors import BUILTIN
-
-    return BUILTIN
-
-
-@hookimpl
-def servelab_register_routers():
-    from .routers import BUILTIN
-
-    return BUILTIN
+_PLUGINS = importlib.import_module(__package__)
+for _info in pkgutil.iter_modules(_PLUGINS.__path__):
+    _kind = _kind_of(_info.name) if _info.ispkg else None
+    if _kind is not None:
+        _impl = _registration(f"{__package__}.{_info.name}")
+        _impl.__name__ = _kind.hook
+        globals()[_kind.hook] = hookimpl(_impl)

@@ -148,7 +148,7 @@ def test_a_queue_scheduler_subclass_inherits_abort():
     stack = fake_stack(["max_num_seqs=1"], 64)
     engine = stack.engine
     s = stack.engine.scheduler
-    engine.scheduler = Lifo(s.config, s.limits, s.allocator, s.preemption, s.cost_model)
+    engine.scheduler = Lifo(s.config, s.context)
     for r in _requests(n=3):
         engine.add_request(r)
     engine.step()
@@ -181,7 +181,7 @@ def test_a_scheduler_that_keeps_an_aborted_request_is_named():
 
     stack = fake_stack([], 64)
     s = stack.engine.scheduler
-    stack.engine.scheduler = Forgetful(s.config, s.limits, s.allocator, s.preemption, s.cost_model)
+    stack.engine.scheduler = Forgetful(s.config, s.context)
     stack.engine.add_request(_requests(n=1)[0])
     with pytest.raises(PluginFailure, match="'forgetful' still holds aborted request 'r0'"):
         stack.engine.abort("r0")

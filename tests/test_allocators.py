@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from servelab.plugin_api import AllocatorContext
 from servelab.core.interfaces import EngineLimits
 from servelab.plugins.allocators.contiguous import ContiguousAllocator, ContiguousConfig, ReserveFor
 from servelab.plugins.allocators.paged import PagedAllocator, PagedConfig
@@ -20,9 +21,8 @@ def limits(block_size=4, max_model_len=64):
 
 
 def paged(num_blocks=8, block_size=4, prefix_caching=True, swap_blocks=0):
-    alloc = PagedAllocator(PagedConfig(prefix_caching=prefix_caching), num_blocks, block_size, limits(block_size))
-    alloc.attach_swap_pool(swap_blocks)
-    return alloc
+    return PagedAllocator(PagedConfig(prefix_caching=prefix_caching),
+                          AllocatorContext(num_blocks, block_size, limits(block_size), num_swap_blocks=swap_blocks))
 
 
 def seq(rid, tokens, max_tokens=4):
@@ -216,8 +216,8 @@ def test_free_of_a_swapped_sequence_releases_its_host_blocks():
 
 # ---- contiguous ----------------------------------------------------------------------------
 def contiguous(num_blocks=10, block_size=4, reserve=ReserveFor.max_tokens, max_model_len=64):
-    return ContiguousAllocator(ContiguousConfig(reserve=reserve), num_blocks, block_size,
-                               limits(block_size, max_model_len))
+    return ContiguousAllocator(ContiguousConfig(reserve=reserve),
+                               AllocatorContext(num_blocks, block_size, limits(block_size, max_model_len)))
 
 
 def test_contiguous_reserves_prompt_plus_max_tokens_up_front():
@@ -263,7 +263,7 @@ def test_contiguous_max_model_len_reservation_wastes_the_unused_context():
 
 def test_contiguous_rejects_prefix_caching_naming_the_key():
     with pytest.raises(ConfigError, match="allocator.prefix_caching"):
-        ContiguousAllocator(ContiguousConfig(prefix_caching=True), 8, 4, limits())
+        ContiguousAllocator(ContiguousConfig(prefix_caching=True), AllocatorContext(8, 4, limits()))
 
 
 # ---- bad input -----------------------------------------------------------------------------

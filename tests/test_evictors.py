@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from collections import Counter
 
 import pytest
 
 from conftest import compose
+from servelab.plugin_api import AllocatorContext, hookimpl
+from servelab.testing import registry_with
 from servelab.core.cost_model import StepCostModel, StepFeatures
 from servelab.core.interfaces import CachedBlock, EngineLimits, EvictorContext, EvictorError
 from servelab.core.registry import default_registry
@@ -264,11 +267,8 @@ def check_allocator(alloc: PagedAllocator) -> None:
 def drive(name: str, seed: int, num_blocks: int = 12, block_size: int = 2, actions: int = 250) -> int:
     """Random admits, chunks, finishes, swaps through a small pool; returns how many evictions happened."""
     rng = random.Random(seed)
-    alloc = PagedAllocator(PagedConfig(prefix_caching=True), num_blocks, block_size, limits(block_size))
-    alloc.attach_swap_pool(6)
     cls = default_registry().get("evictor", name)
     evictor = cls(cls.Config(), EvictorContext(num_blocks, block_size, StepCostModel()))
-    alloc.attach_evictor(evictor)
     evictions = []
     choose = evictor.evict
 
@@ -278,7 +278,9 @@ def drive(name: str, seed: int, num_blocks: int = 12, block_size: int = 2, actio
         evictions.append(block)
         return block
 
-    evictor.evict = checked_evict
+    evictor.evict = checked_evict  # before the allocator is built: it may bind the evictor's methods
+    alloc = PagedAllocator(PagedConfig(prefix_caching=True),
+                           AllocatorContext(num_blocks, block_size, limits(block_size), evictor, num_swap_blocks=6))
     bases = [[rng.randrange(50) for _ in range(14)] for _ in range(3)]
     live: dict[str, Sequence] = {}
     swapped: dict[str, Sequence] = {}
@@ -440,8 +442,8 @@ class RaisesOnRelease(LruEvictor):
 def squeezed(evictor_cls) -> tuple[PagedAllocator, Sequence]:
     """4 blocks of 2: blocks 0 and 1 cached and free, block 0 reused by a live request; block 2, 3
     plain. The returned request needs 3 blocks, so the allocator must evict one (block 1)."""
-    alloc = PagedAllocator(PagedConfig(prefix_caching=True), 4, 2, limits(2))
-    alloc.attach_evictor(evictor_cls(evictor_cls.Config(), EvictorContext(4, 2, StepCostModel())))
+    evictor = evictor_cls(evictor_cls.Config(), EvictorContext(4, 2, StepCostModel()))
+    alloc = PagedAllocator(PagedConfig(prefix_caching=True), AllocatorContext(4, 2, limits(2), evictor))
     a = Sequence(Request("a", (1, 2, 3, 4, 5), 1))
     assert alloc.allocate_slots(a, 5)
     a.num_computed_tokens = 5
@@ -477,10 +479,15 @@ class OutOfPool(LruEvictor):
         return 10**6
 
 
+@hookimpl
+def servelab_register_evictors():
+    return [OutOfPool]
+
+
 def test_a_run_with_a_bad_evictor_fails_naming_it_and_keeps_partial_results(tmp_path):
-    cfg = compose(*TRACE, "backend=sim", "workload.num_requests=40", "num_kv_blocks=200")
-    stack = build_stack(cfg)
-    stack.engine.allocator.attach_evictor(OutOfPool(OutOfPool.Config(), stack.engine.allocator.evictor.context))
+    registry = registry_with(sys.modules[__name__])
+    cfg = compose(*TRACE, "backend=sim", "workload.num_requests=40", "num_kv_blocks=200", "evictor=out_of_pool")
+    stack = build_stack(cfg, registry)
     with pytest.raises(Exception, match="evictor plugin 'out_of_pool' returned block 1000000, which is not a cached"):
         run_job(cfg, tmp_path, stack=stack)
     summary = json.loads((tmp_path / "summary.json").read_text())

@@ -21,7 +21,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import compose, serve_tiny_code
 from memory_helpers import VOCAB, fake_stack, run_requests, tokens_by_id, workloads
-from servelab.engine.batch import StepBatch
+from servelab.plugin_api import DrafterContext
+from servelab.core.batch import StepBatch
 from servelab.core.errors import ConfigError
 from servelab.core.interfaces import SpeculativeDrafter
 from servelab.plugins.drafters.ngram import prompt_lookup
@@ -191,7 +192,7 @@ class UnrulyDrafter(SpeculativeDrafter):
 def test_a_drafter_that_breaks_its_contract_is_truncated_with_a_warning(caplog):
     requests = [Request(f"r{i}", tuple(range(i, i + 9)), 12) for i in range(3)]
     expected = _reference(requests)
-    drafter = UnrulyDrafter(None, None)
+    drafter = UnrulyDrafter(None, DrafterContext(None))
     stack = with_drafter(fake_stack([f"max_model_len={MAX_MODEL_LEN}"], 64), drafter)
     with caplog.at_level(logging.WARNING):
         result = run_requests(stack, requests)
@@ -379,7 +380,7 @@ def test_the_ngram_drafter_keeps_its_tables_in_step_with_the_sequences():
 
     rng = random.Random(5)
     for min_n, max_n in ((1, 3), (2, 4), (3, 5), (4, 4)):
-        drafter = NgramDrafter(NgramConfig(k=3, min_n=min_n, max_n=max_n), None)
+        drafter = NgramDrafter(NgramConfig(k=3, min_n=min_n, max_n=max_n), DrafterContext(None))
         seqs = [Sequence(Request(f"s{i}", tuple(rng.randrange(4) for _ in range(rng.randint(1, 30))), 99))
                 for i in range(5)]
         for step in range(40):
@@ -401,7 +402,7 @@ def test_the_ngram_index_stays_exact_through_rebuilds_and_row_reuse(monkeypatch)
 
     monkeypatch.setattr(ngram_index, "_MIN_CAPACITY", 16)
     rng = random.Random(11)
-    drafter = NgramDrafter(NgramConfig(k=4, min_n=1, max_n=4), None)
+    drafter = NgramDrafter(NgramConfig(k=4, min_n=1, max_n=4), DrafterContext(None))
     seqs = [Sequence(Request(f"s{i}", tuple(rng.randrange(6) for _ in range(rng.randint(1, 60))), 999))
             for i in range(9)]
     for step in range(60):

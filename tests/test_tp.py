@@ -15,8 +15,10 @@ import time
 import pytest
 import torch
 
+from servelab.core.contexts import ExecutorContext
+from servelab.core.executor import BackendConfig
 from servelab.api import compose
-from servelab.engine.batch import StepBatch
+from servelab.core.batch import StepBatch
 from servelab.exec.executor import LocalExecutor
 from servelab.exec.model.random_checkpoint import write_random_checkpoint
 from servelab.run.session import run_job
@@ -103,9 +105,9 @@ def test_block_copies_and_swaps_run_on_every_rank(checkpoints):
     """Decoding from copied / swapped-back blocks needs every rank's shard of those blocks moved."""
     cfg = tp_config(checkpoints["llama-kv-split"], 2, "num_kv_blocks=8", "backend.num_swap_blocks=4")
     wcfg = worker_config(cfg)
-    local = LocalExecutor(wcfg)
+    local = LocalExecutor(BackendConfig(), ExecutorContext("llama", worker=wcfg))
     expected = [local.execute(b).sampled for b in _prefill_then_move(False) + _prefill_then_move(True)]
-    tp = TPExecutor(wcfg, 2, num_threads=1)
+    tp = TPExecutor(BackendConfig(num_threads=1), ExecutorContext("llama", tensor_parallel_size=2, worker=wcfg))
     try:
         assert tp.num_kv_blocks == 8
         got = [tp.execute(b).sampled for b in _prefill_then_move(False) + _prefill_then_move(True)]

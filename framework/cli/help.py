@@ -16,6 +16,7 @@ import dataclasses
 import json
 import re
 from pathlib import Path
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -26,7 +27,7 @@ _SCHEMAS = {"model": C.ModelConfig, "backend": C.BackendConfig, "hardware": C.Ha
 # config.json keys that are ModelConfig fields (the shape a checkpoint brings)
 _SHAPE = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
           "vocab_size", "max_position_embeddings", "tie_word_embeddings")
-_GROUP_HEADER = re.compile(r"^(\w+)  \((default|this run): (.*)\)$")
+_GROUP_HEADER = re.compile(r"^(\w+)  \((default|this run): ([^)]*)\)(.*)$")  # the rest: the kind's summary
 _TOP_KEY = re.compile(r"^  (\w+): (.+?) = (.*)$")
 
 
@@ -70,7 +71,7 @@ def this_run_line(group: str, cfg: DictConfig) -> str | None:
     node = cfg.get(group)
     if node is None:
         return None
-    values = OmegaConf.to_container(node, resolve=False)
+    values = cast("dict[str, Any]", OmegaConf.to_container(node, resolve=False))  # a group's node is a mapping
     schema = _SCHEMAS[group]
     shape = checkpoint_shape(values["path"]) if group == "model" and values.get("path") else None
     changed = [f"{k}={_text(v)}" for k, v in values.items()
@@ -93,7 +94,7 @@ def complete_usage(text: str, cfg: DictConfig, overridden: bool = False) -> str:
             section = header.group(1)
             option = OmegaConf.select(cfg, f"{section}.name", default=None)
             if option is not None:
-                line = f"{section}  ({'this run' if overridden else 'default'}: {option})"
+                line = f"{section}  ({'this run' if overridden else 'default'}: {option}){header.group(4)}"
             out.append(line)
             continue
         if line == "top-level keys":

@@ -170,7 +170,7 @@ def _source(cfg, stack, overrides: list[str], rounds: int, num_measured: int) ->
     return {
         "model": cfg.model.name if cfg.model.path is None else str(cfg.model.path),
         "dtype": str(getattr(cfg.model.dtype, "value", cfg.model.dtype)),
-        "backend": cfg.backend.name, "device": str(getattr(stack.executor, "worker", None) and stack.executor.worker.device),
+        "backend": cfg.backend.name, "device": str(stack.executor.describe().get("device")),
         "attention_backend": str(getattr(cfg.attention_backend, "value", cfg.attention_backend)),
         "num_threads": torch.get_num_threads(), "tensor_parallel_size": cfg.tensor_parallel_size,
         "block_size": cfg.block_size, "max_num_seqs": cfg.max_num_seqs, "overrides": overrides,

@@ -16,14 +16,14 @@ from typing import get_type_hints
 import yaml
 
 from servelab.run import config as C
-from servelab.core.registry import KINDS, default_registry
+from servelab.core.kinds import KINDS
+from servelab.core.registry import default_registry
 
 # non-plugin groups: option -> its dataclass (the typed schema the option composes into)
-_TYPED = {
+_TYPED: dict[str, dict[str, type]] = {
     "workload": {"corpus": C.CorpusWorkload, "synthetic": C.SyntheticWorkload, "jsonl": C.JsonlWorkload,
                  "prompts": C.PromptsWorkload, "trace": C.TraceWorkload, "hash_ids": C.HashIdsWorkload},
     "model": {"tiny": C.ModelConfig},
-    "backend": {"torch": C.BackendConfig},
     "hardware": {},
     "logger": {"wandb": C.LoggerConfig},
 }
@@ -77,13 +77,7 @@ def _presets(group: str) -> list[str]:
 
 
 def _defaults() -> dict[str, str]:
-    text = (resources.files("servelab.conf") / "config.yaml").read_text()
-    out = {}
-    for entry in yaml.safe_load(text)["defaults"]:
-        if isinstance(entry, dict):
-            (k, v), = entry.items()
-            out[k.replace("optional ", "")] = v
-    return out
+    return {**C.config_yaml_defaults(), **C.kind_defaults()}
 
 
 def usage_text() -> str:
@@ -100,14 +94,16 @@ def usage_text() -> str:
         "a wrong key or type fails at start-up naming it. Metrics: docs/metrics.md.",
         "",
     ]
-    for group in ("scheduler", "allocator", "preemption", "drafter", "length_predictor", "evictor", "router",
-                  "time_model", "workload", "model", "backend", "hardware", "logger"):
+    kinds = {k.group: k for k in KINDS.values()}
+    listed = [g for g in C.config_yaml_defaults() if g in kinds or g in _TYPED]  # the defaults list's order
+    for group in (*listed, *(g for g in (*kinds, *_TYPED) if g not in listed)):
         default = defaults.get(group)
-        lines.append(f"{group}  (default: {default})")
+        kind = kinds.get(group)
+        lines.append(f"{group}  (default: {default})" + (f"  - {kind.summary}" if kind else ""))
         options: dict[str, str] = {}
-        if group in KINDS:
-            for name in registry.names(group):
-                options[name] = fields_line(registry.get(group, name).Config)
+        if kind is not None:
+            for name in registry.names(kind.name):
+                options[name] = fields_line(registry.get(kind.name, name).Config)
         for name, cls in _TYPED.get(group, {}).items():
             options[name] = fields_line(cls)
         if group in _SHARED_SCHEMA:
@@ -129,8 +125,7 @@ def usage_text() -> str:
     lines.append("experiment  (presets, last in the defaults: override the rest)")
     lines.append("  " + ", ".join(_presets("experiment")))
     lines.append("")
-    groups = {"scheduler", "allocator", "preemption", "drafter", "length_predictor", "evictor", "router", "time_model",
-              "hardware", "model", "workload", "backend", "logger"}
+    groups = {*kinds, *_TYPED}
     top = [f for f in dataclasses.fields(C.ServelabConfig) if f.name not in groups]
     hints = get_type_hints(C.ServelabConfig)
     lines.append("top-level keys")

@@ -44,7 +44,7 @@ class StepCostModel:
     """
 
     def __init__(self, prior_s_per_token: float = 1e-3, ridge: float = 1e-6, warmup_steps: int = 1,
-                 outlier_factor: float = 3.0, decay: float = 0.995) -> None:
+                 outlier_factor: float = 3.0, decay: float = 0.995, bytes_per_block: int = 0) -> None:
         # The prior (before any measurement): 1 ms per computed token.
         self._ridge = ridge
         self._xtx = [0.0] * 10  # upper triangle of sum w x x^T, row by row: 00 01 02 03 11 12 13 22 23 33
@@ -57,8 +57,9 @@ class StepCostModel:
         self.decay = decay
         self.num_observations = 0
         self._seen = 0
-        # The host link, set by the stack from the executor (bytes per KV block, copy bandwidth).
-        self.bytes_per_block = 0
+        # The host link: bytes per KV block (the executor's), copy bandwidth (set by the stack once it
+        # knows it: configured, the time model's, or measured).
+        self.bytes_per_block = bytes_per_block
         self.swap_bytes_per_s: float | None = None
 
     def observe(self, features: StepFeatures, seconds: float) -> None:
@@ -99,7 +100,8 @@ class StepCostModel:
         if self._stale:  # solving lazily: a run that never asks pays for no solve per step
             coef = self._cholesky_solve()
             if coef is None or min(coef) < 0:
-                coef = tuple(map(float, self._non_negative_solve()))
+                c0, c1, c2, c3 = map(float, self._non_negative_solve())
+                coef = (c0, c1, c2, c3)
             self._fitted = coef
             self._stale = False
         return self._fitted

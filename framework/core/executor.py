@@ -15,17 +15,43 @@ No torch here: the engine imports this module on every backend.
 from __future__ import annotations
 
 import time
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 import numpy as np
 
+from servelab.core.contexts import ExecutorContext
 from servelab.core.errors import ConfigError
+from servelab.core.interfaces import Plugin
+from servelab.core.shapes import ModelShape
 
 if TYPE_CHECKING:
+    from servelab.core.batch import StepBatch
     from servelab.core.interfaces import Drafts
+    from servelab.core.model_spec import ModelSpec
     from servelab.core.step_work import StepWork
+    from servelab.engine.drafting import DraftBatch
+
+
+@dataclass
+class BackendConfig:
+    """``backend=<executor>``: what every executor reads (``torch``/``local``/``tp`` run the model,
+    TP coming with ``tensor_parallel_size``; ``sim`` prices steps and reads only the last fields)."""
+
+    name: str = "torch"
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    kv_cache_memory_gb: float = 0.5  # CPU: KV pool budget when num_kv_blocks is null
+    gpu_memory_utilization: float = 0.9  # CUDA: fraction of device memory the run may use
+    # host swap pool: num_swap_blocks (blocks) or swap_space_gb (GiB), not both; both null = none,
+    # except preemption=swap|adaptive: 4 GiB capped at half the free host memory (``servelab.run.swap_pool``)
+    num_swap_blocks: Optional[int] = None
+    swap_space_gb: Optional[float] = None
+    swap_bandwidth_gb_s: Optional[float] = None  # device<->host link; null = measured at start-up
+    num_threads: Optional[int] = None  # torch intra-op threads (per rank); null = torch's default (TP: cores / ranks)
+    tp_step_timeout_s: float = 120.0  # tensor parallel: longest wait on another rank in a step before the run fails
+    activation_reserve_gb: float = 2.0  # sim: device memory per rank kept for activations (not weights, not KV)
+    trace_rows: Optional[int] = 200  # workload=trace's default num_requests (sim: null = the whole trace)
 
 
 @dataclass
@@ -40,28 +66,53 @@ class StepOutput:
     accepted: list[int] | None = None
 
 
-class Executor(ABC):
-    """What the engine talks to. Implementations: ``servelab.exec.executor.LocalExecutor``,
-    ``servelab.exec.tp.TPExecutor``, ``servelab.sim.executor.SimExecutor``, and the test doubles
-    in ``servelab.kit.testing``.
+class Executor(Plugin):
+    """What the engine talks to: a plugin kind (``backend=<name>``) built as
+    ``Executor(config, context)`` with a :class:`~servelab.core.executor.BackendConfig` and an
+    :class:`~servelab.core.contexts.ExecutorContext`. Built-ins: ``local`` / ``tp``
+    (``servelab.exec``: one process, N ranks; ``torch`` picks one by ``tensor_parallel_size``) and
+    ``sim`` (``servelab.sim``); the test doubles live in ``servelab.testing``.
 
     ``spec`` is the model's :class:`~servelab.core.model_spec.ModelSpec` (vocabulary, EOS ids,
     shape); ``num_kv_blocks`` / ``bytes_per_block`` size the allocator's pool; ``num_swap_blocks``
     is the host swap pool a plan's swap copies may use.
     """
 
-    #: True: the engine builds a :class:`~servelab.engine.batch.StepBatch` and calls :meth:`execute`;
+    Config: ClassVar[type] = BackendConfig
+    context_type = ExecutorContext
+
+    #: True: the engine builds a :class:`~servelab.core.batch.StepBatch` and calls :meth:`execute`;
     #: False: it calls :meth:`execute_work` with the step's features only (no tensors to fill).
     needs_batch: ClassVar[bool] = True
+    #: False: the sampled tokens are placeholders (the simulator); text is never decoded from them.
+    computes_tokens: ClassVar[bool] = True
 
-    spec: object
+    spec: "ModelSpec"
     num_kv_blocks: int
     bytes_per_block: int
     num_swap_blocks: int = 0
 
+    @property
+    def shape(self) -> "ModelShape":
+        """The model's sizes (what a time model prices)."""
+        return ModelShape.from_spec(self.spec)
+
+    @property
+    def draft_shape(self) -> "ModelShape | None":
+        """The draft model's sizes when one runs beside the target (``drafter=draft_model``)."""
+        return None
+
+    def describe(self) -> dict[str, str]:
+        """What the start-up banner says of where steps run (``{"device": ..., "attention": ...}``)."""
+        return {}
+
+    def summary(self) -> dict[str, Any]:
+        """Keys this executor adds to ``summary.json`` (default none)."""
+        return {}
+
     @abstractmethod
-    def execute(self, batch) -> StepOutput:
-        """Run one :class:`~servelab.engine.batch.StepBatch`: apply its block copies, run the
+    def execute(self, batch: "StepBatch") -> StepOutput:
+        """Run one :class:`~servelab.core.batch.StepBatch`: apply its block copies, run the
         forward pass, return the sampled token of each of ``batch.sample_rows``, in order."""
 
     def execute_work(self, work: "StepWork") -> StepOutput:
@@ -78,10 +129,14 @@ class Executor(ABC):
         np.copyto(dst, src)
         return src.nbytes / max(time.perf_counter() - start, 1e-9)
 
-    def draft(self, batch) -> "Drafts":
+    def draft(self, batch: "DraftBatch") -> "Drafts":
         """Draft ``batch.k`` tokens per sequence of a :class:`~servelab.engine.drafting.DraftBatch`
         with the draft model loaded beside the target."""
         raise ConfigError(f"drafter=draft_model: executor {type(self).__name__} runs no draft model")
+
+    def close(self) -> None:
+        """Release workers and resources (idempotent): :meth:`shutdown`, by its usual name."""
+        self.shutdown()
 
     def shutdown(self) -> None:
         """Release workers and resources (idempotent)."""

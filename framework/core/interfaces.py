@@ -23,13 +23,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Sequence as Seq
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence as Seq
 
+from servelab.core.contexts import (LEGACY_CONTEXT, AllocatorContext, DrafterContext, EvictorContext, PredictorContext,
+                                    PreemptionContext, RouterContext, SchedulerContext, TimeModelContext)
 from servelab.core.request import Request, Sequence
 
 if TYPE_CHECKING:
-    from servelab.core.cost_model import StepCostModel
-    from servelab.core.shapes import HardwareProfile, ModelShape
     from servelab.core.step_work import DraftWork, StepWork
 
 
@@ -103,10 +103,42 @@ class SchedulePlan:
 
 
 class Plugin(ABC):
-    """Common shape of every plugin: a registry name and a typed ``Config`` dataclass."""
+    """Common shape of every plugin: a registry name, a typed ``Config`` dataclass, and one
+    constructor, ``Plugin(config, context)``, where ``context`` is the kind's frozen context
+    (:mod:`servelab.core.contexts`). ``self.config`` and ``self.context`` are set here; each kind's
+    base class also exposes the context's fields it always had as attributes (``self.limits``...).
+
+    A plugin written to its kind's constructor of release 0.1 (positional collaborators after
+    ``config``, listed in :attr:`legacy_args`) still works for one release: the stack builds it
+    through an adapter that warns once (:func:`servelab.core.kinds.instantiate`).
+    """
 
     name: ClassVar[str]
     Config: ClassVar[type] = NoConfig
+    #: the kind's context dataclass (set on each kind's base class)
+    context_type: ClassVar[type | None] = None
+    #: the 0.1 constructor's positional arguments after ``config``, as context field names
+    legacy_args: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, config: Any, context: Any = None, *legacy: Any) -> None:
+        self.config = config
+        self.context = _context_of(type(self), context, legacy)
+
+
+def _context_of(cls: type[Plugin], context: Any, legacy: tuple[Any, ...]) -> Any:
+    """``context`` itself, or, for a 0.1-style call ``(config, limits, allocator, ...)``, the full
+    context the adapter is building the plugin with, else one made of the positional values."""
+    wanted = cls.context_type
+    if wanted is None or (isinstance(context, wanted) and not legacy):
+        return context
+    pending = LEGACY_CONTEXT.get()
+    if isinstance(pending, wanted):
+        return pending
+    values = (context, *legacy)
+    if len(values) > len(cls.legacy_args):
+        raise TypeError(f"{cls.__qualname__}: expected ({cls.__name__}.Config, {wanted.__name__}), got "
+                        f"{len(values)} arguments after the config")
+    return wanted(**dict(zip(cls.legacy_args, values)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,16 +156,6 @@ class CachedBlock:
     digest: bytes
     parent: bytes
     position: int
-
-
-@dataclass(frozen=True)
-class EvictorContext:
-    """What an evictor is built for: the pool it serves and the policies' step-cost model
-    (``cost_model.recompute_seconds(n)`` and ``coefficient_vector()`` price recomputing tokens)."""
-
-    num_blocks: int
-    block_size: int
-    cost_model: "StepCostModel"
 
 
 class EvictorError(RuntimeError):
@@ -159,9 +181,8 @@ class Evictor(Plugin):
     Evictors never change what the model computes, only which prefixes stay cached.
     """
 
-    def __init__(self, config, context: EvictorContext) -> None:
-        self.config = config
-        self.context = context
+    context_type = EvictorContext
+    context: EvictorContext
 
     def on_insert(self, entry: CachedBlock) -> None:
         """``entry.block`` now caches ``entry.digest`` (referenced by the request that computed it)."""
@@ -185,23 +206,22 @@ class BlockAllocator(Plugin):
     called from the scheduler's thread; none touches tensors.
     """
 
-    def __init__(self, config, num_blocks: int, block_size: int, limits: EngineLimits) -> None:
-        self.config = config
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self.limits = limits
-        self.num_swap_blocks = 0
-        self.evictor: Evictor | None = None
+    context_type = AllocatorContext
+    legacy_args = ("num_blocks", "block_size", "limits")
+    context: AllocatorContext
 
-    def attach_evictor(self, evictor: Evictor) -> None:
-        """Called once at build time with the run's ``evictor=<name>``; an allocator with a prefix
-        cache asks it which cached block to give up. Default: keep it (no cache, nothing to evict)."""
-        self.evictor = evictor
-
-    def attach_swap_pool(self, num_blocks: int) -> None:
-        """Called once at build time with the size of the executor's host swap pool (blocks,
-        ``0`` = none). Allocators that can swap set up their host free list here."""
-        self.num_swap_blocks = num_blocks
+    def __init__(self, config: Any, context: AllocatorContext, *legacy: Any) -> None:
+        """``context``: the pool (``num_blocks``, ``block_size``), the host swap pool
+        (``num_swap_blocks``, 0 = none: allocators that can swap set up their host free list from
+        it), the limits, and the run's ``evictor=<name>`` (an allocator with a prefix cache asks it
+        which cached block to give up)."""
+        super().__init__(config, context, *legacy)
+        ctx = self.context
+        self.num_blocks = ctx.num_blocks
+        self.block_size = ctx.block_size
+        self.limits = ctx.limits
+        self.num_swap_blocks = ctx.num_swap_blocks
+        self.evictor: Evictor | None = ctx.evictor
 
     @abstractmethod
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
@@ -246,6 +266,39 @@ class BlockAllocator(Plugin):
         memoises the sequence's block digests. Default: 0 (no prefix cache)."""
         return 0
 
+    def can_allocate(self, seq: Sequence, num_new_tokens: int, num_cached_tokens: int = 0) -> bool:
+        """Whether admitting ``seq`` (which holds no blocks) now — :meth:`admit` referencing its
+        ``num_cached_tokens`` cached leading tokens (:meth:`cached_prefix_len`), then
+        ``allocate_slots(seq, num_new_tokens)`` — would succeed. No side effects: nothing is
+        referenced, no evictor hears of it. A scheduler asks this every step a request waits.
+        Default: the new tokens' blocks against :meth:`num_free_blocks` (exact for a paged
+        allocator without a prefix cache; an allocator that reserves differently overrides it; if
+        it is optimistic the scheduler's ``allocate_slots`` still refuses and the request waits)."""
+        bs = self.block_size
+        return -(-(num_cached_tokens + num_new_tokens) // bs) - num_cached_tokens // bs <= self.num_free_blocks()
+
+    # ``seq.num_computed_tokens`` has two writers: the engine's apply (a step computed tokens; a
+    # verification rolled drafts back) and these three allocator methods, for KV that appears or
+    # disappears without being computed here. Schedulers and connectors call them; subclasses do
+    # not override them (they override admit/free/on_tokens_computed).
+    def start_sequence(self, seq: Sequence) -> int:
+        """Admit ``seq`` (holding no blocks): reference its cached prefix (:meth:`admit`) and set
+        ``seq.num_computed_tokens`` to it; returns it."""
+        seq.num_computed_tokens = hit = self.admit(seq)
+        return hit
+
+    def mark_loaded(self, seq: Sequence, num_tokens: int) -> None:
+        """``num_tokens`` tokens after ``seq.num_computed_tokens`` arrived through a KV connector
+        into the blocks allocated for them: they count as computed. (Their blocks join the prefix
+        cache with the sequence's next computed step, :meth:`on_tokens_computed`.)"""
+        seq.num_computed_tokens += num_tokens
+
+    def reset(self, seq: Sequence) -> None:
+        """Drop all of ``seq``'s KV (preemption by recompute, a refused admission): :meth:`free`
+        its blocks and set ``seq.num_computed_tokens`` to 0."""
+        self.free(seq)
+        seq.num_computed_tokens = 0
+
     def on_tokens_computed(self, seq: Sequence) -> None:
         """Called after a step computed tokens of ``seq`` (e.g. to hash newly full blocks)."""
 
@@ -284,12 +337,15 @@ class BlockAllocator(Plugin):
 class PreemptionPolicy(Plugin):
     """Chooses victims when the pool is exhausted, and whether each is swapped or recomputed."""
 
-    def __init__(self, config, limits: EngineLimits, allocator: BlockAllocator,
-                 cost_model: "StepCostModel") -> None:
-        self.config = config
-        self.limits = limits
-        self.allocator = allocator
-        self.cost_model = cost_model
+    context_type = PreemptionContext
+    legacy_args = ("limits", "allocator", "cost_model")
+    context: PreemptionContext
+
+    def __init__(self, config: Any, context: PreemptionContext, *legacy: Any) -> None:
+        super().__init__(config, context, *legacy)
+        self.limits = self.context.limits
+        self.allocator = self.context.allocator
+        self.cost_model = self.context.cost_model
 
     def select_victim(self, candidates: Seq[Sequence]) -> Sequence:
         """Pick one of ``candidates`` (non-empty, in the scheduler's order, most important
@@ -308,7 +364,9 @@ class Scheduler(Plugin):
     """Decides, each step, which sequences run and how many tokens each computes.
 
     The engine calls :meth:`add` when a request arrives, :meth:`schedule` once per step,
-    :meth:`remove` when a sequence finishes and :meth:`abort` when one leaves early (any state). A scheduler allocates blocks through
+    :meth:`remove` when a sequence finishes, :meth:`abort` when one leaves early (any state) and
+    :meth:`on_kv_loaded` when the KV connector (``context.connector``) finished a load the scheduler
+    started (:mod:`servelab.core.kv_connector`). A scheduler allocates blocks through
     ``self.allocator`` for everything it schedules (the plan must be runnable as is), asks
     ``self.preemption`` for victims when blocks run out, and never touches tensors.
     Most schedulers subclass :class:`servelab.engine.scheduling.QueueScheduler`, which implements the
@@ -321,16 +379,20 @@ class Scheduler(Plugin):
 
     #: True: this scheduler orders by predicted output length; ``length_predictor=none`` is refused.
     needs_length_predictor: ClassVar[bool] = False
-    #: The run's predictor (set by the stack after construction; None = ``length_predictor=none``).
-    length_predictor: "LengthPredictor | None" = None
+    context_type = SchedulerContext
+    legacy_args = ("limits", "allocator", "preemption", "cost_model")
+    context: SchedulerContext
 
-    def __init__(self, config, limits: EngineLimits, allocator: BlockAllocator,
-                 preemption: PreemptionPolicy, cost_model: "StepCostModel") -> None:
-        self.config = config
-        self.limits = limits
-        self.allocator = allocator
-        self.preemption = preemption
-        self.cost_model = cost_model
+    def __init__(self, config: Any, context: SchedulerContext, *legacy: Any) -> None:
+        super().__init__(config, context, *legacy)
+        ctx = self.context
+        self.limits = ctx.limits
+        self.allocator = ctx.allocator
+        self.preemption = ctx.preemption
+        self.cost_model = ctx.cost_model
+        predictor = ctx.length_predictor
+        #: the run's predictor (None = ``length_predictor=none``, which predicts nothing)
+        self.length_predictor: LengthPredictor | None = predictor if predictor is not None and predictor.predicts else None
 
     def predicted_output_len(self, seq: Sequence) -> float | None:
         """The predicted total number of output tokens of ``seq`` (>= 0), or None when the run has
@@ -351,13 +413,11 @@ class Scheduler(Plugin):
     def add(self, seq: Sequence) -> None:
         """Accept a newly arrived sequence (status WAITING)."""
 
-    def add_transferred(self, seq: Sequence) -> None:
-        """Accept a sequence whose prompt KV a prefill replica computed and sent here (prefill/decode
-        disaggregation): status WAITING, blocks already allocated for its prompt and first output
-        token, ``num_computed_tokens`` = its prompt, so it needs only a seat to decode. It holds
-        blocks while it waits, so a scheduler should seat it before anything that needs new blocks.
-        Default: :meth:`add` (``QueueScheduler`` seats these first)."""
-        self.add(seq)
+    def on_kv_loaded(self, seq: Sequence) -> None:
+        """The KV connector (``context.connector``) finished loading the external KV of ``seq``,
+        a sequence this scheduler started loading (:mod:`servelab.core.kv_connector`): its tokens
+        count as computed and it may run. Default: nothing (a scheduler that never asks the
+        connector never gets this; ``QueueScheduler`` seats these first)."""
 
     @abstractmethod
     def schedule(self, now: float) -> SchedulePlan:
@@ -408,7 +468,7 @@ class Drafts:
     """
 
     token_ids: list[list[int]]
-    probs: list | None = None
+    probs: list[Any] | None = None
 
 
 class SpeculativeDrafter(Plugin):
@@ -423,19 +483,26 @@ class SpeculativeDrafter(Plugin):
     longer than ``k`` or holding ids outside the vocabulary (and warns, naming the drafter).
 
     A drafter may keep per-sequence state (keyed by ``seq.id``); :meth:`on_verified` reports
-    each verification, :meth:`forget` a sequence that ended. ``self.executor`` is set by the
-    stack before the run (a drafter that runs a second model asks the executor to:
-    :meth:`model_path` names the checkpoint it must load beside the target).
+    each verification, :meth:`forget` a sequence that ended. Its :class:`DrafterContext` holds
+    ``executor``, ``allocator`` and ``seed`` (also ``self.executor`` ...): a drafter that runs a
+    second model asks the executor to (:meth:`model_path` names the checkpoint it must load beside
+    the target).
     """
 
-    executor = None
     # True when proposing runs forward passes of a draft model (a time model prices them on the
     # virtual clock as model passes); False: host work only, like an n-gram lookup.
     runs_model: ClassVar[bool] = False
+    context_type = DrafterContext
+    legacy_args = ("limits",)
+    context: DrafterContext
 
-    def __init__(self, config, limits: EngineLimits) -> None:
-        self.config = config
-        self.limits = limits
+    def __init__(self, config: Any, context: DrafterContext, *legacy: Any) -> None:
+        super().__init__(config, context, *legacy)
+        ctx = self.context
+        self.limits = ctx.limits
+        self.executor = ctx.executor
+        self.allocator = ctx.allocator
+        self.seed = ctx.seed
 
     @property
     def num_speculative_tokens(self) -> int:
@@ -443,7 +510,7 @@ class SpeculativeDrafter(Plugin):
         return 0
 
     @classmethod
-    def model_path(cls, config, target_path: str | None) -> str | None:
+    def model_path(cls, config: Any, target_path: str | None) -> str | None:
         """A draft checkpoint the executor must load beside the target model (default: none)."""
         return None
 
@@ -469,7 +536,7 @@ def predict_checked(predictor: "LengthPredictor", request: Request) -> float:
     where = f"length_predictor plugin {type(predictor).name!r} on request {request.id!r}"
     try:
         value = predictor.predict(request)
-    except Exception as exc:  # noqa: BLE001 - any failure is reported with the plugin and the request
+    except Exception as exc:  # any failure is reported with the plugin and the request
         raise LengthPredictorError(f"{where} raised {type(exc).__name__}: {exc}") from exc
     try:
         number = float(value)
@@ -478,22 +545,6 @@ def predict_checked(predictor: "LengthPredictor", request: Request) -> float:
     if not number >= 0 or number == float("inf"):
         raise LengthPredictorError(f"{where} returned {value!r}: a predicted length must be a finite number >= 0")
     return number
-
-
-@dataclass(frozen=True)
-class PredictorContext:
-    """What a length predictor is built for: the run's model and limits.
-
-    ``model_name`` is ``model.name`` (``tiny_code``, ``llama3_70b``, ``hf`` ...); ``model_path`` the
-    checkpoint directory (None for a catalogue shape or the random tiny model); a predictor trained
-    for one model refuses another at start-up by comparing these.
-    """
-
-    model_name: str
-    model_path: str | None
-    vocab_size: int
-    max_model_len: int
-    seed: int = 0
 
 
 class LengthPredictor(Plugin):
@@ -507,48 +558,12 @@ class LengthPredictor(Plugin):
 
     predicts: ClassVar[bool] = True
 
-    def __init__(self, config, context: PredictorContext) -> None:
-        self.config = config
-        self.context = context
+    context_type = PredictorContext
+    context: PredictorContext
 
     @abstractmethod
     def predict(self, request: Request) -> float:
         """Predicted number of output tokens of ``request`` (>= 0)."""
-
-
-@dataclass(frozen=True)
-class TimeModelContext:
-    """What a time model is built for: the model's shape, the hardware, the parallelism, the dtypes.
-
-    ``hardware`` is a :class:`servelab.core.shapes.HardwareProfile` (the ``hardware=`` choice) and
-    ``shape`` a :class:`servelab.core.shapes.ModelShape`; ``bytes_per_block`` is one KV block on one rank.
-    """
-
-    shape: "ModelShape"
-    hardware: "HardwareProfile"
-    tensor_parallel_size: int
-    dtype: str
-    weight_dtype_bytes: float
-    kv_dtype_bytes: float
-    block_size: int
-    model_name: str = ""
-    linear_weight_bytes: float | None = None  # model.quantization=int8: 1 per decoder-linear weight (None = dtype)
-    kv_scale_bytes: float = 0.0  # kv_cache_dtype=int8|fp8_e4m3: one float32 scale per (token, KV head)
-    draft_shape: "ModelShape | None" = None  # drafter=draft_model: the draft model's shape (it runs on rank 0)
-
-    @property
-    def kv_bytes_per_token(self) -> float:
-        """K and V of one token on one rank (scales of a quantised cache included)."""
-        return self.shape.kv_bytes_per_token(self.kv_dtype_bytes, self.tensor_parallel_size, self.kv_scale_bytes)
-
-    @property
-    def bytes_per_block(self) -> float:
-        return self.kv_bytes_per_token * self.block_size
-
-    @property
-    def weight_bytes_per_rank(self) -> float:
-        return self.shape.weight_bytes_per_rank(self.weight_dtype_bytes, self.tensor_parallel_size,
-                                                self.linear_weight_bytes)
 
 
 class TimeModel(Plugin):
@@ -565,9 +580,8 @@ class TimeModel(Plugin):
 
     measured: ClassVar[bool] = False
 
-    def __init__(self, config, context: TimeModelContext) -> None:
-        self.config = config
-        self.context = context
+    context_type = TimeModelContext
+    context: TimeModelContext
 
     @abstractmethod
     def predict(self, work: "StepWork") -> float:
@@ -584,7 +598,7 @@ class TimeModel(Plugin):
         the policies' cost model takes it instead of timing a copy on this machine."""
         return None
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """What ``summary.json`` records about this model (its name and coefficients)."""
         return {"name": self.name}
 
@@ -614,15 +628,6 @@ class ReplicaView:
     tensor_parallel_size: int = 1
 
 
-@dataclass(frozen=True)
-class RouterContext:
-    """What a router is built for: the cluster's replicas (their ``index``, ``role``, pool size),
-    as views at time 0, and the run's seed (random routers draw from ``random.Random(seed)``)."""
-
-    replicas: tuple[ReplicaView, ...]
-    seed: int = 0
-
-
 class RouterError(RuntimeError):
     """A router placed a request where it may not go (names the plugin and the request)."""
 
@@ -640,9 +645,8 @@ class Router(Plugin):
     never how many tokens it will generate. Placement never changes what the model computes.
     """
 
-    def __init__(self, config, context: RouterContext) -> None:
-        self.config = config
-        self.context = context
+    context_type = RouterContext
+    context: RouterContext
 
     @abstractmethod
     def route(self, request: Request, replicas: Seq[ReplicaView], now: float) -> int:

@@ -14,28 +14,15 @@ import importlib.metadata
 import logging
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Iterable
+from typing import Any, Iterable
 
 import pluggy
 
 from servelab.core import hookspecs
 from servelab.core.errors import ServelabError
-from servelab.core.interfaces import (BlockAllocator, Evictor, LengthPredictor, PreemptionPolicy, Router, Scheduler,
-                                      SpeculativeDrafter, TimeModel)
+from servelab.core.kinds import KINDS, KindSpec, register_kind
 
 log = logging.getLogger(__name__)
-
-KINDS: dict[str, tuple[type, str]] = {
-    # config group -> (base class, hook name)
-    "scheduler": (Scheduler, "servelab_register_schedulers"),
-    "allocator": (BlockAllocator, "servelab_register_allocators"),
-    "preemption": (PreemptionPolicy, "servelab_register_preemption_policies"),
-    "drafter": (SpeculativeDrafter, "servelab_register_drafters"),
-    "time_model": (TimeModel, "servelab_register_time_models"),
-    "length_predictor": (LengthPredictor, "servelab_register_length_predictors"),
-    "evictor": (Evictor, "servelab_register_evictors"),
-    "router": (Router, "servelab_register_routers"),
-}
 
 
 class PluginError(ServelabError):
@@ -59,13 +46,13 @@ class BrokenEntryPoint:
 class Registry:
     """``kind -> name -> class`` plus where each class came from (for error messages)."""
 
-    plugins: dict[str, dict[str, type]] = field(default_factory=lambda: {k: {} for k in KINDS})
+    plugins: dict[str, dict[str, type]] = field(default_factory=dict)
     origins: dict[tuple[str, str], str] = field(default_factory=dict)
     broken: list[BrokenEntryPoint] = field(default_factory=list)  # packages that failed to import
 
     def add(self, kind: str, cls: type, origin: str) -> None:
         """Register ``cls`` under ``kind``; raise :class:`PluginError` on a bad or duplicate one."""
-        base, _ = KINDS[kind]
+        base = KINDS[kind].base
         if not (isinstance(cls, type) and issubclass(cls, base)):
             raise PluginError(f"{origin} registered {cls!r} as a {kind}, but it is not a subclass of "
                               f"{base.__module__}.{base.__name__}")
@@ -74,20 +61,20 @@ class Registry:
             raise PluginError(f"{origin}: {kind} class {cls.__qualname__} needs a `name` that is an identifier, got {name!r}")
         if not dataclasses.is_dataclass(cls.Config):
             raise PluginError(f"{origin}: {kind} {name!r} has a Config that is not a dataclass")
-        if name in self.plugins[kind]:
+        if name in self.plugins.get(kind, {}):
             raise PluginError(f"duplicate {kind} name {name!r}: registered by {self.origins[(kind, name)]} "
                               f"and again by {origin}")
-        self.plugins[kind][name] = cls
+        self.plugins.setdefault(kind, {})[name] = cls
         self.origins[(kind, name)] = origin
 
-    def get(self, kind: str, name: str) -> type:
+    def get(self, kind: str, name: str) -> type[Any]:
         """The class registered as ``name``; an unknown name lists the known ones."""
         if kind not in KINDS:
             raise PluginError(f"unknown plugin kind {kind!r}; kinds: {sorted(KINDS)}")
         try:
             return self.plugins[kind][name]
         except KeyError:
-            known = ", ".join(sorted(self.plugins[kind])) or "(none)"
+            known = ", ".join(self.names(kind)) or "(none)"
             raise PluginError(f"unknown {kind} {name!r}; registered {kind}s: {known}" + self.broken_note()) from None
 
     def broken_note(self) -> str:
@@ -95,7 +82,7 @@ class Registry:
         return "".join(f"; {b.line()}" for b in self.broken)
 
     def names(self, kind: str) -> list[str]:
-        return sorted(self.plugins[kind])
+        return sorted(self.plugins.get(kind, {}))
 
 
 @dataclass
@@ -111,8 +98,17 @@ class PluginManager(pluggy.PluginManager):
 
     def __init__(self) -> None:
         super().__init__(hookspecs.PROJECT)
-        self.add_hookspecs(hookspecs)
+        self.add_hookspecs(hookspecs.KindHooks)
+        self._specified: set[str] = set()
+        self.add_kind_hookspecs()
         self.loaded = _Loaded()
+
+    def add_kind_hookspecs(self) -> None:
+        """One registration hook spec per kind of the table not specified yet."""
+        new = [k for k in KINDS.values() if k.hook not in self._specified]
+        if new:
+            self.add_hookspecs(hookspecs.namespace(new))
+            self._specified.update(k.hook for k in new)
 
 
 def plugin_manager(load_entry_points: bool = True) -> PluginManager:
@@ -145,8 +141,11 @@ def build_registry(pm: pluggy.PluginManager) -> Registry:
     """Call every registration hook of every plugin and build the registry."""
     loaded = getattr(pm, "loaded", None) or _Loaded()  # a plain pluggy manager has loaded nothing
     registry = Registry(broken=list(loaded.broken))
-    for kind, (_, hook_name) in KINDS.items():
-        hook = getattr(pm.hook, hook_name)
+    _add_kinds(pm, loaded)
+    for kind, spec in KINDS.items():
+        hook = getattr(pm.hook, spec.hook, None)
+        if hook is None:  # a plain pluggy manager without this kind's spec: nobody implements it
+            continue
         for impl in hook.get_hookimpls():
             origin = pm.get_name(impl.plugin) or repr(impl.plugin)
             dist = loaded.distributions.get(origin)
@@ -157,6 +156,25 @@ def build_registry(pm: pluggy.PluginManager) -> Registry:
     return registry
 
 
+def _add_kinds(pm: pluggy.PluginManager, loaded: _Loaded) -> None:
+    """Put the kinds packages contribute (``servelab_register_kinds``) into the table, and their
+    hook specs into ``pm``; a bad kind spec is a :class:`PluginError` naming the package."""
+    hook = getattr(pm.hook, "servelab_register_kinds", None)
+    if hook is None:
+        return
+    for impl in hook.get_hookimpls():
+        origin = pm.get_name(impl.plugin) or repr(impl.plugin)
+        for spec in impl.function() or []:
+            if not isinstance(spec, KindSpec):
+                raise PluginError(f"{origin}: servelab_register_kinds returned {spec!r}, not a KindSpec")
+            try:
+                register_kind(spec)
+            except ValueError as exc:
+                raise PluginError(f"{origin}: {exc}") from None
+    if isinstance(pm, PluginManager):
+        pm.add_kind_hookspecs()
+
+
 @lru_cache(maxsize=1)
 def default_registry() -> Registry:
     """The registry built from installed entry points (cached for the process); each package that
@@ -164,7 +182,7 @@ def default_registry() -> Registry:
     registry = build_registry(plugin_manager())
     for broken in registry.broken:
         log.warning("servelab: %s; runs that do not select its plugins go on", broken.line())
-    if not registry.plugins["scheduler"]:
+    if not registry.plugins.get("scheduler"):
         raise PluginError("no schedulers registered: is servelab installed (pip install -e .)? "
                           "Its built-ins come in through the `servelab` entry-point group."
                           + registry.broken_note())
@@ -180,7 +198,8 @@ def check_selection(overrides: Iterable[str], registry: Registry | None = None) 
         return
     for override in overrides:
         key, sep, value = override.lstrip("+~").partition("=")
-        if sep and key in KINDS:
+        spec = next((k for k in KINDS.values() if k.group == key), None) if sep else None
+        if spec is not None:
             for name in value.split(","):  # a multirun sweep: a,b
-                if name.isidentifier() and name not in registry.plugins[key]:
-                    registry.get(key, name)  # raises, naming the broken packages
+                if name.isidentifier() and name not in registry.plugins.get(spec.name, {}):
+                    registry.get(spec.name, name)  # raises, naming the broken packages

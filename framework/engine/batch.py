@@ -2,7 +2,7 @@
 
 - :func:`step_work`: the step's features as numbers (:class:`~servelab.core.step_work.StepWork`),
   what time models price and what the simulator executes;
-- :func:`build_batch`: the flattened varlen batch (:class:`StepBatch`) an executor with tensors
+- :func:`build_batch`: the flattened varlen batch (:class:`~servelab.core.batch.StepBatch`) an executor with tensors
   runs. The engine reads each entry's block table from the allocator and passes the tables in;
   nothing here (and nothing an executor does) calls a policy plugin.
 
@@ -12,53 +12,15 @@ Arrays are numpy (no torch in the engine layer); an executor moves them to its d
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from servelab.core.batch import StepBatch
 from servelab.core.interfaces import SchedulePlan, ScheduledSeq
 from servelab.core.request import SamplingParams
 from servelab.core.seeds import sample_seed
 from servelab.core.step_work import StepWork
-
-
-@dataclass
-class StepBatch:
-    """One step, flattened: the tokens of every entry back to back (no padding).
-
-    Index arrays are numpy (torch tensors are accepted too: executors convert with
-    ``torch.as_tensor``). A sequence with ``d`` drafts owns ``d + 1`` consecutive sample rows.
-    """
-
-    input_ids: np.ndarray  # [T] int64
-    positions: np.ndarray  # [T] int64
-    slot_mapping: np.ndarray  # [T] int64
-    block_tables: np.ndarray  # [B, max_blocks] int32
-    cu_seqlens_q: np.ndarray  # [B + 1] int32
-    context_lens: np.ndarray  # [B] int32
-    max_query_len: int
-    max_context_len: int
-    sample_rows: np.ndarray  # [S] int64: rows of the batch whose next token is sampled
-    sampling: list[SamplingParams | None] = field(default_factory=list)  # per sample row; None = greedy
-    sample_seeds: list[int] = field(default_factory=list)
-    # Speculative decoding, per sampled sequence in order (empty when no entry verifies drafts).
-    num_drafts: list[int] = field(default_factory=list)
-    draft_token_ids: list[list[int]] = field(default_factory=list)
-    draft_probs: list = field(default_factory=list)  # [d, vocab] tensors or None (one-hot drafts)
-    swap_out: list[tuple[int, int]] = field(default_factory=list)
-    swap_in: list[tuple[int, int]] = field(default_factory=list)
-    copy_blocks: list[tuple[int, int]] = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.input_ids.shape[0])
-
-    @property
-    def num_sampled(self) -> int:
-        return int(self.sample_rows.shape[0])
-
-    @property
-    def has_drafts(self) -> bool:
-        return bool(self.num_drafts)
 
 
 @dataclass
@@ -70,7 +32,7 @@ class _SampleRows:
     seeds: list[int] = field(default_factory=list)
     num_drafts: list[int] = field(default_factory=list)
     drafts: list[list[int]] = field(default_factory=list)
-    draft_probs: list = field(default_factory=list)
+    draft_probs: list[Any] = field(default_factory=list)
 
     def add(self, entry: ScheduledSeq, last_row: int, run_seed: int, verifies: bool) -> None:
         """Rows of ``entry`` whose next token is sampled (its last token, then each draft)."""
@@ -158,7 +120,7 @@ def step_work(plan: SchedulePlan) -> StepWork:
         else:
             attended += n * start + n * (n + 1) // 2
             prefill += n
-        if end == len(seq.token_ids):
+        if end == seq.num_tokens:
             sampled += 1
     return StepWork(tokens, len(plan.scheduled), prefill, decode, sampled, attended, context,
                     len(plan.swap_out), len(plan.swap_in), len(plan.copy_blocks), drafts)

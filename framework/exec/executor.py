@@ -13,11 +13,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from servelab.core.executor import Executor, StepOutput
-from servelab.engine.batch import StepBatch
+from servelab.core.contexts import ExecutorContext
+from servelab.core.executor import BackendConfig, Executor, StepOutput
+from servelab.core.shapes import ModelShape
+from servelab.core.batch import StepBatch
 from servelab.kernels import select_attention_backend
 from servelab.exec.model.layers import TPGroup
-from servelab.exec.model.llama import AttentionMetadata, local_heads
+from servelab.exec.model.llama import AttentionMetadata, CausalLM, local_heads
 from servelab.exec.model.loader import load_model
 from servelab.core.model_spec import ModelSpec
 from servelab.core.errors import ConfigError
@@ -84,7 +86,10 @@ class ModelWorker:
         self.kv_cache: list[tuple[torch.Tensor, ...]] = []
         self.device_pool: KVPool | None = None
         self.host_pool: KVPool | None = None
-        self.draft_model = self.draft_pool = self.draft_host_pool = None
+        self.draft_model: CausalLM | None = None
+        self.draft_pool: KVPool | None = None
+        self.draft_host_pool: KVPool | None = None
+        self.num_pool_blocks: int  # the target's blocks, set with the draft model's pool (allocate_kv_cache)
         self.draft_kv_cache: list[tuple[torch.Tensor, ...]] = []
         if cfg.draft_model_path is not None:
             self._load_draft_model(cfg.draft_model_path)
@@ -205,19 +210,23 @@ class ModelWorker:
         rows = torch.arange(n, device=dev)
         tokens = torch.tensor(batch.last_token_ids, dtype=torch.long, device=dev)
         base = torch.tensor(batch.positions, dtype=torch.long, device=dev)
-        drafted, probs = [], [[] for _ in range(n)]
-        sampled = [i for i, params in enumerate(batch.sampling) if params is not None]
+        drafted: list[list[int]] = []
+        probs: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        sampled_params = [(i, params) for i, params in enumerate(batch.sampling) if params is not None]
+        sampled = [i for i, _ in sampled_params]
         sampled_rows = torch.tensor(sampled, dtype=torch.long, device=dev)
+        model = self.draft_model
+        assert model is not None, "draft() needs drafter=draft_model's model"
         for j in range(batch.k):
             pos = base + j
             meta = AttentionMetadata(
                 slot_mapping=tables[rows, pos // bs] * bs + pos % bs, block_tables=tables.to(torch.int32),
                 cu_seqlens_q=torch.arange(n + 1, dtype=torch.int32, device=dev), context_lens=(pos + 1).to(torch.int32),
                 max_query_len=1, max_context_len=max(batch.positions) + j + 1)
-            logits = self.draft_model.compute_logits(self.draft_model(tokens, pos, self.draft_kv_cache, meta, self.ops))
+            logits = model.compute_logits(model(tokens, pos, self.draft_kv_cache, meta, self.ops))
             choice = logits.argmax(dim=-1).tolist()
             if sampled:  # drawn from the draft's distribution, which travels with the drafts
-                q = target_probs_batch(logits[sampled_rows], [batch.sampling[i] for i in sampled])
+                q = target_probs_batch(logits[sampled_rows], [params for _, params in sampled_params])
                 drawn = sample_from(q, seeded_uniforms(np.array([batch.seeds[i][j] for i in sampled], dtype=np.uint64), 1))
                 for n, (i, token) in enumerate(zip(sampled, drawn)):
                     choice[i] = token
@@ -232,10 +241,13 @@ class ModelWorker:
         if self.draft_model is not None:
             pairs.append((self.draft_pool, self.draft_host_pool))
         for pool, host in pairs:
-            if batch.swap_out:
-                host.copy_blocks(pool, batch.swap_out, non_blocking=True)
-            if batch.swap_in:
-                pool.copy_blocks(host, batch.swap_in, non_blocking=True)
+            assert pool is not None, "allocate_kv_cache() first"
+            if batch.swap_out or batch.swap_in:
+                assert host is not None, "swapping needs a host pool (backend.num_swap_blocks)"
+                if batch.swap_out:
+                    host.copy_blocks(pool, batch.swap_out, non_blocking=True)
+                if batch.swap_in:
+                    pool.copy_blocks(host, batch.swap_in, non_blocking=True)
             if batch.copy_blocks:
                 pool.copy_blocks(pool, batch.copy_blocks)
         if batch.swap_out and self.device.type == "cuda":
@@ -253,10 +265,16 @@ def _slice(batch: DraftBatch, start: int, stop: int) -> DraftBatch:
 
 
 class LocalExecutor(Executor):
-    """One worker in this process."""
+    """``backend=local``: one worker in this process (``context.worker`` says what it loads)."""
 
-    def __init__(self, cfg: WorkerConfig) -> None:
-        self.worker = ModelWorker(cfg)
+    name = "local"
+
+    def __init__(self, config: BackendConfig, context: ExecutorContext) -> None:
+        super().__init__(config, context)
+        if context.tensor_parallel_size > 1:
+            raise ConfigError(f"backend=local runs one process: tensor_parallel_size={context.tensor_parallel_size} "
+                              "needs backend=tp (or backend=torch, which picks it)")
+        self.worker = ModelWorker(context.worker)
         self.spec = self.worker.spec
         self.num_kv_blocks = self.worker.available_kv_blocks()
         self.bytes_per_block = self.worker.bytes_per_block()
@@ -273,6 +291,14 @@ class LocalExecutor(Executor):
 
     def measure_swap_bandwidth(self) -> float:
         return self.worker.measure_swap_bandwidth()
+
+    @property
+    def draft_shape(self) -> ModelShape | None:
+        draft = self.worker.draft_model
+        return ModelShape.from_spec(draft.spec) if draft is not None else None
+
+    def describe(self) -> dict[str, str]:
+        return {"device": str(self.worker.device), "attention": self.worker.ops.name}
 
 
 def resolve_device(name: str) -> torch.device:

@@ -31,8 +31,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from servelab.engine.batch import StepBatch
-from servelab.exec.executor import Executor, ModelWorker, StepOutput, WorkerConfig, resolve_device
+from servelab.core.batch import StepBatch
+from servelab.core.contexts import ExecutorContext
+from servelab.core.executor import BackendConfig
+from servelab.core.shapes import ModelShape
+from servelab.exec.executor import Executor, ModelWorker, StepOutput, resolve_device
 from servelab.core.model_spec import ModelSpec, load_spec
 from servelab.core.errors import ConfigError
 from servelab.exec.tp_comm import TPComm, store_key
@@ -72,10 +75,16 @@ def default_threads_per_rank(size: int) -> int:
 
 
 class TPExecutor(Executor):
-    """Runs the model sharded over ``size`` processes; this process is rank 0."""
+    """``backend=tp``: the model sharded over ``context.tensor_parallel_size`` processes; this
+    process is rank 0. ``config.tp_step_timeout_s`` bounds a wait on another rank in a step;
+    ``config.num_threads`` is torch's threads per rank (null: this process's cores / ranks)."""
 
-    def __init__(self, cfg: WorkerConfig, size: int, step_timeout_s: float = 120.0,
-                 num_threads: int | None = None, startup_timeout_s: float = 600.0) -> None:
+    name = "tp"
+
+    def __init__(self, config: BackendConfig, context: ExecutorContext, startup_timeout_s: float = 600.0) -> None:
+        super().__init__(config, context)
+        cfg, size = context.worker, context.tensor_parallel_size
+        step_timeout_s, num_threads = config.tp_step_timeout_s, config.num_threads
         check_tensor_parallel(load_spec(cfg.model_path), size, cfg.device, cfg.model_path)
         self.size = size
         self.step_timeout_s = step_timeout_s
@@ -139,6 +148,14 @@ class TPExecutor(Executor):
         """Rank 0's device <-> host copy bandwidth (every rank copies its own shard in parallel)."""
         return self.worker.measure_swap_bandwidth()
 
+    @property
+    def draft_shape(self) -> ModelShape | None:
+        draft = self.worker.draft_model  # rank 0 runs it
+        return ModelShape.from_spec(draft.spec) if draft is not None else None
+
+    def describe(self) -> dict[str, str]:
+        return {"device": str(self.worker.device), "attention": self.worker.ops.name}
+
     def execute(self, batch: StepBatch) -> StepOutput:
         """Broadcast ``batch`` to every rank and run rank 0's shard; raise :class:`TPWorkerError` on a fault.
 
@@ -149,6 +166,7 @@ class TPExecutor(Executor):
             raise TPWorkerError("the tensor-parallel executor already failed or was shut down")
         self._raise_if_dead(self._seq)
         seq, comm = self._seq, self.comm
+        assert comm is not None  # set in __init__ (rank 0's group)
         self._in_step = True
         comm.comm_s = 0.0
         try:
@@ -173,11 +191,12 @@ class TPExecutor(Executor):
             return
         self._closed = True
         atexit.unregister(self.shutdown)
-        healthy = self.comm is not None and not (self._failed or self._in_step) and \
+        comm = self.comm
+        healthy = comm is not None and not (self._failed or self._in_step) and \
             all(p.exitcode is None for p in self.procs)
-        if healthy:
+        if healthy and comm is not None:
             try:
-                self.comm.send_stop(self._seq)
+                comm.send_stop(self._seq)
             except Exception:  # noqa: BLE001 - fall through to killing
                 healthy = False
         deadline = time.monotonic() + (10.0 if healthy else 0.0)
@@ -190,7 +209,7 @@ class TPExecutor(Executor):
         if self.comm is not None:
             try:
                 self.comm.close()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.warning("could not destroy the tensor-parallel process group cleanly", exc_info=True)
         torch.set_num_threads(self._saved_threads)
 

@@ -1,6 +1,6 @@
 """The conformance kit: run one plugin through the properties the project checks on its built-ins.
 
-    from servelab.plugin_api import check_plugin
+    from servelab.testing import check_plugin
     report = check_plugin("scheduler", "spf", cases=30)
     assert report.ok, report          # str(report): each broken contract and how to reproduce it
 
@@ -40,7 +40,8 @@ from functools import lru_cache
 
 from servelab.core.errors import ServelabError
 from servelab.core.interfaces import LengthPredictorError, predict_checked
-from servelab.core.registry import KINDS, Registry, default_registry
+from servelab.core.kinds import KINDS, resolve, takes_legacy_args
+from servelab.core.registry import Registry, default_registry
 from servelab.core.request import Request
 from servelab.kit.conformance_cases import VOCAB, Scenario, make_scenario
 from servelab.kit.conformance_evictor import (LADDER_BLOCK_SIZE, SCRIPT_BLOCKS, SCRIPT_SEEDS, drain_problem,
@@ -54,7 +55,6 @@ from servelab.run.config import register_configs
 from servelab.run.runner import run_workload
 
 MAX_STEPS = 5_000  # per scenario: far above what any needs; reaching it is a livelock
-KIT_KINDS = ("scheduler", "allocator", "preemption", "drafter", "length_predictor", "evictor", "router")
 CONTRACTS = {
     "budget": "a plan schedules at most max_num_batched_tokens tokens",
     "seats": "a plan schedules at most max_num_seqs sequences, each once",
@@ -136,65 +136,133 @@ class Report:
 
 def check_plugin(kind: str, name: str, registry: Registry | None = None, cases: int = 20, seed: int = 0,
                  real_model: bool = True, max_failures: int = 3, overrides: tuple[str, ...] = ()) -> Report:
-    """Run plugin ``kind=name`` through ``cases`` random scenarios (seeds ``seed ..``) and, with
-    ``real_model``, the tiny-model equality check. ``registry``: one holding the plugin (default:
+    """Run plugin ``kind=name`` through its kind's conformance stages (``KindSpec.checks``, in
+    order): ``cases`` random scenarios (seeds ``seed ..``) and, with ``real_model``, the tiny-model
+    equality check, plus the stages the kind adds. ``registry``: one holding the plugin (default:
     the installed entry points). Stops after ``max_failures`` failing scenarios. ``overrides``
     (Hydra syntax, e.g. ``("length_predictor=oracle", "scheduler.max_wait_s=0.5")``) go into every
     run of the plugin and beat the scenario's own choice of the same key; the default stack the
     outputs are compared with never gets them."""
-    if kind not in KIT_KINDS:
-        raise ValueError(f"check_plugin: kind {kind!r} is not one of {', '.join(KIT_KINDS)}")
+    spec = KINDS.get(kind)
+    if spec is None or not spec.checks:
+        raise ValueError(f"check_plugin: kind {kind!r} is not one of {', '.join(kit_kinds())}")
     registry = registry or default_registry()
     registry.get(kind, name)  # an unknown name fails here, listing the known ones
     register_configs(registry)
     report = Report(kind, name)
     extra = _companion_overrides(kind, name, registry, tuple(overrides), report.notes)
-    if kind == "router":
-        return _check_router(report, registry, extra, cases, seed, max_failures)
+    if takes_legacy_args(spec, registry.get(kind, name)):
+        report.notes.append(f"built through the adapter for 0.1 constructors: write __init__(self, config, "
+                            f"context: {spec.context.__name__}) (the old shape goes in 0.2)")
     with _captured_warnings() as warnings:
-        if kind == "drafter" and _needs_draft_model(registry.get("drafter", name)):
-            report.notes.append("needs a draft model: random scenarios (fake executor) skipped")
-            cases = 0
-        if kind == "evictor":
-            report.notes.append("evicts behind allocator=paged allocator.prefix_caching=true")
-            failure = _check_event_script(name, registry, extra)
-            if failure is not None:  # the clearest account of a bad answer: nothing else until it passes
-                report.failures.append(failure)
-                report.notes.append("random scenarios and the real model skipped until the event script passes")
-                return report
-        for s in range(seed, seed + cases):
-            report.cases += 1
-            failure = _check_scenario(with_overrides(make_scenario(s, kind, name), extra), registry, warnings,
-                                      (kind, name))
-            if failure is not None:
-                report.failures.append(_shrink(failure, registry, warnings, (kind, name)))
-                if len(report.failures) >= max_failures:
-                    break
-        if kind in STATE_KINDS and not report.failures and (  # one root cause at a time
-                kind != "drafter" or not _needs_draft_model(registry.get(kind, name))):
-            failure = _check_state_scenario(kind, name, registry, extra)
-            if failure is not None:
-                report.failures.append(failure)
-        if kind == "evictor" and not report.failures:
-            failure = _check_ladder(name, registry, extra)
-            if failure is not None:
-                report.failures.append(failure)
-        if kind == "scheduler" and promises_bound(registry.get(kind, name)):
-            failure = _check_starvation(name, registry, extra)
-            if failure is not None:
-                report.failures.append(failure)
-        if real_model:
-            report.real_model = True
-            failure = _check_real_model(kind, name, registry, extra)
-            if failure is not None:
-                report.failures.append(failure)
-        else:
-            report.notes.append("real-model check skipped")
-        if kind == "length_predictor" and registry.get(kind, name).predicts and not report.failures:
-            failure = _check_predictions(registry, extra)
-            if failure is not None:
-                report.failures.append(failure)
+        run = KitRun(report, registry, extra, cases, seed, max_failures, real_model, warnings)
+        for stage in spec.checks:
+            answer = (STAGES[stage] if stage in STAGES else resolve(stage))(run)
+            if isinstance(answer, Failure):
+                report.failures.append(answer)
+            elif answer is STOP:
+                break
     return report
+
+
+def kit_kinds() -> list[str]:
+    """The kinds ``check-plugin`` knows: those whose row in the kinds table names stages."""
+    return [k.name for k in KINDS.values() if k.checks]
+
+
+STOP = object()  # a stage's answer: skip the stages after it (their failures would share its cause)
+
+
+@dataclass
+class KitRun:
+    """One ``check_plugin`` call, as its stages see it (a third-party kind's stage gets this too)."""
+
+    report: Report
+    registry: Registry
+    extra: tuple[str, ...]
+    cases: int
+    seed: int
+    max_failures: int
+    real_model: bool
+    warnings: list
+
+    @property
+    def kind(self) -> str:
+        return self.report.kind
+
+    @property
+    def name(self) -> str:
+        return self.report.name
+
+    def fail(self, failure: Failure | None) -> bool:
+        """Record ``failure`` if any; True when it was one."""
+        if failure is not None:
+            self.report.failures.append(failure)
+        return failure is not None
+
+
+def _stage_scenarios(run: KitRun):
+    kind, name, report = run.kind, run.name, run.report
+    cases = run.cases
+    if kind == "drafter" and _needs_draft_model(run.registry.get(kind, name)):
+        report.notes.append("needs a draft model: random scenarios (fake executor) skipped")
+        cases = 0
+    for s in range(run.seed, run.seed + cases):
+        report.cases += 1
+        failure = _check_scenario(with_overrides(make_scenario(s, kind, name), run.extra), run.registry, run.warnings,
+                                  (kind, name))
+        if failure is not None:
+            report.failures.append(_shrink(failure, run.registry, run.warnings, (kind, name)))
+            if len(report.failures) >= run.max_failures:
+                break
+
+
+def _stage_state(run: KitRun):
+    if run.report.failures or (run.kind == "drafter" and _needs_draft_model(run.registry.get(run.kind, run.name))):
+        return  # one root cause at a time
+    run.fail(_check_state_scenario(run.kind, run.name, run.registry, run.extra))
+
+
+def _stage_evictor_script(run: KitRun):
+    run.report.notes.append("evicts behind allocator=paged allocator.prefix_caching=true")
+    if run.fail(_check_event_script(run.name, run.registry, run.extra)):
+        # the clearest account of a bad answer: nothing else until it passes
+        run.report.notes.append("random scenarios and the real model skipped until the event script passes")
+        return STOP
+
+
+def _stage_evictor_ladder(run: KitRun):
+    if not run.report.failures:
+        run.fail(_check_ladder(run.name, run.registry, run.extra))
+
+
+def _stage_starvation(run: KitRun):
+    if promises_bound(run.registry.get(run.kind, run.name)):
+        run.fail(_check_starvation(run.name, run.registry, run.extra))
+
+
+def _stage_real_model(run: KitRun):
+    if run.real_model:
+        run.report.real_model = True
+        run.fail(_check_real_model(run.kind, run.name, run.registry, run.extra))
+    else:
+        run.report.notes.append("real-model check skipped")
+
+
+def _stage_predictions(run: KitRun):
+    if run.registry.get(run.kind, run.name).predicts and not run.report.failures:
+        run.fail(_check_predictions(run.registry, run.extra))
+
+
+def _stage_router(run: KitRun):
+    _check_router(run.report, run.registry, run.extra, run.cases, run.seed, run.max_failures)
+
+
+#: The conformance stages a kind's ``checks`` may name; else ``"module:function"``, a function of a
+#: :class:`KitRun` returning None, a :class:`Failure` (recorded) or :data:`STOP`.
+STAGES = {"scenarios": _stage_scenarios, "state": _stage_state, "evictor_script": _stage_evictor_script,
+          "evictor_ladder": _stage_evictor_ladder, "starvation": _stage_starvation, "real_model": _stage_real_model,
+          "predictions": _stage_predictions, "router": _stage_router}
 
 
 def _companion_overrides(kind: str, name: str, registry: Registry, overrides: tuple[str, ...],
@@ -203,7 +271,7 @@ def _companion_overrides(kind: str, name: str, registry: Registry, overrides: tu
     exercised by ``scheduler=sjf`` (which asks it about every request), and a scheduler that needs
     predictions gets ``length_predictor=oracle`` unless one was given."""
     keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
-    extra = (f"{kind}={name}",) if kind == "length_predictor" else ()
+    extra: tuple[str, ...] = (f"{kind}={name}",) if kind == "length_predictor" else ()
     if kind == "length_predictor" and "scheduler" not in keys:
         if registry.get(kind, name).predicts:
             extra += ("scheduler=sjf",)
@@ -432,7 +500,7 @@ def _check_drain(stack) -> None:
         return
     try:
         problem = drain_problem(allocator)
-    except Exception as exc:  # noqa: BLE001 - the guard's ContractViolation, or the evictor raising
+    except Exception as exc:  # the guard's ContractViolation, or the evictor raising
         raise _as_violation(exc) from exc
     if problem:
         raise ContractViolation("blocks reusable", problem)
@@ -596,16 +664,17 @@ def _run(overrides, num_blocks: int, num_swap_blocks: int, requests, registry: R
         stack.engine.step_listeners.append(lambda record: on_step(stack.engine, record))
     try:
         run_workload(stack.engine, requests, sleep=clock.sleep)
-    except Exception as exc:  # noqa: BLE001 - every way a run breaks is named as a contract
+    except Exception as exc:  # every way a run breaks is named as a contract
         raise _as_violation(exc) from exc
     return stack, collect_results(stack.engine, 1.0)
 
 
 def _as_violation(exc: Exception) -> ContractViolation:
-    cause = exc  # a guard's violation may come wrapped twice (an evictor's, by the allocator and the engine)
+    # a guard's violation may come wrapped twice (an evictor's, by the allocator and the engine)
+    cause: BaseException | None = exc
     while cause is not None and not isinstance(cause, ContractViolation):
         cause = cause.__cause__
-    if cause is not None:
+    if isinstance(cause, ContractViolation):  # (else None)
         return cause
     if isinstance(exc, AssertionError):  # the KV-checking executor
         return ContractViolation("kv integrity", str(exc))
@@ -688,7 +757,9 @@ def _check_plan(plan, limits, allocator, step: int) -> None:
 def _shrink(failure: Failure, registry: Registry, warnings: list[str],
             plugin: tuple[str, str] | None = None) -> Failure:
     """Drop requests one at a time while the same contract still breaks: the smallest scenario."""
+    assert failure.scenario is not None  # a scenario's failure (not the real model's)
     for req in list(failure.scenario.requests):
+        assert failure.scenario is not None  # (so is each smaller one)
         if len(failure.scenario.requests) == 1:
             break
         smaller = _check_scenario(failure.scenario.without(req.id), registry, warnings, plugin)
@@ -730,14 +801,26 @@ def _check_real_model(kind: str, name: str, registry: Registry, extra: tuple[str
     return None
 
 
+class _ListHandler(logging.Handler):
+    """Appends each record's message to ``messages``."""
+
+    def __init__(self, messages: list[str], level: int) -> None:
+        super().__init__(level)
+        self.messages = messages
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 class _captured_warnings:
     """Collect servelab's warnings (drafter faults) instead of printing them (fallbacks are expected)."""
 
     def __enter__(self) -> list[str]:
         self.logger = logging.getLogger("servelab")
         self.messages: list[str] = []
-        self.handler = logging.Handler(logging.WARNING)
-        self.handler.emit = lambda record: self.messages.append(record.getMessage())
+        self.handler = _ListHandler(self.messages, logging.WARNING)
+        # the 0.1-constructor adapter's warning is a note of the report, not a fault of the run
+        self.handler.addFilter(lambda record: record.name != "servelab.core.kinds")
         self.propagate, self.logger.propagate = self.logger.propagate, False
         self.logger.addHandler(self.handler)
         return self.messages
@@ -752,7 +835,7 @@ def main(argv: list[str]) -> int:
     """``servelab check-plugin <kind>=<name> [overrides ...] [--cases N] [--seed S] [--no-real-model]``."""
     parser = argparse.ArgumentParser(prog="servelab check-plugin",
                                      description="Run a plugin through servelab's conformance kit.")
-    parser.add_argument("plugin", help=f"<kind>=<name>, kind one of {', '.join(KIT_KINDS)}")
+    parser.add_argument("plugin", help=f"<kind>=<name>, kind one of {', '.join(kit_kinds())}")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run of the plugin, e.g. "
                         "length_predictor=oracle scheduler.max_wait_s=0.5")
     parser.add_argument("--cases", type=int, default=50, help="random scenarios (default 50)")
@@ -760,8 +843,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--no-real-model", action="store_true", help="skip the tiny-model equality check")
     args = parser.parse_intermixed_args(argv)  # options may come between the overrides
     kind, sep, name = args.plugin.partition("=")
-    if not sep or kind not in KIT_KINDS or not name:
-        parser.error(f"expected <kind>=<name> with kind one of {', '.join(KIT_KINDS)}, got {args.plugin!r}")
+    if not sep or kind not in kit_kinds() or not name:
+        parser.error(f"expected <kind>=<name> with kind one of {', '.join(kit_kinds())}, got {args.plugin!r}")
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
         parser.error(f"expected overrides as key=value, got {bad[0]!r}")

@@ -17,11 +17,13 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterator
 
+from servelab.core.kinds import KINDS
 from servelab.core.executor import Executor
 from servelab.core.interfaces import Plugin
 from servelab.core.request import Request, Sequence
 
-STATE_KINDS = ("scheduler", "allocator", "drafter")  # the kinds the engine tells when a sequence ends
+# the kinds the engine tells when a sequence ends: those whose row in the kinds table names the "state" stage
+STATE_KINDS = tuple(k.name for k in KINDS.values() if "state" in k.checks)
 END_HOOK = {"scheduler": "remove()/abort()", "allocator": "free()", "drafter": "forget()"}
 _CONTAINERS = (dict, list, tuple, set, frozenset, deque)
 _NESTED_DEPTH = 2  # containers inside containers: a heap of (key, counter, seq) tuples, a dict of lists

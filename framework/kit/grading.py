@@ -30,12 +30,14 @@ from rich.console import Console
 from rich.table import Table
 
 from servelab.core.errors import ServelabError
+from servelab.core.kinds import KINDS
 from servelab.core.registry import Registry, default_registry
 from servelab.kit.grade_workloads import SIM, GradeWorkload, workloads_for
 from servelab.run.config import register_configs
 from servelab.run.runner import run_workload
 
-GRADED = {"scheduler": "fcfs", "allocator": "paged", "preemption": "recompute", "evictor": "lru"}  # kind -> reference
+# kind -> the built-in it is scored against (the kinds table's grade_reference)
+GRADED = {k.name: k.grade_reference for k in KINDS.values() if k.grade_reference}
 PREDICTOR = "length_predictor=oracle"  # what a scheduler that orders by predicted length is graded with
 
 
@@ -73,9 +75,10 @@ class Grade:
     def score(self) -> float | None:
         """Geometric mean of the submission's per-workload scores (None if any is undefined or 0)."""
         own = [r.score for r in self.rows if r.policy == self.name]
-        if not own or any(s is None or s <= 0 for s in own):
+        scores = [s for s in own if not (s is None or s <= 0)]
+        if not own or len(scores) < len(own):
             return None
-        return math.exp(sum(math.log(s) for s in own) / len(own))
+        return math.exp(sum(math.log(s) for s in scores) / len(scores))
 
 
 def grade(kind: str, name: str, registry: Registry | None = None,

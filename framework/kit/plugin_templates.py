@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from string import Template
 
+from servelab.core.kinds import KINDS, resolve
+
 PYPROJECT = Template('''\
 [build-system]
 requires = ["setuptools>=61"]
@@ -52,10 +54,8 @@ $grade_line
 The guide for this kind: $guide in servelab's docs.
 ''')
 
-GUIDES = {"scheduler": "docs/write-a-scheduler.md", "allocator": "docs/write-an-allocator.md",
-          "preemption": "docs/write-a-preemption-policy.md", "drafter": "docs/write-a-drafter.md",
-          "time_model": "docs/write-a-time-model.md", "length_predictor": "docs/write-a-length-predictor.md",
-          "evictor": "docs/write-an-evictor.md", "router": "docs/write-a-router.md"}
+# kind -> its guide (from the kinds table; a kind without one points at the plugin guide)
+GUIDES = {k: spec.guide or "docs/plugins.md" for k, spec in KINDS.items()}
 
 _HEAD = '''\
 """$doc
@@ -345,7 +345,7 @@ KIT_TEST = Template('''\
 on/off x block sizes on a KV-checking fake executor, then greedy tokens on a tiny random model.
 A failure names the broken contract and prints the smallest reproducing scenario."""
 
-from servelab.plugin_api import check_plugin
+from servelab.testing import check_plugin
 
 
 def test_conformance():
@@ -359,7 +359,7 @@ replicas that cannot hold some requests), each placement checked, repeated with 
 without the later requests, and the load over equal replicas. A failure names the broken contract
 and the scenario to reproduce it."""
 
-from servelab.plugin_api import check_plugin
+from servelab.testing import check_plugin
 
 
 def test_conformance():
@@ -370,7 +370,7 @@ def test_conformance():
 TIME_MODEL_TEST = Template('''\
 """$name prices steps in the simulator, deterministically (the same run twice, the same numbers)."""
 
-from servelab.plugin_api import compose, run_job
+from servelab.testing import compose, run_job
 
 
 def test_the_simulator_runs_on_it_deterministically(tmp_path):
@@ -382,7 +382,53 @@ def test_the_simulator_runs_on_it_deterministically(tmp_path):
 ''')
 
 
+GENERIC_MODULE = Template(_HEAD + '''\
+from $base_module import $base_name
+
+
+@dataclass
+class ${Class}Config($base_name.Config):
+    pass  # this plugin's parameters: $kind.<field>=... selects them, typed
+
+
+class $Class($base_name):
+    """A $kind plugin: implement the abstract methods of $base_name (see its docstring)."""
+
+    name = "$name"
+    Config = ${Class}Config
+
+
+@hookimpl
+def $hook():
+    return [$Class]
+''')
+
+REGISTERED_TEST = Template('''\
+"""$name is registered as a $kind plugin ($kind has no conformance kit of its own)."""
+
+from servelab.core.registry import build_registry, plugin_manager
+
+
+def test_registered():
+    assert "$name" in build_registry(plugin_manager()).names("$kind")
+''')
+
+
+def module_template(kind) -> Template:
+    """The plugin module of kind ``kind`` (a ``KindSpec``): its own template, the one its
+    ``template`` names as ``"module:attr"``, or the generic skeleton over its base class."""
+    if kind.template in MODULES:
+        return MODULES[kind.template]
+    if kind.template and ":" in kind.template:
+        return resolve(kind.template)
+    return GENERIC_MODULE
+
+
 def generated_test(kind: str) -> Template:
     """The generated test of ``kind``: the conformance kit (its router stage for routers), or (time
-    models, which the kit does not cover) a deterministic simulator run."""
+    models, which the kit does not cover) a deterministic simulator run; a kind without stages
+    gets a test that the plugin registers."""
+    spec = KINDS.get(kind)
+    if spec is not None and not spec.checks and kind != "time_model":
+        return REGISTERED_TEST
     return {"time_model": TIME_MODEL_TEST, "router": ROUTER_TEST}.get(kind, KIT_TEST)

@@ -21,13 +21,13 @@ def _clock_text(cfg: DictConfig, kind: str) -> str:
 def banner_lines(cfg: DictConfig, stack, output_dir: Path, logger_where: str) -> list[tuple[str, str]]:
     """(label, text) rows: model, dtype, device/backend, KV pool, the stack, results, W&B."""
     executor, limits = stack.executor, stack.limits
-    worker = getattr(executor, "worker", None)
     dtype = getattr(cfg.model.dtype, "value", cfg.model.dtype)
-    if cfg.backend.name == "sim":
+    if not executor.computes_tokens:
         device = f"sim (no tensors) priced as {cfg.hardware.name}"
     else:
-        dev = getattr(worker, "device", None) or cfg.backend.device
-        ops = getattr(getattr(worker, "ops", None), "name", getattr(cfg.attention_backend, "value", "auto"))
+        where = executor.describe()
+        dev = where.get("device") or cfg.backend.device
+        ops = where.get("attention") or getattr(cfg.attention_backend, "value", "auto")
         device = f"{cfg.backend.name} on {dev}, attention {ops}"
     if cfg.tensor_parallel_size > 1:
         device += f", tensor parallel x{cfg.tensor_parallel_size}"
@@ -38,7 +38,7 @@ def banner_lines(cfg: DictConfig, stack, output_dir: Path, logger_where: str) ->
     kv_dtype = getattr(cfg.get("kv_cache_dtype", "auto"), "value", cfg.get("kv_cache_dtype", "auto"))
     if kv_dtype != "auto":
         pool += f" ({kv_dtype} values + a float32 scale per token and KV head)"
-    swap = getattr(executor, "num_swap_blocks", 0)
+    swap = executor.num_swap_blocks
     if swap:
         pool += f"; host swap pool {swap:,} blocks ({_gib(swap * bpb)})"
     prefix = cfg.allocator.get("prefix_caching")

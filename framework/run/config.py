@@ -13,15 +13,20 @@ import dataclasses
 import enum
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Optional
+from importlib import resources
+from typing import TYPE_CHECKING, Any, List, Optional, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from servelab.core.registry import KINDS, Registry, default_registry
+from servelab.core.executor import BackendConfig  # the backend group's schema, re-exported
+from servelab.core.kinds import KINDS
+from servelab.core.registry import Registry, default_registry
 
-from servelab.core.packaged import PACKAGED_CHECKPOINTS, PACKAGED_MODELS  # noqa: F401 - re-exported
+from servelab.core.packaged import PACKAGED_CHECKPOINTS, PACKAGED_MODELS  # re-exported
+
+if TYPE_CHECKING:
+    from servelab.core.interfaces import Plugin
 
 
 class DType(enum.Enum):
@@ -259,25 +264,6 @@ class ChatSessionsWorkload:
 
 
 @dataclass
-class BackendConfig:
-    """The executor: ``torch`` runs the model in this process (TP comes with ``tensor_parallel_size``)."""
-
-    name: str = "torch"
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    kv_cache_memory_gb: float = 0.5  # CPU: KV pool budget when num_kv_blocks is null
-    gpu_memory_utilization: float = 0.9  # CUDA: fraction of device memory the run may use
-    # host swap pool: num_swap_blocks (blocks) or swap_space_gb (GiB), not both; both null = none,
-    # except preemption=swap|adaptive: 4 GiB capped at half the free host memory (``servelab.run.swap_pool``)
-    num_swap_blocks: Optional[int] = None
-    swap_space_gb: Optional[float] = None
-    swap_bandwidth_gb_s: Optional[float] = None  # device<->host link; null = measured at start-up
-    num_threads: Optional[int] = None  # torch intra-op threads (per rank); null = torch's default (TP: cores / ranks)
-    tp_step_timeout_s: float = 120.0  # tensor parallel: longest wait on another rank in a step before the run fails
-    activation_reserve_gb: float = 2.0  # sim: device memory per rank kept for activations (not weights, not KV)
-    trace_rows: Optional[int] = 200  # workload=trace's default num_requests (sim: null = the whole trace)
-
-
-@dataclass
 class HardwareConfig:
     """An accelerator's spec sheet (``conf/hardware/*.yaml``; decimal GB). The time models and the
     simulator's memory accounting read it; the torch backend on its wall clock does not."""
@@ -407,16 +393,9 @@ class ServeConfig:
 
 @dataclass
 class ServelabConfig:
-    """Top-level keys; groups are filled by the defaults list in ``conf/config.yaml``."""
+    """Top-level keys; groups are filled by the defaults list in ``conf/config.yaml``. The plugin
+    kinds' groups (``scheduler``, ``allocator`` ...) are added from the kinds table by :func:`schema`."""
 
-    scheduler: Any = MISSING
-    allocator: Any = MISSING
-    preemption: Any = MISSING
-    drafter: Any = MISSING
-    time_model: Any = MISSING
-    length_predictor: Any = MISSING
-    evictor: Any = MISSING
-    router: Any = MISSING
     hardware: HardwareConfig = MISSING
     model: ModelConfig = MISSING
     workload: Any = MISSING
@@ -443,7 +422,7 @@ class ServelabConfig:
     strict_requests: bool = False  # a request the engine would reject is a start-up error (not a rejection)
 
 
-def plugin_node(cls: type) -> Any:
+def plugin_node(cls: type[Plugin]) -> Any:
     """A dataclass instance: the plugin's ``Config`` fields plus ``name`` (what selects it)."""
     node_cls = dataclasses.make_dataclass(
         f"{cls.__name__}Node", [("name", str, field(default=cls.name))], bases=(cls.Config,))
@@ -463,14 +442,53 @@ def packaged_model_node(name: str) -> dict:
             "backend": {"num_threads": 1}}
 
 
+def config_yaml_defaults() -> dict[str, str]:
+    """``group -> option`` of ``conf/config.yaml``'s defaults list (``optional`` dropped)."""
+    import yaml  # noqa: PLC0415 - PyYAML comes with omegaconf
+
+    text = (resources.files("servelab.conf") / "config.yaml").read_text()
+    out = {}
+    for entry in yaml.safe_load(text)["defaults"]:
+        if isinstance(entry, dict):
+            (key, value), = entry.items()
+            out[key.replace("optional ", "")] = value
+    return out
+
+
+def kind_defaults() -> dict[str, str]:
+    """``group -> default plugin`` of every kind: ``conf/config.yaml``'s choice where it names the
+    group (its place in the defaults list matters there), else the kind's own default."""
+    listed = config_yaml_defaults()
+    return {k.group: listed.get(k.group, k.default) for k in KINDS.values()}
+
+
+def schema() -> type:
+    """The config schema: :class:`ServelabConfig` plus one group per plugin kind (typed by the
+    option chosen; ``backend`` keeps its shared :class:`BackendConfig` type). Kinds that
+    ``conf/config.yaml`` does not list get their default here, in the schema's own defaults list,
+    so a kind added to the table is selectable (``<group>=<plugin>``) without editing the YAML."""
+    listed = config_yaml_defaults()
+    typed = {f.name for f in dataclasses.fields(ServelabConfig)}
+    kinds = [k for k in KINDS.values() if k.group not in typed]
+    hints = get_type_hints(ServelabConfig)
+    fields: list[tuple[str, Any, Any]] = [("defaults", List[Any], field(default_factory=lambda: [
+        {k.group: k.default} for k in kinds if k.group not in listed]))]
+    fields += [(k.group, Any, field(default=MISSING)) for k in kinds]
+    fields += [(f.name, hints[f.name], f) for f in dataclasses.fields(ServelabConfig)]
+    return dataclasses.make_dataclass("ServelabSchema", fields)
+
+
 def register_configs(registry: Registry | None = None) -> None:
-    """Put the schema and every group option into Hydra's ConfigStore (idempotent)."""
+    """Put the schema and every group option into Hydra's ConfigStore (idempotent). A kind's option
+    that ``conf/<group>/<name>.yaml`` provides (a preset such as ``backend=sim``) is left to the file."""
     registry = registry or default_registry()
     cs = ConfigStore.instance()
-    cs.store(name="servelab_schema", node=ServelabConfig)
-    for kind in KINDS:
-        for name in registry.names(kind):
-            cs.store(group=kind, name=name, node=plugin_node(registry.get(kind, name)))
+    cs.store(name="servelab_schema", node=schema())
+    conf = resources.files("servelab.conf")
+    for kind in KINDS.values():
+        for name in registry.names(kind.name):
+            if not (conf / kind.group / f"{name}.yaml").is_file():
+                cs.store(group=kind.group, name=name, node=plugin_node(registry.get(kind.name, name)))
     cs.store(group="model", name="tiny", node=ModelConfig())
     cs.store(group="model", name="hf", node=ModelConfig(name="hf", path=MISSING))
     for name in PACKAGED_MODELS:
@@ -482,6 +500,5 @@ def register_configs(registry: Registry | None = None) -> None:
     cs.store(group="workload", name="chat_sessions", node=ChatSessionsWorkload)
     cs.store(group="workload", name="prompts", node=PromptsWorkload)
     cs.store(group="workload", name="corpus", node=CorpusWorkload)
-    cs.store(group="backend", name="torch", node=BackendConfig)
     cs.store(group="logger", name="wandb", node=LoggerConfig)
     cs.store(group="logger", name="none", node=LoggerConfig(name="none", mode="disabled"))

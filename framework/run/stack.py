@@ -16,14 +16,16 @@ from servelab.core.cost_model import StepCostModel
 from servelab.engine.drafting import MAX_DRAFT_TOKENS, scratch_blocks_per_seq
 from servelab.core.errors import ConfigError
 from servelab.engine.engine import Engine
-from servelab.exec.executor import Executor, LocalExecutor, WorkerConfig
-from servelab.exec.tp import TPExecutor
-from servelab.core.interfaces import EngineLimits, EvictorContext, PredictorContext, TimeModel, TimeModelContext
+from servelab.core.contexts import ExecutorContext, PredictorContext, TimeModelContext
+from servelab.core.executor import Executor
+from servelab.core.interfaces import EngineLimits, TimeModel
+from servelab.core.kinds import KINDS, KindSpec, build_context, build_order, instantiate
+from servelab.exec.executor import WorkerConfig
 from servelab.core.packaged import PACKAGED_CHECKPOINTS, PACKAGED_MODELS
 from servelab.exec.model.random_checkpoint import cached_random_checkpoint
-from servelab.core.registry import KINDS, Registry, default_registry
+from servelab.core.registry import Registry, default_registry
 from servelab.core.shapes import HardwareProfile, ModelShape, StorageBytes
-from servelab.sim.executor import SimExecutor, plan_memory
+from servelab.sim.executor import plan_memory
 from servelab.run.block_size import resolve_block_size
 from servelab.run.swap_pool import swap_pool_config
 
@@ -38,10 +40,12 @@ class Stack:
     time_model: TimeModel | None = None
     clock_kind: str = "wall"  # wall | virtual | custom (a clock handed in by the caller)
     block_size_auto: dict | None = None  # block_size=auto: {"chosen": size, "reason": why}
+    plugins: dict = dataclasses.field(default_factory=dict)  # kind -> the engine-scope plugin built for it
 
     def describe_time(self) -> dict:
         """What ``summary.json`` states about time: the clock, the time model, the hardware."""
         if self.clock_kind == "virtual":  # a profile states the machine it measured, a roofline its spec sheet
+            assert self.time_model is not None  # a virtual clock runs on a time model
             hardware = getattr(self.time_model, "hardware_label", None) or self.time_model.context.hardware.name
         else:
             hardware = f"this machine ({platform.machine()}, {self.executor.__class__.__name__})"
@@ -196,49 +200,66 @@ def hardware_profile(cfg: DictConfig) -> HardwareProfile:
     return HardwareProfile.from_config(cfg.hardware)
 
 
-def build_sim_executor(cfg: DictConfig, registry: Registry | None = None) -> Executor:
-    shape, hardware = model_shape(cfg), hardware_profile(cfg)
-    sizes = storage_bytes(cfg)
-    memory = plan_memory(shape, hardware, cfg.tensor_parallel_size, sizes.weight, sizes.kv, cfg.block_size,
-                         cfg.backend.gpu_memory_utilization, cfg.backend.activation_reserve_gb,
-                         sizes.linear, sizes.kv_scale)
+def executor_context(cfg: DictConfig, registry: Registry | None = None, draft_model_path: str | None = None,
+                     sim: bool | None = None) -> ExecutorContext:
+    """What ``backend=<executor>`` is built with: the worker settings of a real backend, or (``sim``,
+    default ``backend=sim``) the simulator's shape, hardware and memory plan; the host swap pool either way."""
     num_swap_blocks, swap_space_gb = _swap_pool(cfg, registry)
-    return SimExecutor(shape, hardware, memory, model_name=cfg.model.name, num_kv_blocks=cfg.num_kv_blocks,
-                       num_swap_blocks=num_swap_blocks, swap_space_gb=swap_space_gb)
-
-
-def build_executor(cfg: DictConfig, draft_model_path: str | None = None, registry: Registry | None = None) -> Executor:
-    """The executor ``cfg`` asks for; ``draft_model_path``: a draft checkpoint to load beside the target;
-    ``registry``: where the preemption policy is looked up (default: the installed plugins)."""
-    if cfg.backend.name == "sim":
-        return build_sim_executor(cfg, registry)
-    if cfg.backend.num_threads:
-        torch.set_num_threads(cfg.backend.num_threads)
+    common = dict(model_name=cfg.model.name, tensor_parallel_size=cfg.tensor_parallel_size,
+                  num_kv_blocks=cfg.num_kv_blocks, num_swap_blocks=num_swap_blocks, swap_space_gb=swap_space_gb)
+    if cfg.backend.name == "sim" if sim is None else sim:
+        shape, hardware = model_shape(cfg), hardware_profile(cfg)
+        sizes = storage_bytes(cfg)
+        memory = plan_memory(shape, hardware, cfg.tensor_parallel_size, sizes.weight, sizes.kv, cfg.block_size,
+                             cfg.backend.gpu_memory_utilization, cfg.backend.activation_reserve_gb,
+                             sizes.linear, sizes.kv_scale)
+        return ExecutorContext(**common, shape=shape, hardware=hardware, memory=memory)
     wcfg = worker_config(cfg, registry)
     if draft_model_path is not None:
         k = cfg.drafter.get("k", MAX_DRAFT_TOKENS)
         wcfg = dataclasses.replace(wcfg, draft_model_path=draft_model_path,
                                    draft_scratch_blocks=cfg.max_num_seqs * scratch_blocks_per_seq(k, cfg.block_size))
-    if cfg.tensor_parallel_size > 1:
-        return TPExecutor(wcfg, cfg.tensor_parallel_size, step_timeout_s=cfg.backend.tp_step_timeout_s,
-                          num_threads=cfg.backend.num_threads)
-    return LocalExecutor(wcfg)
+    return ExecutorContext(**common, worker=wcfg, draft_model_path=draft_model_path)
+
+
+def build_sim_executor(cfg: DictConfig, registry: Registry | None = None) -> Executor:
+    """The simulator's executor for ``cfg`` (``backend=sim`` or not: a what-if of the same run)."""
+    from servelab.sim.executor import SimExecutor  # noqa: PLC0415 - what backend=sim registers
+
+    return SimExecutor(_plugin_config(cfg.backend), executor_context(cfg, registry, sim=True))
+
+
+def build_executor(cfg: DictConfig, draft_model_path: str | None = None, registry: Registry | None = None) -> Executor:
+    """The executor ``backend=<name>`` names, built like any plugin; ``draft_model_path``: a draft
+    checkpoint to load beside the target; ``registry``: where it and the preemption policy are
+    looked up (default: the installed plugins)."""
+    registry = registry or default_registry()
+    spec = next(k for k in KINDS.values() if k.scope == "executor")
+    cls = registry.get(spec.name, cfg[spec.group].name)
+    if cfg.backend.num_threads and cls.computes_tokens:
+        torch.set_num_threads(cfg.backend.num_threads)
+    return instantiate(spec, cls, _plugin_config(cfg[spec.group]), executor_context(cfg, registry, draft_model_path))
 
 
 def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Executor | None = None,
-                clock=None, requests=None) -> Stack:
-    """Validate ``cfg``, build the executor (unless given) and the policies, and wire the engine.
+                clock=None, requests=None, connector=None) -> Stack:
+    """Validate ``cfg``, build the executor (unless given) and every engine-scope plugin kind in
+    the order their contexts need (:func:`servelab.core.kinds.build_order`), and wire the engine.
 
-    ``block_size=auto`` is resolved first (``cfg.block_size`` becomes the chosen size) from ``requests``
-    (the run's; built from ``cfg.workload`` when None)."""
+    Each plugin is ``cls(config, context)``, its context filled by field name from the run's values
+    and the plugins built before it. ``block_size=auto`` is resolved first (``cfg.block_size`` becomes
+    the chosen size) from ``requests`` (the run's; built from ``cfg.workload`` when None).
+    ``connector``: the KV connector through which KV enters or leaves this engine (None: none)."""
     validate(cfg)
     auto = resolve_block_size(cfg, model_shape(cfg), requests) if cfg.block_size == "auto" else None
     registry = registry or default_registry()
-    classes = {kind: registry.get(kind, cfg[kind].name) for kind in KINDS}
+    kinds = build_order("engine")
+    classes = {k.name: registry.get(k.name, cfg[k.group].name) for k in kinds}
+    configs = {k.name: _plugin_config(cfg[k.group]) for k in kinds}
     clock_kind = _clock_kind(cfg)
-    drafter_config = _plugin_config(cfg.drafter)
+    _check_length_predictor(cfg, classes)
     if executor is None:
-        executor = build_executor(cfg, _draft_model_path(cfg, classes["drafter"], drafter_config), registry)
+        executor = build_executor(cfg, _draft_model_path(cfg, classes["drafter"], configs["drafter"]), registry)
     if executor.num_kv_blocks < 1:
         raise ConfigError("the KV pool has no blocks: raise backend.kv_cache_memory_gb or set num_kv_blocks")
     max_model_len = min(cfg.max_model_len, executor.spec.max_position_embeddings)
@@ -249,55 +270,54 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
         block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
         max_model_len=max_model_len, chunked_prefill=cfg.chunked_prefill,
         ttft_slo_ms=cfg.slo.ttft_ms, tpot_slo_ms=cfg.slo.tpot_ms)
-    cost_model = StepCostModel()
-    allocator = classes["allocator"](_plugin_config(cfg.allocator), executor.num_kv_blocks, cfg.block_size, limits)
-    try:
-        evictor = classes["evictor"](_plugin_config(cfg.evictor),
-                                     EvictorContext(executor.num_kv_blocks, cfg.block_size, cost_model))
-    except ValueError as exc:
-        raise ConfigError(f"evictor={cfg.evictor.name}: {exc}") from None
-    allocator.attach_evictor(evictor)
-    try:
-        time_model = classes["time_model"](_plugin_config(cfg.time_model), time_model_context(cfg, executor))
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    # On the virtual clock the host link is the time model's, not a copy timed now on this machine.
-    _attach_swap_pool(cfg, executor, allocator, cost_model,
-                      time_model.swap_bytes_per_s() if clock_kind == "virtual" and clock is None else None)
-    preemption = classes["preemption"](_plugin_config(cfg.preemption), limits, allocator, cost_model)
-    scheduler = classes["scheduler"](_plugin_config(cfg.scheduler), limits, allocator, preemption, cost_model)
-    scheduler.length_predictor = _length_predictor(cfg, classes, executor, max_model_len)
-    drafter = classes["drafter"](drafter_config, limits)
-    if drafter.num_speculative_tokens:
-        if cfg.backend.name == "sim":
-            raise ConfigError(f"drafter={cfg.drafter.name}: backend=sim computes no tokens, so there is nothing "
-                              "to verify drafts against; use drafter=none with backend=sim")
-        drafter.executor, drafter.allocator, drafter.seed = executor, allocator, cfg.seed
+    cost_model = StepCostModel(bytes_per_block=executor.bytes_per_block)
+    available: dict = {
+        "limits": limits, "cost_model": cost_model, "executor": executor, "connector": connector,
+        "num_blocks": executor.num_kv_blocks, "block_size": cfg.block_size,
+        "num_swap_blocks": executor.num_swap_blocks, "seed": cfg.seed, "max_model_len": max_model_len,
+    }
+    prebuilt = {TimeModelContext: time_model_context(cfg, executor),
+                PredictorContext: PredictorContext(
+                    model_name=cfg.model.name, model_path=None if cfg.model.path is None else str(cfg.model.path),
+                    vocab_size=executor.spec.vocab_size, max_model_len=max_model_len, seed=cfg.seed)}
+    plugins: dict = {}
+    for kind in kinds:
+        context = prebuilt.get(kind.context) or build_context(kind, available)
+        plugins[kind.name] = available[kind.name] = _build(kind, classes[kind.name], configs[kind.name], context, cfg)
+        if kind.name == "time_model":
+            # On the virtual clock the host link is the time model's, not a copy timed now on this machine.
+            _swap_bandwidth(cfg, executor, cost_model, plugins["time_model"].swap_bytes_per_s()
+                            if clock_kind == "virtual" and clock is None else None)
+    drafter = plugins["drafter"]
+    if drafter.num_speculative_tokens and not executor.computes_tokens:
+        raise ConfigError(f"drafter={cfg.drafter.name}: backend={cfg.backend.name} computes no tokens, so there is "
+                          "nothing to verify drafts against; use drafter=none with backend=sim")
     if clock is None:
-        clock = ModelledClock(time_model) if clock_kind == "virtual" else WallClock()
+        clock = ModelledClock(plugins["time_model"]) if clock_kind == "virtual" else WallClock()
     else:
         clock_kind = "custom"
-    engine = Engine(limits, scheduler, allocator, executor, cost_model, seed=cfg.seed, clock=clock, drafter=drafter)
-    return Stack(engine, executor, limits, time_model, clock_kind,
-                 {"chosen": auto.chosen, "reason": auto.reason} if auto else None)
+    engine = Engine(limits, plugins["scheduler"], plugins["allocator"], executor, cost_model, seed=cfg.seed,
+                    clock=clock, drafter=drafter, **({"connector": connector} if connector is not None else {}))
+    return Stack(engine, executor, limits, plugins["time_model"], clock_kind,
+                 {"chosen": auto.chosen, "reason": auto.reason} if auto else None, plugins)
 
 
-def _length_predictor(cfg: DictConfig, classes: dict, executor: Executor, max_model_len: int):
-    """The run's output-length predictor (None for ``length_predictor=none``); refuses a scheduler
-    that needs predictions without one, and a predictor that refuses this model (one line)."""
-    cls = classes["length_predictor"]
-    if not cls.predicts:
-        if classes["scheduler"].needs_length_predictor:
-            raise ConfigError(f"scheduler={cfg.scheduler.name} orders requests by predicted output length, but "
-                              f"length_predictor={cfg.length_predictor.name}: choose one, e.g. length_predictor=oracle "
-                              f"(the true length) or length_predictor=learned")
-        return None
-    context = PredictorContext(model_name=cfg.model.name, model_path=None if cfg.model.path is None else str(cfg.model.path),
-                               vocab_size=executor.spec.vocab_size, max_model_len=max_model_len, seed=cfg.seed)
+def _build(kind: KindSpec, cls: type, config, context, cfg: DictConfig):
+    """One plugin; a ``ValueError`` from its constructor (a bad setting) is a one-line config error
+    naming the option."""
     try:
-        return cls(_plugin_config(cfg.length_predictor), context)
-    except ValueError as exc:
-        raise ConfigError(f"length_predictor={cfg.length_predictor.name}: {exc}") from None
+        return instantiate(kind, cls, config, context)
+    except ValueError as exc:  # ConfigError too: it gets the option's name unless it says it
+        where = f"{kind.group}={cfg[kind.group].name}"
+        raise ConfigError(str(exc) if str(exc).startswith(f"{kind.group}=") else f"{where}: {exc}") from None
+
+
+def _check_length_predictor(cfg: DictConfig, classes: dict) -> None:
+    """A scheduler that orders by predicted output length needs a predictor that predicts."""
+    if not classes["length_predictor"].predicts and classes["scheduler"].needs_length_predictor:
+        raise ConfigError(f"scheduler={cfg.scheduler.name} orders requests by predicted output length, but "
+                          f"length_predictor={cfg.length_predictor.name}: choose one, e.g. length_predictor=oracle "
+                          f"(the true length) or length_predictor=learned")
 
 
 def _draft_model_path(cfg: DictConfig, drafter_class, drafter_config) -> str | None:
@@ -332,7 +352,7 @@ def storage_bytes(cfg: DictConfig) -> StorageBytes:
 
 
 def time_model_context(cfg: DictConfig, executor: Executor) -> TimeModelContext:
-    shape = getattr(executor, "shape", None) or ModelShape.from_spec(executor.spec)
+    shape = executor.shape
     dtype = _value(cfg.model.dtype)
     name = cfg.model.name if cfg.model.path is None else str(cfg.model.path)
     sizes = storage_bytes(cfg)
@@ -344,23 +364,19 @@ def time_model_context(cfg: DictConfig, executor: Executor) -> TimeModelContext:
 
 def _draft_shape(executor: Executor) -> ModelShape | None:
     """The draft model's shape when the executor loaded one beside the target (drafter=draft_model)."""
-    draft = getattr(getattr(executor, "worker", executor), "draft_model", None)  # rank 0 runs it under TP
-    return ModelShape.from_spec(draft.spec) if draft is not None else None
+    return executor.draft_shape
 
 
-def _attach_swap_pool(cfg: DictConfig, executor: Executor, allocator, cost_model: StepCostModel,
-                      modelled_bytes_per_s: float | None = None) -> None:
-    """Tell the allocator the host pool size and the cost model the host link's speed (configured,
-    else the time model's on the virtual clock, else measured now)."""
-    num_swap_blocks = getattr(executor, "num_swap_blocks", 0)
-    allocator.attach_swap_pool(num_swap_blocks)
-    cost_model.bytes_per_block = executor.bytes_per_block
+def _swap_bandwidth(cfg: DictConfig, executor: Executor, cost_model: StepCostModel,
+                    modelled_bytes_per_s: float | None = None) -> None:
+    """The policies' cost model learns the host link's speed: configured, else the time model's
+    on the virtual clock, else measured now (when there is a host pool to swap to)."""
     bandwidth = cfg.backend.get("swap_bandwidth_gb_s")
     if bandwidth is not None:
         cost_model.swap_bytes_per_s = bandwidth * 1e9
     elif modelled_bytes_per_s:
         cost_model.swap_bytes_per_s = modelled_bytes_per_s
-    elif num_swap_blocks > 0:
+    elif executor.num_swap_blocks > 0:
         cost_model.swap_bytes_per_s = executor.measure_swap_bandwidth()
         log.info("swap bandwidth measured at start-up: %.2f GB/s", cost_model.swap_bytes_per_s / 1e9)
 

@@ -13,7 +13,8 @@ import logging
 from dataclasses import dataclass, replace
 
 from servelab.core.errors import ConfigError
-from servelab.core.executor import Executor, StepOutput
+from servelab.core.contexts import ExecutorContext
+from servelab.core.executor import BackendConfig, Executor, StepOutput
 from servelab.core.step_work import StepWork
 from servelab.core.model_spec import ModelSpec
 from servelab.core.shapes import HardwareProfile, ModelShape
@@ -74,12 +75,21 @@ class SimExecutor(Executor):
     """Placeholder tokens, a KV pool sized from the hardware, no tensors: the engine hands it
     the step's :class:`~servelab.core.step_work.StepWork`, never a batch."""
 
+    name = "sim"
     needs_batch = False
+    computes_tokens = False
 
-    def __init__(self, shape: ModelShape, hardware: HardwareProfile, memory: SimMemory, *,
-                 model_name: str = "", num_kv_blocks: int | None = None, num_swap_blocks: int = 0,
-                 swap_space_gb: float | None = None) -> None:
-        self.shape = shape
+    def __init__(self, config: BackendConfig, context: ExecutorContext) -> None:
+        """``context``: the model's ``shape``, the ``hardware`` it is priced on, the ``memory`` plan
+        (:func:`plan_memory`), ``num_kv_blocks`` (None: the plan's), the host swap pool."""
+        super().__init__(config, context)
+        shape, hardware, memory = context.shape, context.hardware, context.memory
+        if shape is None or hardware is None or memory is None:
+            raise ConfigError("backend=sim: the executor context must give the model's shape, the hardware "
+                              "and the memory plan")
+        num_kv_blocks, swap_space_gb = context.num_kv_blocks, context.swap_space_gb
+        num_swap_blocks, model_name = context.num_swap_blocks or 0, context.model_name
+        self._shape = shape
         self.hardware = hardware
         self.memory = memory if num_kv_blocks is None else replace(memory, num_blocks=num_kv_blocks)
         self.spec = sim_spec(shape, model_name)
@@ -99,6 +109,10 @@ class SimExecutor(Executor):
 
     def measure_swap_bandwidth(self) -> float:
         return self.hardware.host_link_gb_s * 1e9
+
+    @property
+    def shape(self) -> ModelShape:
+        return self._shape
 
     def summary(self) -> dict:
         m = self.memory

@@ -14,9 +14,7 @@ import bisect
 import enum
 from dataclasses import dataclass
 
-from servelab.core.interfaces import BlockAllocator
-from servelab.core.request import Sequence
-from servelab.core.errors import ConfigError
+from servelab.plugin_api import BlockAllocator, ConfigError, Sequence
 
 
 class ReserveFor(enum.Enum):
@@ -36,11 +34,12 @@ class ContiguousAllocator(BlockAllocator):
     name = "contiguous"
     Config = ContiguousConfig
 
-    def __init__(self, config, num_blocks, block_size, limits) -> None:
-        super().__init__(config, num_blocks, block_size, limits)
+    def __init__(self, config, context) -> None:
+        super().__init__(config, context)
         if config.prefix_caching:
             raise ConfigError("allocator.prefix_caching=true is not supported by allocator=contiguous: "
                              "only allocator=paged shares blocks between requests")
+        num_blocks = self.num_blocks
         self.free_runs: list[tuple[int, int]] = [(0, num_blocks)] if num_blocks else []  # (start, length)
         self.reserved: dict[str, tuple[int, int]] = {}  # seq id -> (start, length)
         self.slots_used: dict[str, int] = {}
@@ -71,6 +70,12 @@ class ContiguousAllocator(BlockAllocator):
                                f"{self.reserved[seq.id][1] * self.block_size} slots")
         self.slots_used[seq.id] = total
         return True
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int, num_cached_tokens: int = 0) -> bool:
+        if seq.id in self.reserved:
+            return True
+        size = self._reservation_blocks(seq.prompt_len + seq.request.max_tokens)
+        return any(n >= size for _, n in self.free_runs)
 
     def release_slots(self, seq: Sequence, num_tokens: int) -> None:
         if seq.id in self.slots_used:  # the reservation itself stays: that is this policy

@@ -28,9 +28,8 @@ from array import array
 from collections import deque
 from dataclasses import dataclass
 
-from servelab.core.cost_model import StepCostModel
-from servelab.core.interfaces import BlockAllocator, CachedBlock, EvictorContext, EvictorError
-from servelab.core.request import Sequence, Status
+from servelab.plugin_api import (BlockAllocator, CachedBlock, EvictorContext, EvictorError, Sequence, Status,
+                                 StepCostModel)
 from servelab.plugins.evictors.lru import LruEvictor
 
 
@@ -57,31 +56,28 @@ class PagedAllocator(BlockAllocator):
     name = "paged"
     Config = PagedConfig
 
-    def __init__(self, config, num_blocks, block_size, limits) -> None:
-        super().__init__(config, num_blocks, block_size, limits)
+    def __init__(self, config, context) -> None:
+        super().__init__(config, context)
+        num_blocks, block_size = self.num_blocks, self.block_size
         self.ref_counts = [0] * num_blocks
         self.block_hash: list[bytes | None] = [None] * num_blocks
         self.free_plain: deque[int] = deque(range(num_blocks))
         self.evictable: set[int] = set()  # cached blocks nobody references (the evictor orders them)
-        self.attach_evictor(LruEvictor(LruEvictor.Config(), EvictorContext(num_blocks, block_size, StepCostModel())))
+        if self.evictor is None:  # built alone (a test): the default evictor
+            self.evictor = LruEvictor(LruEvictor.Config(), EvictorContext(num_blocks, block_size, StepCostModel()))
+        # bound once: these run for every cached block a request touches
+        self._on_hit, self._on_release = self.evictor.on_hit, self.evictor.on_release
+        self._on_insert = self.evictor.on_insert
+        self._evictor_name = type(self.evictor).name
         self.cached: dict[bytes, int] = {}  # block digest -> block id
         self.tables: dict[str, list[int]] = {}
         self.hashes: dict[str, list[bytes]] = {}  # digests of each sequence's full computed blocks
         self.slots_used: dict[str, int] = {}
         self._total_slots_used = 0
         self._table_blocks = 0  # sum of len(table) over self.tables: usage_stats runs every step
-        self.free_host: deque[int] = deque()
+        self.free_host: deque[int] = deque(range(self.num_swap_blocks))
         self.swapped: dict[str, tuple[list[int], int]] = {}  # seq id -> (host blocks, slots used)
         self.prompt_digests: dict[str, list[bytes]] = {}  # seq id -> its prompt's block digests, until it leaves
-
-    def attach_evictor(self, evictor) -> None:
-        super().attach_evictor(evictor)
-        # bound once: these run for every cached block a request touches
-        self._on_hit, self._on_release = evictor.on_hit, evictor.on_release
-
-    def attach_swap_pool(self, num_blocks: int) -> None:
-        super().attach_swap_pool(num_blocks)
-        self.free_host = deque(range(num_blocks))
 
     # ---- the interface ------------------------------------------------------------------
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
@@ -146,7 +142,7 @@ class PagedAllocator(BlockAllocator):
             self.ref_counts[block] += 1
             try:
                 self._on_hit(block)
-            except Exception as exc:  # noqa: BLE001 - reported naming the evictor
+            except Exception as exc:  # reported naming the evictor
                 raise self._evictor_error("on_hit", block, exc) from exc
             table.append(block)
             hashes.append(h)
@@ -165,6 +161,24 @@ class PagedAllocator(BlockAllocator):
                 break
             hits += 1
         return hits * self.block_size
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int, num_cached_tokens: int = 0) -> bool:
+        bs = self.block_size
+        total = -(-(num_cached_tokens + num_new_tokens) // bs)
+        available = len(self.free_plain) + len(self.evictable)
+        if total - num_cached_tokens // bs > available:
+            return False  # even with every hinted block a hit
+        hits = 0
+        if num_cached_tokens:
+            cached, refs = self.cached, self.ref_counts
+            for h in self._prompt_digests(seq)[:num_cached_tokens // bs]:
+                block = cached.get(h)
+                if block is None:
+                    break  # the cache changed since the caller asked: the rest is allocated afresh
+                hits += 1
+                if refs[block] == 0:
+                    available -= 1  # referencing a cached block takes it out of the evictable pool
+        return total - hits <= available
 
     def _prompt_digests(self, seq: Sequence) -> list[bytes]:
         """Digests of ``seq``'s full blocks but the last token's, memoised until it leaves (a failed
@@ -244,8 +258,8 @@ class PagedAllocator(BlockAllocator):
         self.cached[digest] = block
         entry = CachedBlock(block, digest, parent, position)
         try:
-            self.evictor.on_insert(entry)
-        except Exception as exc:  # noqa: BLE001 - reported naming the evictor
+            self._on_insert(entry)
+        except Exception as exc:  # reported naming the evictor
             raise self._evictor_error("on_insert", entry, exc) from exc
 
     def _release(self, block: int) -> None:
@@ -257,7 +271,7 @@ class PagedAllocator(BlockAllocator):
                 self.evictable.add(block)
                 try:
                     self._on_release(block)
-                except Exception as exc:  # noqa: BLE001 - reported naming the evictor
+                except Exception as exc:  # reported naming the evictor
                     raise self._evictor_error("on_release", block, exc) from exc
 
     def _take_block(self) -> int:
@@ -268,12 +282,13 @@ class PagedAllocator(BlockAllocator):
     def _evict(self) -> int:
         """Ask the evictor for a victim among the evictable blocks (the caller checked there is
         one), check it, and drop it from the cache."""
+        assert self.evictor is not None  # set in __init__
         try:
-            block = self.evictor.evict()
-        except Exception as exc:  # noqa: BLE001 - reported naming the evictor
+            block = self.evictor.evict()  # not bound once: rare, and tests wrap it
+        except Exception as exc:  # reported naming the evictor
             raise self._evictor_error("evict", None, exc) from exc
         if block not in self.evictable:
-            where = f"evictor plugin {type(self.evictor).name!r}"
+            where = f"evictor plugin {self._evictor_name!r}"
             if block is None:
                 raise EvictorError(f"{where} returned no block while {len(self.evictable)} cached blocks are evictable")
             if not (isinstance(block, int) and 0 <= block < self.num_blocks) or self.block_hash[block] is None:
@@ -281,10 +296,12 @@ class PagedAllocator(BlockAllocator):
             raise EvictorError(f"{where} returned block {block}, which {self.ref_counts[block]} running "
                                "request(s) still reference")
         self.evictable.remove(block)
-        del self.cached[self.block_hash[block]]
+        digest = self.block_hash[block]
+        assert digest is not None  # checked above: a cached block
+        del self.cached[digest]
         self.block_hash[block] = None
         return block
 
     def _evictor_error(self, event: str, arg, exc: Exception) -> EvictorError:
         call = f"{event}()" if arg is None else f"{event}({arg!r})"
-        return EvictorError(f"evictor plugin {type(self.evictor).name!r} raised {type(exc).__name__} in {call}: {exc}")
+        return EvictorError(f"evictor plugin {self._evictor_name!r} raised {type(exc).__name__} in {call}: {exc}")

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servelab.engine.drafting import MAX_DRAFT_TOKENS as MAX_DRAFTS
-from servelab.core.errors import ConfigError
-from servelab.core.interfaces import SpeculativeDrafter
+from servelab.plugin_api import MAX_DRAFT_TOKENS as MAX_DRAFTS, ConfigError, SpeculativeDrafter
 
 
 @dataclass
@@ -18,8 +16,8 @@ class DrafterConfig:
 class BuiltinDrafter(SpeculativeDrafter):
     """Validates ``drafter.k`` and ``drafter.disable_above_seqs``; drafts for at most that many sequences."""
 
-    def __init__(self, config, limits) -> None:
-        super().__init__(config, limits)
+    def __init__(self, config, context) -> None:
+        super().__init__(config, context)
         if not 1 <= config.k <= MAX_DRAFTS:
             raise ConfigError(f"drafter.k={config.k} must be between 1 and {MAX_DRAFTS}")
         if config.disable_above_seqs < 0:

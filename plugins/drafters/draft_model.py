@@ -14,9 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from servelab.core.packaged import PACKAGED_CHECKPOINTS
-from servelab.engine.drafting import build_draft_batch
-from servelab.core.errors import ConfigError
+from servelab.plugin_api import PACKAGED_CHECKPOINTS, ConfigError, build_draft_batch
 
 from .common import BuiltinDrafter, DrafterConfig
 

@@ -14,7 +14,7 @@ from itertools import repeat
 
 import numpy as np
 
-from servelab.core.errors import ConfigError
+from servelab.plugin_api import ConfigError
 
 from .common import BuiltinDrafter, DrafterConfig
 from .ngram_index import NgramIndex
@@ -32,8 +32,8 @@ class NgramDrafter(BuiltinDrafter):
     name = "ngram"
     Config = NgramConfig
 
-    def __init__(self, config, limits) -> None:
-        super().__init__(config, limits)
+    def __init__(self, config, context) -> None:
+        super().__init__(config, context)
         if not 1 <= config.min_n <= config.max_n:
             raise ConfigError(f"drafter.min_n={config.min_n} and drafter.max_n={config.max_n} must satisfy "
                               "1 <= min_n <= max_n")

@@ -1,6 +1,6 @@
 """No speculative decoding."""
 
-from servelab.core.interfaces import SpeculativeDrafter
+from servelab.plugin_api import SpeculativeDrafter
 
 
 class NoDrafter(SpeculativeDrafter):

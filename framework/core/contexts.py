@@ -1,0 +1,174 @@
+"""What each plugin kind is built with: one frozen, typed context per kind.
+
+Every plugin is constructed the same way, ``Plugin(config, context)``: ``config`` is its own typed
+``Config`` (what ``<kind>.<field>=...`` sets) and ``context`` the dataclass below for its kind,
+holding exactly what that kind may use. Nothing is attached after construction. The stack fills
+a context by field name (:func:`servelab.core.kinds.build_context`): a field named like another
+kind (``allocator``, ``evictor``, ``length_predictor``, ...) receives that kind's plugin, built
+first; the others come from the run (``limits``, ``cost_model``, ``num_blocks``, ...). A kind
+added to the table gets its context filled the same way, without touching the stack.
+
+No torch and no Hydra here: plugin modules import these through :mod:`servelab.plugin_api`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from servelab.core.cost_model import StepCostModel
+    from servelab.core.executor import Executor
+    from servelab.core.interfaces import (BlockAllocator, EngineLimits, Evictor, LengthPredictor, PreemptionPolicy,
+                                          ReplicaView)
+    from servelab.core.kv_connector import KVConnector
+    from servelab.core.shapes import HardwareProfile, ModelShape
+
+
+@dataclass(frozen=True)
+class SchedulerContext:
+    """A scheduler's collaborators: the run's limits, the allocator it asks for blocks, the
+    preemption policy it asks for victims, the policies' step-cost model, the output-length
+    predictor (None for ``length_predictor=none``) and the KV connector (None: no KV enters the
+    engine from outside)."""
+
+    limits: "EngineLimits"
+    allocator: "BlockAllocator"
+    preemption: "PreemptionPolicy"
+    cost_model: "StepCostModel"
+    length_predictor: "LengthPredictor | None" = None
+    connector: "KVConnector | None" = None
+
+
+@dataclass(frozen=True)
+class AllocatorContext:
+    """An allocator's pool: ``num_blocks`` device blocks of ``block_size`` tokens, the host swap
+    pool (``num_swap_blocks``, 0 = none), the run's limits, and the evictor a prefix cache asks
+    which cached block to give up (None: the allocator's own default)."""
+
+    num_blocks: int
+    block_size: int
+    limits: "EngineLimits"
+    evictor: "Evictor | None" = None
+    num_swap_blocks: int = 0
+
+
+@dataclass(frozen=True)
+class PreemptionContext:
+    """A preemption policy's view: the limits, the allocator (can a victim swap out?) and the
+    policies' step-cost model (what recomputing or swapping would cost)."""
+
+    limits: "EngineLimits"
+    allocator: "BlockAllocator"
+    cost_model: "StepCostModel"
+
+
+@dataclass(frozen=True)
+class DrafterContext:
+    """A speculative drafter's view: the limits, the executor (a drafter that runs a draft model
+    asks it to), the allocator (block tables a draft model's KV follows) and the run's seed."""
+
+    limits: "EngineLimits"
+    executor: "Executor | None" = None
+    allocator: "BlockAllocator | None" = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class EvictorContext:
+    """What an evictor is built for: the pool it serves and the policies' step-cost model
+    (``cost_model.recompute_seconds(n)`` and ``coefficient_vector()`` price recomputing tokens)."""
+
+    num_blocks: int
+    block_size: int
+    cost_model: "StepCostModel"
+
+
+@dataclass(frozen=True)
+class PredictorContext:
+    """What a length predictor is built for: the run's model and limits.
+
+    ``model_name`` is ``model.name`` (``tiny_code``, ``llama3_70b``, ``hf`` ...); ``model_path`` the
+    checkpoint directory (None for a catalogue shape or the random tiny model); a predictor trained
+    for one model refuses another at start-up by comparing these.
+    """
+
+    model_name: str
+    model_path: str | None
+    vocab_size: int
+    max_model_len: int
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class TimeModelContext:
+    """What a time model is built for: the model's shape, the hardware, the parallelism, the dtypes.
+
+    ``hardware`` is a :class:`servelab.core.shapes.HardwareProfile` (the ``hardware=`` choice) and
+    ``shape`` a :class:`servelab.core.shapes.ModelShape`; ``bytes_per_block`` is one KV block on one rank.
+    """
+
+    shape: "ModelShape"
+    hardware: "HardwareProfile"
+    tensor_parallel_size: int
+    dtype: str
+    weight_dtype_bytes: float
+    kv_dtype_bytes: float
+    block_size: int
+    model_name: str = ""
+    linear_weight_bytes: float | None = None  # model.quantization=int8: 1 per decoder-linear weight (None = dtype)
+    kv_scale_bytes: float = 0.0  # kv_cache_dtype=int8|fp8_e4m3: one float32 scale per (token, KV head)
+    draft_shape: "ModelShape | None" = None  # drafter=draft_model: the draft model's shape (it runs on rank 0)
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """K and V of one token on one rank (scales of a quantised cache included)."""
+        return self.shape.kv_bytes_per_token(self.kv_dtype_bytes, self.tensor_parallel_size, self.kv_scale_bytes)
+
+    @property
+    def bytes_per_block(self) -> float:
+        return self.kv_bytes_per_token * self.block_size
+
+    @property
+    def weight_bytes_per_rank(self) -> float:
+        return self.shape.weight_bytes_per_rank(self.weight_dtype_bytes, self.tensor_parallel_size,
+                                                self.linear_weight_bytes)
+
+
+@dataclass(frozen=True)
+class RouterContext:
+    """What a router is built for: the cluster's replicas (their ``index``, ``role``, pool size),
+    as views at time 0, and the run's seed (random routers draw from ``random.Random(seed)``)."""
+
+    replicas: "tuple[ReplicaView, ...]"
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ExecutorContext:
+    """What an executor is built for (``backend=<name>``): everything about the model, the pool and
+    the parallelism that the run decided, as plain values.
+
+    ``worker``: the real model's worker settings (``servelab.exec.executor.WorkerConfig``; None in
+    the simulator); ``shape`` / ``hardware`` / ``memory``: the simulator's model shape, spec sheet
+    and memory plan (None on a real backend); ``num_swap_blocks`` / ``swap_space_gb``: the host
+    swap pool; ``draft_model_path``: a draft checkpoint to load beside the target.
+    """
+
+    model_name: str
+    tensor_parallel_size: int = 1
+    num_kv_blocks: int | None = None
+    num_swap_blocks: int | None = None
+    swap_space_gb: float | None = None
+    worker: Any = None
+    shape: "ModelShape | None" = None
+    hardware: "HardwareProfile | None" = None
+    memory: Any = None
+    draft_model_path: str | None = None
+
+
+#: The full context :func:`servelab.core.kinds.instantiate` builds a 0.1-style plugin with, while
+#: that plugin's own ``__init__`` passes its positional collaborators up to the base class.
+LEGACY_CONTEXT: "contextvars.ContextVar[object | None]" = contextvars.ContextVar("servelab_legacy_context",
+                                                                                 default=None)

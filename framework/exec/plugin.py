@@ -1,0 +1,34 @@
+"""The real executors' registration: ``backend=local``, ``backend=tp`` and ``backend=torch`` (which
+picks one of them by ``tensor_parallel_size``), through this project's ``servelab`` entry point
+``executors`` like any third-party executor package."""
+
+from __future__ import annotations
+
+from servelab.core.batch import StepBatch
+from servelab.core.contexts import ExecutorContext
+from servelab.core.executor import BackendConfig, Executor, StepOutput
+from servelab.core.hookspecs import hookimpl
+
+
+class TorchBackend(Executor):
+    """``backend=torch`` (the default): ``local`` when ``tensor_parallel_size`` is 1, ``tp`` above.
+    Building one returns the chosen executor itself."""
+
+    name = "torch"
+
+    def __new__(cls, config: BackendConfig, context: ExecutorContext):  # type: ignore[misc]
+        from servelab.exec.executor import LocalExecutor  # noqa: PLC0415 - torch, when a run builds one
+        from servelab.exec.tp import TPExecutor  # noqa: PLC0415
+
+        return (TPExecutor if context.tensor_parallel_size > 1 else LocalExecutor)(config, context)
+
+    def execute(self, batch: StepBatch) -> StepOutput:  # never called: __new__ returns another executor
+        raise NotImplementedError
+
+
+@hookimpl
+def servelab_register_executors() -> list[type]:
+    from servelab.exec.executor import LocalExecutor  # noqa: PLC0415 - torch, on registry build
+    from servelab.exec.tp import TPExecutor  # noqa: PLC0415
+
+    return [TorchBackend, LocalExecutor, TPExecutor]
