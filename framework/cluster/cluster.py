@@ -7,24 +7,27 @@ behave as N machines would on that time model, and a run is a function of its co
 
 Colocated (``cluster.replicas=N``): every replica prefills and decodes. Disaggregated
 (``cluster.prefill_replicas=P cluster.decode_replicas=D``): a request is placed on a prefill
-replica, which computes its prompt and first token and keeps the KV; the router then picks a
-decode replica, which allocates the blocks through its own allocator when it can (until then
-the KV waits on the prefill replica: back-pressure) and pulls the KV over the link
-(:mod:`servelab.cluster.transfer`); when it lands the prefill replica frees its copy and the
-sequence joins the decode replica's scheduler as a decode. The first token reaches the client
-with the KV, so TTFT includes the transfer.
+replica, which computes its prompt and first token; its KV connector keeps the blocks. The router
+then picks a decode replica and the cluster gives it the continued sequence; that replica's
+scheduler learns from its connector that the prompt's KV is held elsewhere, allocates the blocks
+through its own allocator when it can (until then the KV waits on the prefill replica:
+back-pressure), and the transfer is priced over the link (:mod:`servelab.cluster.pd_connector`,
+:mod:`servelab.cluster.transfer`); when it lands the prefill replica frees its copy and the
+sequence decodes. Engines and schedulers see only the connector interface. The first token
+reaches the client with the KV, so TTFT includes the transfer.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
-from collections import deque
 from dataclasses import replace
 from typing import Callable, Iterable
 
+from servelab.cluster.pd_connector import PDTransfers
 from servelab.cluster.replica import Replica
-from servelab.cluster.transfer import KVLink, Transfer, schedule_transfer
+from servelab.cluster.transfer import KVLink, Transfer
 from servelab.core.interfaces import Router, RouterError
 from servelab.core.request import Request, Sequence, Status
 
@@ -37,11 +40,13 @@ class Cluster:
     ``links[(p, d)]``: the link from prefill replica ``p`` to decode replica ``d``;
     ``kv_bytes_per_token``: one token's KV over all layers and ranks; ``num_layers``: how many
     layer-sized pieces an overlapped transfer streams in. ``request_listeners`` are told of each
-    request's final sequence once (its record: the run's writer listens).
+    request's final sequence once (its record: the run's writer listens). ``transfers``: the
+    :class:`PDTransfers` whose connectors the replicas' engines were built with (disaggregated).
     """
 
     def __init__(self, replicas: list[Replica], router: Router, links: dict[tuple[int, int], KVLink] | None = None,
-                 kv_bytes_per_token: float = 0.0, num_layers: int = 1, overlap_kv_transfer: bool = True) -> None:
+                 kv_bytes_per_token: float = 0.0, num_layers: int = 1, overlap_kv_transfer: bool = True,
+                 transfers: PDTransfers | None = None) -> None:
         self.replicas = replicas
         self.router = router
         self.mixed = [r for r in replicas if r.role == "mixed"]
@@ -49,28 +54,60 @@ class Cluster:
         self.decode = [r for r in replicas if r.role == "decode"]
         if bool(self.prefill) != bool(self.decode) or (self.mixed and self.prefill):
             raise ValueError("a cluster is either all mixed replicas or prefill and decode pools")
-        self.links = links or {}
-        self.kv_bytes_per_token = kv_bytes_per_token
-        self.num_layers = num_layers
-        self.overlap = overlap_kv_transfer
+        if self.prefill and (transfers is None or any(r.engine.connector is not transfers.endpoints.get(r.index)
+                                                      for r in self.prefill + self.decode)):
+            raise ValueError("a disaggregated cluster's engines are built with the connectors of its PDTransfers "
+                             "(servelab.run.cluster_build does this)")
+        self.kv = transfers if transfers is not None else PDTransfers()
+        self.kv.links = links or {}
+        self.kv.kv_bytes_per_token = kv_bytes_per_token
+        self.kv.num_layers = num_layers
+        self.kv.overlap = overlap_kv_transfer
+        self.kv.should_send = self._continues
+        self.kv.at = self._at
+        self.kv.on_started = self._transfer_started
+        self.kv.on_landed = self._landed
         self.request_listeners: list[Callable[[Sequence], None]] = []
         self.num_ended = 0
-        self.transfers: list[Transfer] = []
-        self.keep_transfers = False  # tests read each transfer; a long run keeps only the sums
-        self.kv_transfer_bytes = 0.0
-        self.kv_transfer_s = 0.0
-        self.kv_transfer_exposed_s = 0.0
-        self.num_kv_transfers = 0
         self._events: list[tuple[float, int, Callable[[], None]]] = []
         self._order = itertools.count()
         self._origin: dict[str, Request] = {}  # request id -> the request as it arrived (while prefilling)
-        self._pending_kv: dict[int, deque] = {d.index: deque() for d in self.decode}
-        self._in_flight: dict[str, Sequence] = {}  # decode-side sequences whose KV is on the way
-        self._link_free = {p.index: 0.0 for p in self.prefill}
+        self._in_flight: dict[str, Sequence] = {}  # decode-side sequences handed off and not yet ended
         for r in replicas:
-            r.engine.end_listeners.append(lambda seq, r=r: self._on_engine_end(r, seq))
-        for p in self.prefill:
-            p.engine.hold_kv_on_finish = True
+            r.engine.end_listeners.append(functools.partial(self._on_engine_end, r))
+
+    # the transfers' sums (summary.json), the links and, with keep_transfers, each transfer
+    @property
+    def num_kv_transfers(self) -> int:
+        return self.kv.num_kv_transfers
+
+    @property
+    def kv_transfer_bytes(self) -> float:
+        return self.kv.kv_transfer_bytes
+
+    @property
+    def kv_transfer_s(self) -> float:
+        return self.kv.kv_transfer_s
+
+    @property
+    def kv_transfer_exposed_s(self) -> float:
+        return self.kv.kv_transfer_exposed_s
+
+    @property
+    def transfers(self) -> list[Transfer]:
+        return self.kv.transfers
+
+    @property
+    def links(self) -> dict[tuple[int, int], KVLink]:
+        return self.kv.links
+
+    @property
+    def keep_transfers(self) -> bool:
+        return self.kv.keep_transfers
+
+    @keep_transfers.setter
+    def keep_transfers(self, keep: bool) -> None:
+        self.kv.keep_transfers = keep
 
     @property
     def disaggregated(self) -> bool:
@@ -103,24 +140,25 @@ class Cluster:
                     break
                 heapq.heappop(self._events)[2]()
             elif t_arrival <= t_step:
+                assert upcoming is not None  # t_arrival is finite
                 self._arrive(upcoming, t_arrival)
                 upcoming = next(pending, None)
             else:
+                assert stepper is not None  # t_step is finite
                 self._step(stepper)
             if on_progress and self.num_ended > reported:
                 on_progress(self.num_ended - reported)
                 reported = self.num_ended
         stuck = [r for r in self.replicas if r.engine.has_unfinished()]
-        if stuck or any(self._pending_kv.values()):
-            r = stuck[0] if stuck else self.decode[0]
+        if stuck:
+            r = stuck[0]
             raise RuntimeError(f"replica {r.index} ({r.role}, scheduler {type(r.engine.scheduler).name!r}) made no "
                                f"progress with {r.engine.scheduler.num_unfinished()} requests unfinished (queues: "
                                f"{r.engine.scheduler.queue_lengths()}, KV transfers waiting for blocks: "
-                               f"{len(self._pending_kv.get(r.index, ()))})")
+                               f"{self.kv.waiting_for(r.index)})")
 
     def _step(self, r: Replica) -> None:
-        if r.role == "decode" and self._pending_kv[r.index]:
-            self._pull(r, r.engine.now())
+        self.kv.now = r.engine.now()  # a transfer the step's scheduler starts is allocated now
         r.mark_step_start()
         if r.engine.step() is None:
             r.stalled = True  # nothing could run: wait for an arrival, a landing or freed blocks
@@ -155,7 +193,7 @@ class Cluster:
         name = type(self.router).name
         try:
             choice = self.router.route(request, views, t)
-        except Exception as exc:  # noqa: BLE001 - reported naming the plugin and the request
+        except Exception as exc:  # reported naming the plugin and the request
             raise RouterError(f"router plugin {name!r} failed on request {request.id!r}: "
                               f"{type(exc).__name__}: {exc}") from exc
         offered = {v.index: v for v in views}
@@ -189,76 +227,60 @@ class Cluster:
 
     def _prefilled(self, p: Replica, pseq: Sequence) -> None:
         """A prefill replica is done with a request: hand its KV on, or end it there."""
+        continues = self._continues(pseq)  # (what the prefill's connector was told when it ended)
+        assert pseq.finish_time is not None  # it ended
         request = self._origin.pop(pseq.id)
         p.end(request)
         p.prompt_tokens += request.prompt_len
         p.cached_prompt_tokens += pseq.num_cached_prompt_tokens
         p.output_tokens += pseq.num_output_tokens
         self.router.on_finish(request, p.index)
-        done = (pseq.status is not Status.FINISHED or pseq.finish_reason != "length" or request.max_tokens <= 1
-                or pseq.num_tokens >= min(d.engine.limits.max_model_len for d in self.decode))
-        if done:  # rejected, or stopped at its first token: the record is the prefill's
-            if pseq.status is Status.FINISHED:
-                p.engine.release_kv(pseq.id)
-            final = _continued(pseq, request)
-            final.finish_reason, final.finish_time, final.rejected_reason = (pseq.finish_reason, pseq.finish_time,
-                                                                            pseq.rejected_reason)
-            final.move_to(pseq.status)
+        if not continues:  # rejected, or stopped at its first token: the record is the prefill's
+            final = continued(pseq, request)
+            if pseq.status is Status.REJECTED:
+                assert pseq.rejected_reason is not None
+                final.reject(pseq.rejected_reason, pseq.finish_time)
+            else:
+                assert pseq.finish_reason is not None
+                final.finish(pseq.finish_reason, pseq.finish_time)
             self._request_ended(final)
             return
         self._at(pseq.finish_time, lambda: self._hand_off(p, pseq, request))
 
+    def _continues(self, pseq: Sequence) -> bool:
+        """Whether a request that ended on its prefill replica goes on to a decode replica (its
+        prefill connector keeps the KV for it); else its record is the prefill's."""
+        request = self._origin[pseq.id]
+        return (pseq.status is Status.FINISHED and pseq.finish_reason == "length" and request.max_tokens > 1
+                and pseq.num_tokens < min(d.engine.limits.max_model_len for d in self.decode))
+
     # ---- disaggregation: the KV moves ---------------------------------------------------------
     def _hand_off(self, p: Replica, pseq: Sequence, request: Request) -> None:
         t = pseq.finish_time
+        assert t is not None  # the prefill ended
         d = self._route(request, self.decode, t)
         if d is None:  # cannot happen after the arrival's check; kept for custom pools
             raise RuntimeError(f"no decode replica can hold request {request.id!r}")
-        dseq = _continued(pseq, request)
+        dseq = continued(pseq, request)
         d.place(request)
         self._in_flight[dseq.id] = dseq
-        self._pending_kv[d.index].append((p, pseq, dseq))
-        self._pull(d, t)
+        self.kv.expect(p.index, d.index, pseq, dseq.id)
+        self.kv.now = t  # the decode replica allocates beside its scheduler (its connector), at once if it can
+        d.engine.add_sequence(dseq)
 
-    def _pull(self, d: Replica, t: float) -> None:
-        """Allocate at ``t``, in arrival order, the blocks of the transfers waiting for ``d``; start
-        each one that got its blocks. The first refusal stops (back-pressure: it retries at ``d``'s next
-        step boundary, after that step's finished requests freed their blocks)."""
-        queue, allocator = self._pending_kv[d.index], d.engine.allocator
-        while queue:
-            p, pseq, dseq = queue[0]
-            hit = allocator.admit(dseq)  # a prompt prefix cached on the decode replica is not sent
-            dseq.num_computed_tokens = hit
-            if not allocator.allocate_slots(dseq, dseq.num_tokens - hit):
-                allocator.free(dseq)
-                dseq.num_computed_tokens = 0
-                return
-            queue.popleft()
-            dseq.num_computed_tokens = dseq.prompt_len
-            d.prompt_tokens += dseq.prompt_len
-            d.cached_prompt_tokens += hit
-            nbytes = (dseq.prompt_len - hit) * self.kv_bytes_per_token
-            allocated = t  # the receiving side allocates beside the scheduler (a KV connector), at once
-            start, done, duration = schedule_transfer(
-                self.links[(p.index, d.index)], nbytes, self._link_free[p.index], pseq.first_scheduled_time,
-                pseq.finish_time, allocated, self.num_layers, self.overlap)
-            self._link_free[p.index] = done
-            self.num_kv_transfers += 1
-            self.kv_transfer_bytes += nbytes
-            self.kv_transfer_s += duration
-            self.kv_transfer_exposed_s += done - pseq.finish_time
-            if self.keep_transfers:
-                self.transfers.append(Transfer(dseq.id, p.index, d.index, nbytes, start, done, duration,
-                                               done - pseq.finish_time))
-            self._at(done, lambda p=p, d=d, pseq=pseq, dseq=dseq, done=done: self._land(p, d, pseq, dseq, done))
+    def _transfer_started(self, p: int, d: int, dseq: Sequence, hit: int) -> None:
+        decode = self.replicas[d]
+        decode.prompt_tokens += dseq.prompt_len
+        decode.cached_prompt_tokens += hit  # a prompt prefix cached on the decode replica is not sent
 
-    def _land(self, p: Replica, d: Replica, pseq: Sequence, dseq: Sequence, t: float) -> None:
-        p.engine.release_kv(pseq.id)
+    def _landed(self, p_index: int, d_index: int, pseq: Sequence, dseq: Sequence, t: float) -> None:
+        p, d = self.replicas[p_index], self.replicas[d_index]
+        p.engine.poll_connector()  # the prefill replica frees its copy now
         if p.stalled:
             p.wake(t)  # its freed blocks may let it go on
         dseq.token_times[0] = t  # the first token reaches the client with its KV
         d.wake(t)
-        d.engine.adopt(dseq)
+        d.engine.poll_connector()  # the decode scheduler seats it at its next step
 
     # ---- partial results ----------------------------------------------------------------------
     def live_sequences(self) -> list[Sequence]:
@@ -268,13 +290,13 @@ class Cluster:
             for seq in r.engine.sequences.values():
                 if seq.is_finished:
                     continue
-                live.append(_continued(seq, self._origin[seq.id]) if r.role == "prefill" else seq)
+                live.append(continued(seq, self._origin[seq.id]) if r.role == "prefill" else seq)
         seen = {s.id for s in live}
         live.extend(s for s in self._in_flight.values() if s.id not in seen)
         return live
 
 
-def _continued(pseq: Sequence, request: Request) -> Sequence:
+def continued(pseq: Sequence, request: Request) -> Sequence:
     """A sequence of the whole ``request`` carrying on from its prefill-side sequence ``pseq``
     (outputs, their times, when it was first scheduled, its cache hits and preemptions)."""
     seq = Sequence(request, arrival_s=pseq.arrival_s)

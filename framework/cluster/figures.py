@@ -1,36 +1,10 @@
-"""What ``summary.json`` says about a cluster: the steps of every replica folded into one total,
-and one entry of ``per_replica`` per replica."""
+"""What ``summary.json`` says about each replica of a cluster: one entry of ``per_replica`` per
+replica (the replicas' step totals are folded into one by :meth:`StepTotals.merged
+<servelab.engine.step_totals.StepTotals.merged>`)."""
 
 from __future__ import annotations
 
 from servelab.cluster.replica import Replica
-from servelab.engine.step_totals import StepTotals
-
-
-def merge_totals(parts: list[StepTotals]) -> StepTotals:
-    """The cluster's totals: counts and sums added, maxima and the last step's time the largest;
-    ``kv_utilization_mean`` becomes the mean over every replica's steps, and ``max_concurrent`` the
-    sum of each replica's peak (an upper bound on the cluster's: the peaks need not coincide)."""
-    total = StepTotals()
-    for t in parts:
-        total.num_steps += t.num_steps
-        total.last_time_s = max(total.last_time_s, t.last_time_s)
-        total.kv_utilization_sum += t.kv_utilization_sum
-        total.kv_utilization_max = max(total.kv_utilization_max, t.kv_utilization_max)
-        for kind, n in t.preemptions.items():
-            total.preemptions[kind] = total.preemptions.get(kind, 0) + n
-        total.recomputed_tokens += t.recomputed_tokens
-        total.prefill_tokens += t.prefill_tokens
-        total.max_concurrent += t.max_concurrent
-        total.swap_out_blocks += t.swap_out_blocks
-        total.swap_in_blocks += t.swap_in_blocks
-        total.model_s += t.model_s
-        total.comm_s += t.comm_s
-        total.busy_s += t.busy_s
-        for k, v in t.gauge_sums.items():
-            total.gauge_sums[k] = total.gauge_sums.get(k, 0.0) + v
-            total.gauge_counts[k] = total.gauge_counts.get(k, 0) + t.gauge_counts[k]
-    return total
 
 
 def replica_figures(r: Replica, duration_s: float) -> dict:
@@ -55,7 +29,7 @@ def replica_figures(r: Replica, duration_s: float) -> dict:
         "num_kv_blocks": r.engine.allocator.num_blocks,
         "num_steps": totals.num_steps,
         "busy_fraction": totals.busy_s / duration,
-        "num_preemptions": sum(totals.preemptions.values()),
+        "num_preemptions": totals.num_preemptions,
     }
 
 

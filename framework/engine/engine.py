@@ -7,6 +7,11 @@
     out   = executor.execute(build_batch(plan, tables, ...))   # or executor.execute_work(work)
     clock.end_step(work); apply(plan, out)
 
+With a KV connector (:mod:`servelab.core.kv_connector`) a step starts by taking its finished sends
+(kept blocks are freed) and loads (the scheduler may run those sequences), the connector's worker
+side moves loads in before the forward pass and starts sends after it, and a sequence that ends
+is asked about (``request_finished``): its blocks stay while the connector still reads them.
+
 The engine reads each scheduled sequence's block table from the allocator and puts it in the
 batch: below the engine nothing calls a policy plugin. Requests join at any step boundary once
 they have arrived and leave as soon as they finish.
@@ -16,12 +21,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator, TypeVar
 
 from servelab.core.cost_model import StepCostModel, StepFeatures
 from servelab.core.executor import Executor, StepOutput
+from servelab.core.kv_connector import KVConnector
 from servelab.core.interfaces import (BlockAllocator, Drafts, EngineLimits, EvictorError, LengthPredictorError,
-                                      PreemptionDecision, Scheduler, SchedulePlan, SpeculativeDrafter)
+                                      PreemptionDecision, Scheduler, ScheduledSeq, SchedulePlan, SpeculativeDrafter)
 from servelab.core.request import Request, Sequence, Status
 from servelab.core.step_work import DraftWork, StepWork
 from servelab.engine.batch import build_batch, step_work
@@ -30,6 +36,8 @@ from servelab.engine.step_totals import StepTotals
 
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 class PluginFailure(RuntimeError):
@@ -72,7 +80,8 @@ class Engine:
 
     def __init__(self, limits: EngineLimits, scheduler: Scheduler, allocator: BlockAllocator,
                  executor: Executor, cost_model: StepCostModel, seed: int = 0,
-                 clock: Clock | None = None, drafter: SpeculativeDrafter | None = None) -> None:
+                 clock: Clock | None = None, drafter: SpeculativeDrafter | None = None,
+                 connector: KVConnector | None = None) -> None:
         self.limits = limits
         self.scheduler = scheduler
         self.allocator = allocator
@@ -98,10 +107,10 @@ class Engine:
         self.end_listeners: list[Callable[[Sequence], None]] = []
         self.forget_ended = False
         self._forgotten: set[str] = set()
-        # A prefill replica of a disaggregated cluster: a finished sequence keeps its KV blocks
-        # until release_kv() (its KV is still being sent to a decode replica).
-        self.hold_kv_on_finish = False
-        self._held: dict[str, Sequence] = {}
+        # The one door for KV entering or leaving (servelab.core.kv_connector; None: none does).
+        # A finished sequence whose blocks it still reads is kept in _sending until it says sent.
+        self.connector = connector
+        self._sending: dict[str, Sequence] = {}
 
     def now(self) -> float:
         """Seconds since the engine started."""
@@ -127,7 +136,7 @@ class Engine:
         self.sequences[request.id] = seq
         reason = self._rejection_reason(request)
         if reason:
-            seq.status, seq.rejected_reason, seq.finish_time = Status.REJECTED, reason, self.now()
+            seq.reject(reason, self.now())
             self._ended(seq)
         else:
             self._call_plugin("scheduler", lambda: self.scheduler.add(seq))
@@ -155,19 +164,28 @@ class Engine:
                     f"has {self.allocator.num_blocks} blocks")
         return None
 
-    def adopt(self, seq: Sequence) -> None:
-        """Take over ``seq``, a sequence whose prompt KV another replica computed and a cluster has
-        already placed in this engine's allocator (prefill/decode disaggregation): its
-        ``num_computed_tokens`` covers the prompt, its first output token is appended, and the
-        scheduler seats it as a decode (:meth:`Scheduler.add_transferred`)."""
+    def add_sequence(self, seq: Sequence) -> None:
+        """Take over a live sequence made elsewhere (it may carry output tokens already, e.g. the
+        first token a prefill engine sampled): the scheduler gets it like an arrival. Whether its KV
+        comes from outside is the connector's answer to the scheduler. The caller checked that it
+        can run here (:meth:`rejection_reason`)."""
         if seq.id in self.sequences or seq.id in self._forgotten:
             raise ValueError(f"duplicate request id {seq.id!r}")
         self.sequences[seq.id] = seq
-        self._call_plugin("scheduler", lambda: self.scheduler.add_transferred(seq))
+        self._call_plugin("scheduler", lambda: self.scheduler.add(seq))
 
-    def release_kv(self, request_id: str) -> None:
-        """Free the blocks a finished sequence kept under ``hold_kv_on_finish``."""
-        self.allocator.free(self._held.pop(request_id))
+    def poll_connector(self) -> None:
+        """Take the connector's finished sends (free the blocks kept for them) and loads (the
+        scheduler may run those sequences). The engine does this at the start of every step; a
+        driver that knows a transfer just completed may call it between steps."""
+        if self.connector is None:
+            return
+        sent, received = self.connector.get_finished()
+        for request_id in sent:
+            self.allocator.free(self._sending.pop(request_id))
+        for request_id in received:
+            seq = self.sequences[request_id]
+            self._call_plugin("scheduler", lambda: self.scheduler.on_kv_loaded(seq))  # called at once: no late binding
 
     def has_unfinished(self) -> bool:
         return self.scheduler.num_unfinished() > 0
@@ -178,14 +196,14 @@ class Engine:
         pool too) go back, the drafter forgets it, and it is recorded with ``finish_reason="abort"``.
         Call between steps (the server's engine thread does). Returns False when the request is
         unknown or has already ended."""
-        return self._end_early(request_id, Status.ABORTED, "abort")
+        return self._end_early(request_id, "abort")
 
     def stop(self, request_id: str) -> bool:
         """End a live request as finished with ``finish_reason="stop"`` (a stop string matched
         outside the engine, e.g. in the server's detokenizer); otherwise like :meth:`abort`."""
-        return self._end_early(request_id, Status.FINISHED, "stop")
+        return self._end_early(request_id, "stop")
 
-    def _end_early(self, request_id: str, status: Status, reason: str) -> bool:
+    def _end_early(self, request_id: str, reason: str) -> bool:
         seq = self.sequences.get(request_id)
         if seq is None or seq.is_finished:
             return False
@@ -195,13 +213,15 @@ class Engine:
             raise PluginFailure(f"scheduler plugin {type(self.scheduler).name!r} still holds aborted request "
                                 f"{request_id!r} ({seq.status.value}): its abort()/remove() must forget a sequence "
                                 "in any state (QueueScheduler does)")
-        self._retire(seq, status, reason, self.now())
+        self._retire(seq, reason, self.now())
         return True
 
     # ---- the step -----------------------------------------------------------------------
     def step(self) -> StepRecord | None:
         """One iteration: schedule -> execute -> apply. Returns None if nothing could run."""
         start = self.now()
+        if self.connector is not None:
+            self.poll_connector()
         plan = self._call_plugin("scheduler", lambda: self.scheduler.schedule(start))
         if plan.is_empty:
             return None
@@ -210,6 +230,8 @@ class Engine:
         self.clock.end_step(work)  # a virtual clock advances by the time model's prediction
         finished_at = self.now()
         grew = self._apply(plan, output.sampled, finished_at, output.accepted)
+        if self.connector is not None:
+            self.connector.save_kv()  # sends of the sequences that just ended and were kept
         end = finished_at
         if self.drafter is not None and grew:  # the next step's drafts are part of this step's time
             draft = self._call_plugin("drafter", lambda: self._draft(grew))
@@ -227,6 +249,10 @@ class Engine:
     def _execute(self, plan: SchedulePlan, work: StepWork) -> StepOutput:
         """Hand the step down: the features alone to an executor without tensors, else the batch
         with the block tables read here (the executor never asks the allocator)."""
+        connector = self.connector
+        if connector is not None:  # its worker side: loads land before the forward pass reads them
+            connector.start_load_kv()
+            connector.wait_for_load()
         if not self.executor.needs_batch:
             return self.executor.execute_work(work)
         block_table = self.allocator.block_table
@@ -245,13 +271,14 @@ class Engine:
         for entry in plan.scheduled:
             seq = entry.seq
             if entry.draft_token_ids:
+                assert counts is not None  # a step that verified drafts reports what it accepted
                 self._apply_verified(entry, next(counts), tokens, now)
                 if seq.status is Status.RUNNING:
                     grew.append(seq)
                 continue
             seq.num_computed_tokens += entry.num_tokens
             on_tokens_computed(seq)
-            if seq.num_computed_tokens < len(seq.token_ids):
+            if seq.num_computed_tokens < seq.num_tokens:
                 continue  # a prompt chunk: nothing sampled yet
             if counts is not None:
                 next(counts)  # a plain decode in a verifying step: 0 drafts accepted
@@ -264,7 +291,7 @@ class Engine:
                 grew.append(seq)
         return grew
 
-    def _apply_verified(self, entry, num_accepted: int, tokens, now: float) -> None:
+    def _apply_verified(self, entry: ScheduledSeq, num_accepted: int, tokens: Iterator[int], now: float) -> None:
         """A verify entry: keep the accepted drafts and the target's token; roll the rest back
         (the KV of rejected drafts is never read: the slots are released, or overwritten later)."""
         seq, drafts = entry.seq, entry.draft_token_ids
@@ -293,13 +320,15 @@ class Engine:
 
     def _finish(self, seq: Sequence, reason: str, now: float) -> None:
         self.scheduler.remove(seq)
-        self._retire(seq, Status.FINISHED, reason, now)
+        self._retire(seq, reason, now)
 
-    def _retire(self, seq: Sequence, status: Status, reason: str, now: float) -> None:
-        """``seq`` has left the scheduler: free its blocks, drop drafter state, tell the listeners."""
-        seq.status, seq.finish_reason, seq.finish_time = status, reason, now
-        if self.hold_kv_on_finish and status is Status.FINISHED:
-            self._held[seq.id] = seq
+    def _retire(self, seq: Sequence, reason: str, now: float) -> None:
+        """``seq`` has left the scheduler: end it (``reason``), free its blocks, drop drafter state,
+        tell the listeners."""
+        seq.finish(reason, now)
+        connector = self.connector
+        if connector is not None and connector.request_finished(seq, self.allocator.block_table(seq.id)):
+            self._sending[seq.id] = seq  # the connector still reads its blocks: freed once it says sent
         else:
             self.allocator.free(seq)
         seq.compact()
@@ -310,6 +339,7 @@ class Engine:
     def _draft(self, seqs: list[Sequence]) -> DraftWork:
         """Ask the drafter for the next step's drafts of ``seqs``; keep what is valid; say what
         drafting did (for the clock)."""
+        assert self.drafter is not None  # called only when a drafter runs
         k = self.drafter.num_speculative_tokens
         proposal = self.drafter.propose(seqs, k)
         drafts = proposal if isinstance(proposal, Drafts) else Drafts(list(proposal))
@@ -340,6 +370,7 @@ class Engine:
         kind = message.split(" ", 1)[0] + message.rsplit(";", 1)[-1]
         if kind not in self._drafter_warned:
             self._drafter_warned.add(kind)
+            assert self.drafter is not None  # called only when a drafter runs
             log.warning("drafter %r %s", type(self.drafter).name, message)
 
     def _ended(self, seq: Sequence) -> None:
@@ -354,7 +385,7 @@ class Engine:
         request = seq.request
         if not request.ignore_eos and token in self.eos_token_ids:
             return "stop"
-        if len(seq.output_token_ids) >= request.max_tokens or len(seq.token_ids) >= self.limits.max_model_len:
+        if len(seq.output_token_ids) >= request.max_tokens or seq.num_tokens >= self.limits.max_model_len:
             return "length"
         return None
 
@@ -380,7 +411,7 @@ class Engine:
             self.steps.append(record)
         return record
 
-    def _call_plugin(self, role: str, fn):
+    def _call_plugin(self, role: str, fn: Callable[[], _T]) -> _T:
         try:
             return fn()
         except (LengthPredictorError, EvictorError) as exc:  # already names its plugin and the request/block

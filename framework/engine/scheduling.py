@@ -11,6 +11,14 @@ methods: :meth:`waiting_key` (or :meth:`make_waiting_queue`), :meth:`running_ord
 the time (aging, deadlines, starvation bounds) sets :attr:`QueueScheduler.time_dependent_key`:
 its key then also gets ``now`` and the queue is re-sorted once per step.
 
+KV a connector brings in (:mod:`servelab.core.kv_connector`: a prefill replica's prompt, later a
+host or disk tier): :meth:`add` asks the connector how many tokens of a new sequence an external
+source holds; such a sequence claims blocks for all its tokens at once, in arrival order, ahead of
+everything else (on arrival, then at the start of each :meth:`schedule` while the pool refuses:
+back-pressure), starts the load, and once the connector reports it landed
+(:meth:`on_kv_loaded`) is seated before anyone new. Admission never touches the pool to find
+out whether a request fits: :meth:`BlockAllocator.can_allocate` answers without side effects.
+
 A chunk is a *decode* when it is the one last token of a sequence whose prompt is computed
 (speculative decoding: plus the sequence's drafts, a *verify*, bounded by :meth:`draft_token_cap`);
 everything else (prompt chunks, recomputation after preemption) is *prefill* and counts against
@@ -22,7 +30,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from typing import Any, ClassVar, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from servelab.core.interfaces import PreemptionDecision, SchedulePlan, ScheduledSeq, Scheduler
 from servelab.core.request import Sequence, Status
@@ -35,7 +43,7 @@ class WaitQueue:
     first among equal keys.
     """
 
-    def __init__(self, key=None) -> None:
+    def __init__(self, key: Callable[[Sequence], Any] | None = None) -> None:
         self._key = key
         self._fifo: deque[Sequence] = deque()
         self._heap: list[tuple[Any, int, Sequence]] = []
@@ -87,25 +95,34 @@ class QueueScheduler(Scheduler):
     #: ``seq.arrival_s``) and the waiting queue is re-sorted by it at the start of every
     #: :meth:`schedule` — for orders that change while requests wait. A queue of
     #: :meth:`make_waiting_queue` then needs a ``rekey()`` method. May be a property of the config.
-    time_dependent_key: ClassVar[bool] = False
+    if TYPE_CHECKING:  # read-only to the type checker, so a subclass may override it with a property
+        @property
+        def time_dependent_key(self) -> bool:
+            return False
+    else:  # a plain class attribute at run time
+        time_dependent_key = False
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.now = 0.0  # the ``now`` of the current (else the last) schedule(), for hooks without one
         self.waiting = self.make_waiting_queue()
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
-        self.landed: deque[Sequence] = deque()  # KV sent by a prefill replica: they hold blocks, seated first
+        # KV through the connector: waiting for blocks (FIFO), loading (id -> (seq, tokens)), landed
+        self.connector = getattr(self.context, "connector", None)
+        self.kv_waiting: deque[Sequence] = deque()
+        self.kv_loading: dict[str, tuple[Sequence, int]] = {}
+        self.kv_ready: deque[Sequence] = deque()
         self._prefill_left = self._prefill_cap = 0  # prefill tokens this step may (still) take
         self._drafts_left = 0  # draft tokens this step may (still) verify
 
     # ---- policy hooks -------------------------------------------------------------------
-    def waiting_key(self):
+    def waiting_key(self) -> Callable[..., Any] | None:
         """A function ``seq -> sortable`` ordering the waiting queue (smallest first), or None for
         FIFO; ``(seq, now) -> sortable`` when :attr:`time_dependent_key` is set."""
         return None
 
-    def make_waiting_queue(self):
+    def make_waiting_queue(self) -> Any:
         """The waiting queue: anything with WaitQueue's methods (push, push_front, peek, pop,
         __len__, __iter__). Default: a :class:`WaitQueue` ordered by :meth:`waiting_key`."""
         key = self.waiting_key()
@@ -150,10 +167,19 @@ class QueueScheduler(Scheduler):
 
     # ---- the interface ------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
+        connector = self.connector
+        if connector is not None:
+            n, load_async = connector.get_num_new_matched_tokens(seq, self.allocator.cached_prefix_len(seq))
+            if n > 0 or load_async:  # its KV comes from outside: blocks first, then the load
+                self.kv_waiting.append(seq)
+                self._start_kv_loads()
+                return
         self.waiting.push(seq)
 
-    def add_transferred(self, seq: Sequence) -> None:
-        self.landed.append(seq)
+    def on_kv_loaded(self, seq: Sequence) -> None:
+        _, n = self.kv_loading.pop(seq.id)
+        self.allocator.mark_loaded(seq, n)
+        self.kv_ready.append(seq)
 
     def remove(self, seq: Sequence) -> None:
         if seq in self.running:
@@ -164,22 +190,32 @@ class QueueScheduler(Scheduler):
         A custom waiting queue (:meth:`make_waiting_queue`) needs a ``remove(seq)`` method for this."""
         if seq.status is Status.SWAPPED:
             self.swapped.remove(seq)
-        elif seq.status is Status.WAITING and seq in self.landed:
-            self.landed.remove(seq)
+        elif seq.status is Status.WAITING and seq in self.kv_ready:
+            self.kv_ready.remove(seq)
+        elif seq.status is Status.WAITING and seq in self.kv_waiting:
+            self.kv_waiting.remove(seq)
+        elif seq.status is Status.WAITING and seq.id in self.kv_loading:
+            del self.kv_loading[seq.id]  # the engine frees its blocks; the connector's answer is ignored
         elif seq.status is Status.WAITING and any(s is seq for s in self.waiting):
             self.waiting.remove(seq)
         self.remove(seq)
 
     def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running) + len(self.swapped) + len(self.landed)
+        return (len(self.waiting) + len(self.running) + len(self.swapped) + len(self.kv_waiting) + len(self.kv_loading)
+                + len(self.kv_ready))
 
     def queue_lengths(self) -> dict[str, int]:
-        return {"waiting": len(self.waiting) + len(self.landed), "running": len(self.running),
-                "swapped": len(self.swapped)}
+        queues = {"waiting": len(self.waiting) + len(self.kv_ready), "running": len(self.running),
+                  "swapped": len(self.swapped)}
+        if self.connector is not None:  # waiting for blocks or for their KV to land
+            queues["loading"] = len(self.kv_waiting) + len(self.kv_loading)
+        return queues
 
     def schedule(self, now: float) -> SchedulePlan:
         """Three phases: running sequences keep going, swapped ones come back, waiting ones are admitted."""
         self.now = now
+        if self.kv_waiting:
+            self._start_kv_loads()
         if self.time_dependent_key:
             self.waiting.rekey()
         plan = SchedulePlan()
@@ -190,8 +226,8 @@ class QueueScheduler(Scheduler):
         budget = self._schedule_running(plan, scheduled, self.limits.max_num_batched_tokens)
         if not plan.preempted:
             self._swap_in(plan)
-        if self.landed:
-            budget = self._seat_landed(plan, scheduled, budget, now)
+        if self.kv_ready:
+            budget = self._seat_loaded(plan, scheduled, budget, now)
         if not self.swapped:
             self._admit(plan, scheduled, budget, now)
         return plan
@@ -246,19 +282,47 @@ class QueueScheduler(Scheduler):
             seq.status = Status.RUNNING
             self.running.append(seq)
 
-    def _seat_landed(self, plan: SchedulePlan, scheduled: list[Sequence], budget: int, now: float) -> int:
-        """Sequences whose KV came from a prefill replica decode from here, in arrival order, while
-        seats and budget allow: their blocks are allocated already (holding them in a queue behind a
-        request that waits for blocks could deadlock the pool)."""
-        while self.landed and budget > 0 and len(self.running) < self.limits.max_num_seqs:
-            seq = self.landed.popleft()
-            if not self.allocator.allocate_slots(seq, 1):  # covered by the transfer's allocation
-                raise RuntimeError(f"sequence {seq.id!r} landed without blocks for its first token")
+    def _start_kv_loads(self) -> None:
+        """Sequences whose KV an external source holds claim blocks for all their tokens, in
+        arrival order, and start their loads; the first one the pool cannot take stops the rest
+        (back-pressure: it retries at the next :meth:`schedule`). No side effects when it does not fit."""
+        allocator, connector, queue = self.allocator, self.connector, self.kv_waiting
+        assert connector is not None, "only a connector puts sequences in kv_waiting"
+        while queue:
+            seq = queue[0]
+            cached = allocator.cached_prefix_len(seq)
+            if not allocator.can_allocate(seq, seq.num_tokens - cached, cached):
+                return
+            hit = allocator.start_sequence(seq)  # a prefix cached here is not loaded
+            if not allocator.allocate_slots(seq, seq.num_tokens - hit):  # an optimistic can_allocate
+                allocator.reset(seq)
+                return
+            queue.popleft()
+            n, load_async = connector.get_num_new_matched_tokens(seq, hit)
+            connector.update_state_after_alloc(seq, allocator.block_table(seq.id), n)
+            self.kv_loading[seq.id] = (seq, n)
+            if not load_async:  # in place before the next forward pass
+                self.on_kv_loaded(seq)
+
+    def _seat_loaded(self, plan: SchedulePlan, scheduled: list[Sequence], budget: int, now: float) -> int:
+        """Sequences whose KV landed run from here, in landing order, while seats and budget allow:
+        their blocks are allocated already (holding them in a queue behind a request that waits for
+        blocks could deadlock the pool)."""
+        while self.kv_ready and budget > 0 and len(self.running) < self.limits.max_num_seqs:
+            seq = self.kv_ready[0]
+            n = self._chunk(seq, budget)
+            if n == 0:
+                break
+            self.kv_ready.popleft()
+            if not self.allocator.allocate_slots(seq, n):  # covered by the load's allocation
+                raise RuntimeError(f"sequence {seq.id!r} landed without blocks for its next {n} tokens")
             seq.status = Status.RUNNING
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = now
             self.running.append(seq)
-            self._take(seq, 1, plan, scheduled)
+            self._take(seq, n, plan, scheduled)
             self.on_admit(seq, now)
-            budget -= 1
+            budget -= n
         return budget
 
     # ---- mechanics ----------------------------------------------------------------------
@@ -272,10 +336,13 @@ class QueueScheduler(Scheduler):
         plan.scheduled.append(ScheduledSeq(seq, 1 + n, seq.num_computed_tokens, tuple(seq.draft_token_ids[:n])))
         return True
 
-    def _chunk(self, seq: Sequence, budget: int) -> int:
-        """Tokens ``seq`` computes now: all it has, or a chunk when chunked prefill is on."""
-        n = seq.num_uncomputed_tokens
-        if n == 1 and seq.num_computed_tokens >= seq.request.prompt_len:
+    def _chunk(self, seq: Sequence, budget: int, computed: int | None = None) -> int:
+        """Tokens ``seq`` computes now (``computed`` of its tokens are, default its
+        ``num_computed_tokens``): all it has, or a chunk when chunked prefill is on."""
+        if computed is None:
+            computed = seq.num_computed_tokens
+        n = seq.num_tokens - computed
+        if n == 1 and computed >= seq.request.prompt_len:
             return 1  # a decode (budget > 0 here)
         budget = min(budget, self._prefill_left)
         if n <= budget:
@@ -299,19 +366,22 @@ class QueueScheduler(Scheduler):
             if len(self.running) >= self.limits.max_num_seqs and not self._free_seat_for(seq, plan, scheduled):
                 self.waiting.push_front(seq)
                 break
-            if seq.num_computed_tokens == 0:
-                seq.num_computed_tokens = self.allocator.admit(seq)
-                if seq.num_preemptions == 0:  # the hit rate counts first admissions only
-                    seq.num_cached_prompt_tokens = seq.num_computed_tokens
-            n = self._chunk(seq, budget)
-            if n == 0 or not self._allocate_for_waiting(seq, n, plan, scheduled):
-                if seq.num_computed_tokens:  # release the prefix-cache hit; retry next step
-                    self.allocator.free(seq)
-                    seq.num_computed_tokens = 0
-                    if seq.num_preemptions == 0:
-                        seq.num_cached_prompt_tokens = 0
+            # Ask first, touch nothing: a head of line that does not fit retries next step without
+            # referencing its cached prefix (no evictor hears of a use that did not happen).
+            cached = self.allocator.cached_prefix_len(seq)
+            n = self._chunk(seq, budget, cached)
+            if n == 0 or not self._room_for_waiting(seq, n, cached, plan, scheduled):
                 self.waiting.push_front(seq)
                 break
+            hit = self.allocator.start_sequence(seq)
+            if hit != cached:  # an allocator whose admit and cached_prefix_len disagree
+                n = self._chunk(seq, budget)
+            if n == 0 or not self.allocator.allocate_slots(seq, n):  # an optimistic can_allocate: undo
+                self.allocator.reset(seq)
+                self.waiting.push_front(seq)
+                break
+            if seq.num_preemptions == 0:  # the hit rate counts first admissions only
+                seq.num_cached_prompt_tokens = hit
             seq.status = Status.RUNNING
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = now
@@ -329,9 +399,11 @@ class QueueScheduler(Scheduler):
         self._evict(self.preemption.select_victim(candidates), plan, scheduled)
         return True
 
-    def _allocate_for_waiting(self, seq: Sequence, n: int, plan: SchedulePlan,
-                              scheduled: list[Sequence]) -> bool:
-        while not self.allocator.allocate_slots(seq, n):
+    def _room_for_waiting(self, seq: Sequence, n: int, cached: int, plan: SchedulePlan,
+                          scheduled: list[Sequence]) -> bool:
+        """Whether ``n`` tokens of waiting ``seq`` (``cached`` of its tokens in the prefix cache) fit,
+        preempting running sequences that :meth:`may_preempt_for` allows until they do."""
+        while not self.allocator.can_allocate(seq, n, cached):
             candidates = [s for s in self.running if self.may_preempt_for(seq, s)]
             if not candidates:
                 return False
@@ -361,8 +433,7 @@ class QueueScheduler(Scheduler):
             if decision.kind != "recompute":
                 decision = PreemptionDecision(victim.id, "recompute", f"fallback: {decision.kind} impossible",
                                               decision.estimates, victim.num_computed_tokens)
-            self.allocator.free(victim)
-            victim.num_computed_tokens = 0
+            self.allocator.reset(victim)
             victim.status = Status.WAITING
             self.waiting.push_front(victim)
         plan.preempted.append(decision)

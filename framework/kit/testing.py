@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import cast
 
 from servelab.core.executor import Executor, StepOutput
-from servelab.engine.batch import StepBatch
+from servelab.core.batch import StepBatch
 from servelab.core.model_spec import ModelSpec
 from servelab.exec.sampler import verify_row_tokens
 
@@ -87,6 +88,17 @@ class FakeExecutor(Executor):
         return StepOutput(tokens, seconds, accepted=accepted)
 
 
+def copy_kv_blocks(pairs, src_kv: dict, dst_kv: dict, block_size: int) -> None:
+    """Copy the fake KV of each ``(src_block, dst_block)`` (a swap, a block copy, a KV transfer)."""
+    for src, dst in pairs:
+        for i in range(block_size):
+            value = src_kv.get(src * block_size + i)
+            if value is None:
+                dst_kv.pop(dst * block_size + i, None)
+            else:
+                dst_kv[dst * block_size + i] = value
+
+
 class KVCheckingExecutor(FakeExecutor):
     """A :class:`FakeExecutor` that keeps a fake KV cache (``(token, position)`` per slot, and a
     host pool for swaps) and samples from what it *reads back* through the block tables.
@@ -104,14 +116,7 @@ class KVCheckingExecutor(FakeExecutor):
         self.host_kv: dict[int, tuple[int, int]] = {}
 
     def _copy(self, pairs, src_kv, dst_kv) -> None:
-        bs = self.block_size
-        for src, dst in pairs:
-            for i in range(bs):
-                value = src_kv.get(src * bs + i)
-                if value is None:
-                    dst_kv.pop(dst * bs + i, None)
-                else:
-                    dst_kv[dst * bs + i] = value
+        copy_kv_blocks(pairs, src_kv, dst_kv, self.block_size)
 
     def execute(self, batch: StepBatch) -> StepOutput:
         if batch.swap_out or batch.swap_in:
@@ -135,20 +140,20 @@ class KVCheckingExecutor(FakeExecutor):
             bad = next((q for q, v in enumerate(read) if v is None or v[1] != q), None)
             if bad is not None:
                 raise AssertionError(f"KV slot for position {bad} holds {read[bad]} (context of {ctx})")
-            tokens.append(hash(tuple(t for t, _ in read)) % self.spec.vocab_size)
+            tokens.append(hash(tuple(t for t, _ in cast("list[tuple[int, int]]", read))) % self.spec.vocab_size)
         tokens, accepted = verify_row_tokens(tokens, batch)
         return StepOutput(tokens, out.model_s, accepted=accepted)
 
 
 def __getattr__(name: str):
-    """Deprecated: ``check_plugin`` and ``Report`` are :mod:`servelab.plugin_api`'s (they live in
+    """Deprecated: ``check_plugin`` and ``Report`` are :mod:`servelab.testing`'s (they live in
     :mod:`servelab.kit.conformance`). Looked up by name, not imported here: the conformance kit
     imports this module, and this module does not depend on it."""
     if name in ("check_plugin", "Report"):
         import importlib  # noqa: PLC0415 - deprecated
         import warnings  # noqa: PLC0415 - deprecated
 
-        warnings.warn(f"servelab.kit.testing.{name} is deprecated: import it from servelab.plugin_api",
+        warnings.warn(f"servelab.kit.testing.{name} is deprecated: import it from servelab.testing",
                       DeprecationWarning, stacklevel=2)
         return getattr(importlib.import_module("servelab.kit.conformance"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 import servelab.conf
 
 from servelab.cluster.cluster import Cluster
+from servelab.cluster.pd_connector import PDTransfers
 from servelab.cluster.replica import Replica
 from servelab.cluster.transfer import kv_link
 from servelab.core.errors import ConfigError
-from servelab.core.interfaces import RouterContext
+from servelab.core.contexts import RouterContext
 from servelab.core.registry import Registry, default_registry
 from servelab.core.shapes import HardwareProfile, ModelShape
 from servelab.run.block_size import resolve_block_size
@@ -76,7 +78,7 @@ def _hardware_option(name: str, key: str) -> DictConfig:
     if not path.is_file():
         options = sorted(p.stem for p in folder.glob("*.yaml"))
         raise ConfigError(f"{key}={name} is not a hardware option; options: {', '.join(options)}")
-    return OmegaConf.load(path)
+    return cast(DictConfig, OmegaConf.load(path))  # a hardware option is a mapping
 
 
 def build_cluster(cfg: DictConfig, requests=None, registry: Registry | None = None) -> tuple[Cluster, list[Stack]]:
@@ -93,6 +95,7 @@ def build_cluster(cfg: DictConfig, requests=None, registry: Registry | None = No
              else [("mixed", c.replicas, cfg)])
     stacks: list[Stack] = []
     replicas: list[Replica] = []
+    transfers = PDTransfers() if c.prefill_replicas is not None else None  # every replica's KV connector
     gpu = 0
     try:
         for role, count, pcfg in pools:
@@ -103,7 +106,8 @@ def build_cluster(cfg: DictConfig, requests=None, registry: Registry | None = No
             for _ in range(count):
                 if gpu % c.gpus_per_node + tp > c.gpus_per_node:  # it would straddle two nodes: next node
                     gpu += c.gpus_per_node - gpu % c.gpus_per_node
-                stack = build_stack(pcfg, registry, requests=requests)
+                connector = transfers.endpoint(len(replicas), role) if transfers is not None else None
+                stack = build_stack(pcfg, registry, requests=requests, connector=connector)
                 stacks.append(stack)
                 replicas.append(Replica(len(replicas), role, stack.engine, tp, pcfg.hardware.name, gpu))
                 gpu += tp
@@ -119,7 +123,7 @@ def build_cluster(cfg: DictConfig, requests=None, registry: Registry | None = No
         for stack in stacks:
             stack.executor.shutdown()
         raise
-    return Cluster(replicas, router, links, kv_bytes, layers, c.overlap_kv_transfer), stacks
+    return Cluster(replicas, router, links, kv_bytes, layers, c.overlap_kv_transfer, transfers), stacks
 
 
 def _check_kv_compatible(prefill: DictConfig, decode: DictConfig) -> ModelShape:

@@ -1,6 +1,7 @@
 """A cluster job end to end: build the replicas, run the workload through the router, write the
 result files (partial ones too, whatever happens), log the run. The one-engine form is
-:func:`servelab.run.session.run_job`, which hands ``cluster.*`` configs here."""
+:func:`servelab.run.session.run_job`, which hands ``cluster.*`` configs here; what both write
+is :mod:`servelab.run.results`."""
 
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from servelab.cluster.cluster import Cluster
-from servelab.cluster.figures import load_imbalance, merge_totals, replica_figures
+from servelab.cluster.figures import load_imbalance, replica_figures
+from servelab.engine.step_totals import StepTotals
 from servelab.run.block_size import workload_requests
 from servelab.run.cluster_build import build_cluster
 from servelab.run.fairness import config_weights
 from servelab.run.loggers import make_logger
 from servelab.run.metrics import summarize
 from servelab.run.preflight import check_requests
-from servelab.run.session import (RequestWriter, RunResult, _drop_placeholder_tokens, kv_pool_metrics,
+from servelab.run.results import (RequestWriter, RunResult, drop_placeholder_tokens, kv_pool_metrics,
                                   run_and_write)
 from servelab.run.stack import Stack, model_shape
 from servelab.workloads.text import checkpoint_text, text_decorator
@@ -40,7 +42,7 @@ def _run(cfg: DictConfig, output_dir: Path, requests, cluster: Cluster, stacks: 
     first = cluster.replicas[0].engine
     weights = config_weights(cfg)
     check_requests(cfg, first, requests)
-    decorate = text_decorator(checkpoint_text(cfg)) if cfg.backend.name != "sim" else _drop_placeholder_tokens
+    decorate = text_decorator(checkpoint_text(cfg)) if cfg.backend.name != "sim" else drop_placeholder_tokens
     logger = make_logger(cfg.logger)
     logger.start(cfg, output_dir)
     if banner:
@@ -67,14 +69,14 @@ def collect_cluster_results(cfg: DictConfig, cluster: Cluster, stacks: list[Stac
     ``per_replica``, the router, and the KV transfers."""
     writer.close()
     engines = [r.engine for r in cluster.replicas]
-    totals = merge_totals([e.totals for e in engines])
+    totals = StepTotals.merged(e.totals for e in engines)
     requests = writer.stats
     live = bool(cluster.live_sequences())
     leaked = None if live else sum(e.allocator.leaked_blocks() for e in engines)
     duration = totals.last_time_s
     per_replica = [replica_figures(r, duration) for r in cluster.replicas]
     pools = [kv_pool_metrics(e.executor) for e in engines]
-    bytes_per_block = getattr(engines[0].executor, "bytes_per_block", 0)
+    bytes_per_block = engines[0].executor.bytes_per_block
     summary = summarize(requests, totals, duration, leaked, {
         "status": status,
         "prefix_cache_hit_rate": (requests.cached_prompt_tokens / requests.prompt_tokens
@@ -82,8 +84,8 @@ def collect_cluster_results(cfg: DictConfig, cluster: Cluster, stacks: list[Stac
         "prefill_tokens_computed": totals.prefill_tokens,
         "max_concurrent_requests": totals.max_concurrent,
         "kv_waste_fraction": totals.gauge_mean("kv_waste_fraction"),
-        "swap_out_bytes": sum(e.totals.swap_out_blocks * getattr(e.executor, "bytes_per_block", 0) for e in engines),
-        "swap_in_bytes": sum(e.totals.swap_in_blocks * getattr(e.executor, "bytes_per_block", 0) for e in engines),
+        "swap_out_bytes": sum(e.totals.swap_out_blocks * e.executor.bytes_per_block for e in engines),
+        "swap_in_bytes": sum(e.totals.swap_in_blocks * e.executor.bytes_per_block for e in engines),
         "recomputed_tokens": totals.recomputed_tokens,
         "bytes_per_block": bytes_per_block,
         "swap_bandwidth_gb_s": (engines[0].cost_model.swap_bytes_per_s or 0.0) / 1e9,
@@ -91,14 +93,14 @@ def collect_cluster_results(cfg: DictConfig, cluster: Cluster, stacks: list[Stac
         "num_kv_blocks": sum(e.allocator.num_blocks for e in engines),
         "kv_pool_blocks": sum(p["kv_pool_blocks"] for p in pools),
         "kv_pool_bytes": sum(p["kv_pool_bytes"] for p in pools),
-        "num_swap_blocks": sum(getattr(e.executor, "num_swap_blocks", 0) for e in engines),
+        "num_swap_blocks": sum(e.executor.num_swap_blocks for e in engines),
         "block_size": engines[0].limits.block_size,
         "cost_model": engines[0].cost_model.coefficients,
         "model_time_s": totals.model_s,
         "comm_time_s": totals.comm_s,
         "tensor_parallel_size": cfg.tensor_parallel_size,
         **stacks[0].describe_time(),
-        **(stacks[0].executor.summary() if hasattr(stacks[0].executor, "summary") else {}),  # replica 0's ranks
+        **stacks[0].executor.summary(),  # replica 0's ranks
         **({"block_size_auto": stacks[0].block_size_auto} if stacks[0].block_size_auto else {}),
         "router": cfg.router.name,
         "num_replicas": len(cluster.replicas),

@@ -9,7 +9,7 @@ It exists so the gain of continuous batching can be measured inside the framewor
 
 from itertools import islice
 
-from servelab.engine.scheduling import QueueScheduler
+from servelab.plugin_api import QueueScheduler
 
 
 class StaticBatchScheduler(QueueScheduler):
@@ -29,6 +29,9 @@ class StaticBatchScheduler(QueueScheduler):
 
     def may_admit(self, seq, now: float) -> bool:
         return seq.id in self.batch
+
+    def on_admit(self, seq, now: float) -> None:
+        self.batch.add(seq.id)  # a sequence seated when its KV landed (a connector) joins the batch running
 
     def remove(self, seq) -> None:
         super().remove(seq)

@@ -29,9 +29,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterator
 
-from servelab.core.errors import ConfigError
-from servelab.core.request import Sequence
-from servelab.engine.scheduling import QueueScheduler
+from servelab.plugin_api import ConfigError, QueueScheduler, Sequence
 
 ANONYMOUS = ""  # the client of requests without a client_id
 
@@ -122,7 +120,7 @@ class VTCScheduler(QueueScheduler):
                 floor = counters[self._last_admitted]
             if floor is not None and floor > counters[client]:
                 counters[client] = floor
-        self.waiting.push(seq)
+        super().add(seq)  # the waiting queue (or, when its KV comes through a connector, the KV path)
 
     def on_admit(self, seq: Sequence, now: float) -> None:
         client = client_of(seq)
