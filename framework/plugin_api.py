@@ -1,65 +1,90 @@
-"""Everything a plugin author imports, in one place: ``from servelab.plugin_api import ...``.
+"""The plugin contract: everything a plugin module imports, ``from servelab.plugin_api import ...``.
 
-The names here are the public, stable surface (the modules behind them may move):
+The names here are the public, stable surface (the modules behind them may move). Only the
+contract: no test doubles, no runners (those are :mod:`servelab.testing`'s, for a plugin's tests).
+Eager and light: importing it loads no torch, Hydra or OmegaConf (``tests/test_plugin_api.py``).
 
-- registration: :data:`hookimpl` (the hooks are in :mod:`servelab.core.hookspecs`);
-- the eight plugin kinds: :class:`Scheduler` (most subclass :class:`QueueScheduler`),
-  :class:`BlockAllocator`, :class:`PreemptionPolicy`, :class:`SpeculativeDrafter`,
-  :class:`TimeModel` (with its :class:`TimeModelContext`), :class:`LengthPredictor` (with its
-  :class:`PredictorContext`), :class:`Evictor` (with its :class:`EvictorContext` and the
-  :class:`CachedBlock` events it receives; :class:`StepCostModel` prices recomputing a block),
-  :class:`Router` (with its :class:`RouterContext`, the :class:`ReplicaView` s it places among, and
-  the :class:`RouterError` a bad placement stops a run with);
+- registration: :data:`hookimpl` (the hooks are in :mod:`servelab.core.hookspecs`); the kinds
+  table (:data:`KINDS` of :class:`KindSpec`, :func:`register_kind` to add one);
+- the plugin kinds, each built as ``Plugin(config, context)`` with its frozen context:
+  :class:`Scheduler` (most subclass :class:`QueueScheduler` and its :class:`WaitQueue`) /
+  :class:`SchedulerContext`, :class:`BlockAllocator` / :class:`AllocatorContext`,
+  :class:`PreemptionPolicy` / :class:`PreemptionContext`, :class:`SpeculativeDrafter` /
+  :class:`DrafterContext`, :class:`TimeModel` / :class:`TimeModelContext`, :class:`LengthPredictor` /
+  :class:`PredictorContext`, :class:`Evictor` / :class:`EvictorContext` (with the
+  :class:`CachedBlock` events it receives), :class:`Router` / :class:`RouterContext` (with the
+  :class:`ReplicaView` s it places among), :class:`Executor` / :class:`ExecutorContext`; the
+  :class:`KVConnector` by which KV enters or leaves an engine;
 - the data they exchange: :class:`Request`, :class:`SamplingParams`, :class:`Sequence`,
   :class:`Status`, :class:`SchedulePlan`, :class:`ScheduledSeq`, :class:`PreemptionDecision`,
-  :class:`Drafts`, :class:`EngineLimits`, :class:`StepWork`, :class:`NoConfig`, :class:`ConfigError`;
-- testing: the doubles :class:`FakeExecutor`, :class:`KVCheckingExecutor`, :class:`VirtualClock`
-  and the conformance kit's :func:`check_plugin` / :class:`Report`; :func:`compose` and
-  :func:`run_job` to run a whole stack in a test (all loaded on first use: they bring torch and
-  Hydra, which a plugin module itself need not import).
+  :class:`Drafts`, :class:`EngineLimits`, :class:`StepWork`, :class:`DraftWork`, :class:`StepBatch`,
+  :class:`StepOutput`, :class:`NoConfig`;
+  the policies' cost model (:class:`StepCostModel`, :class:`StepFeatures`); a time model's shapes
+  (:class:`ModelShape`, :class:`HardwareProfile`, :data:`INT8_SCALE_BYTES`); a model-running
+  drafter's :class:`DraftBatch` (:func:`build_draft_batch`, :data:`MAX_DRAFT_TOKENS`); the shipped
+  checkpoints' folder (:data:`PACKAGED_CHECKPOINTS`);
+- errors: :class:`ConfigError`, :class:`EvictorError`, :class:`RouterError`.
+
+A time model that prices a step from operator tables or the calibrated roofline also imports
+:mod:`servelab.time_model_api` (the simulator's pricing blocks, still torch-free).
+
+Moved out: ``FakeExecutor``, ``KVCheckingExecutor``, ``VirtualClock``, ``StepTimeModel``,
+``check_plugin``, ``Report``, ``compose`` and ``run_job`` are :mod:`servelab.testing`'s. Asking for
+one here raises an :class:`ImportError` that says so (no import happens here: this module never
+loads the testing layer).
 """
 
 from __future__ import annotations
 
-from servelab.core.cost_model import StepCostModel
+from typing import NoReturn
+
+from servelab.core.batch import StepBatch
+from servelab.core.contexts import (AllocatorContext, DrafterContext, EvictorContext, ExecutorContext,
+                                    PredictorContext, PreemptionContext, RouterContext, SchedulerContext,
+                                    TimeModelContext)
+from servelab.core.cost_model import StepCostModel, StepFeatures
 from servelab.core.errors import ConfigError
+from servelab.core.executor import Executor, StepOutput
 from servelab.core.hookspecs import hookimpl
-from servelab.core.interfaces import (BlockAllocator, CachedBlock, Drafts, EngineLimits, Evictor, EvictorContext,
-                                      LengthPredictor, NoConfig,
-                                      PredictorContext, PreemptionDecision, PreemptionPolicy, ReplicaView, Router,
-                                      RouterContext, RouterError, ScheduledSeq,
-                                      SchedulePlan, Scheduler, SpeculativeDrafter, TimeModel, TimeModelContext)
+from servelab.core.interfaces import (BlockAllocator, CachedBlock, Drafts, EngineLimits, Evictor, EvictorError,
+                                      LengthPredictor, NoConfig, Plugin, PreemptionDecision, PreemptionPolicy,
+                                      ReplicaView, Router, RouterError, ScheduledSeq, SchedulePlan, Scheduler,
+                                      SpeculativeDrafter, TimeModel)
+from servelab.core.kinds import KINDS, KindSpec, register_kind
+from servelab.core.kv_connector import KVConnector
+from servelab.core.packaged import PACKAGED_CHECKPOINTS
 from servelab.core.request import Request, SamplingParams, Sequence, Status
-from servelab.core.step_work import StepWork
+from servelab.core.shapes import INT8_SCALE_BYTES, HardwareProfile, ModelShape
+from servelab.core.step_work import DraftWork, StepWork
+from servelab.engine.drafting import MAX_DRAFT_TOKENS, DraftBatch, build_draft_batch
 from servelab.engine.scheduling import QueueScheduler, WaitQueue
 
-_TESTING = ("FakeExecutor", "KVCheckingExecutor", "VirtualClock", "StepTimeModel")
-_CONFORMANCE = ("check_plugin", "Report")
-_RUNNING = ("compose", "run_job")
+__all__ = [
+    "hookimpl", "KindSpec", "KINDS", "register_kind",
+    # the kinds and their contexts
+    "Plugin", "Scheduler", "QueueScheduler", "WaitQueue", "SchedulerContext", "BlockAllocator", "AllocatorContext",
+    "PreemptionPolicy", "PreemptionContext", "SpeculativeDrafter", "DrafterContext", "TimeModel",
+    "TimeModelContext", "LengthPredictor", "PredictorContext", "Evictor", "EvictorContext", "CachedBlock",
+    "Router", "RouterContext", "ReplicaView", "Executor", "ExecutorContext", "KVConnector",
+    # the data they exchange
+    "Request", "SamplingParams", "Sequence", "Status", "SchedulePlan", "ScheduledSeq", "PreemptionDecision",
+    "Drafts", "EngineLimits", "StepWork", "DraftWork", "StepBatch", "StepOutput", "NoConfig", "StepCostModel",
+    "StepFeatures", "ModelShape", "HardwareProfile", "INT8_SCALE_BYTES", "DraftBatch", "build_draft_batch",
+    "MAX_DRAFT_TOKENS", "PACKAGED_CHECKPOINTS",
+    # errors
+    "ConfigError", "EvictorError", "RouterError",
+]
 
-__all__ = ["hookimpl", "Scheduler", "QueueScheduler", "WaitQueue", "BlockAllocator", "PreemptionPolicy",
-           "SpeculativeDrafter", "TimeModel", "TimeModelContext", "LengthPredictor", "PredictorContext", "Evictor", "EvictorContext", "CachedBlock", "StepCostModel",
-           "Router", "RouterContext", "ReplicaView", "RouterError",
-           "Request", "SamplingParams", "Sequence", "Status",
-           "SchedulePlan", "ScheduledSeq", "PreemptionDecision", "Drafts", "EngineLimits", "StepWork", "NoConfig",
-           "ConfigError", *_TESTING, *_CONFORMANCE, *_RUNNING]
+#: Names this module handed out (lazily) before it became the contract only; :mod:`servelab.testing` has them.
+MOVED_TO_TESTING = ("FakeExecutor", "KVCheckingExecutor", "VirtualClock", "StepTimeModel", "check_plugin", "Report",
+                    "compose", "run_job")
 
 
-def __getattr__(name: str):
-    if name in _TESTING:
-        from servelab.kit import testing  # noqa: PLC0415 - torch
-
-        return getattr(testing, name)
-    if name in _CONFORMANCE:
-        from servelab.kit import conformance  # noqa: PLC0415 - torch, Hydra
-
-        return getattr(conformance, name)
-    if name == "compose":
-        from servelab.api import compose  # noqa: PLC0415 - Hydra
-
-        return compose
-    if name == "run_job":
-        from servelab.run.session import run_job  # noqa: PLC0415 - torch, Hydra
-
-        return run_job
+def __getattr__(name: str) -> NoReturn:
+    """Only a clear error for the 0.1 testing names (nothing is loaded or forwarded): an
+    :class:`ImportError`, because ``from servelab.plugin_api import FakeExecutor`` would turn an
+    :class:`AttributeError` into Python's generic "cannot import name" message."""
+    if name in MOVED_TO_TESTING:
+        raise ImportError(f"servelab.plugin_api.{name} moved to servelab.testing (plugin_api is the plugin contract "
+                          f"only): `from servelab.testing import {name}`", name=name, path=__file__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,9 +6,8 @@ import importlib.util
 import re
 from pathlib import Path
 
-from servelab.run.config import register_configs
-from servelab.plugins import builtin
-from servelab.core.registry import Registry, build_registry, plugin_manager
+from servelab.core.registry import Registry
+from servelab.testing import registry_with
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -31,9 +30,4 @@ def register_module_file(path: Path, module_name: str) -> Registry:
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    pm = plugin_manager(load_entry_points=False)
-    pm.register(builtin)
-    pm.register(module)
-    registry = build_registry(pm)
-    register_configs(registry)
-    return registry
+    return registry_with(module)  # servelab's own plugins + this module, configs composable

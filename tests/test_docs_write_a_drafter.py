@@ -50,7 +50,7 @@ def test_the_pages_drafter_validates_k(registry):
 def test_the_pages_drafter_passes_the_conformance_kit_and_leaves_no_state(registry):
     """The facts the page states: forget() comes for finished and aborted sequences, never a
     preemption; the kit's "state left behind" contract runs all three."""
-    from servelab.plugin_api import check_plugin
+    from servelab.testing import check_plugin
 
     report = check_plugin("drafter", "adaptive_repeat", registry=registry, cases=3, real_model=False)
     assert report.ok, str(report)

@@ -46,7 +46,7 @@ def test_the_pages_predictor_validates_its_key(registry):
 
 
 def test_the_pages_predictor_passes_the_conformance_kit(registry):
-    from servelab.plugin_api import check_plugin
+    from servelab.testing import check_plugin
 
     report = check_plugin("length_predictor", "prompt_ratio", registry=registry, cases=3, real_model=False)
     assert report.ok, str(report)

@@ -4,7 +4,7 @@ passes the conformance kit and picks the candidate with the fewest computed toke
 from types import SimpleNamespace
 
 from doc_plugins import page_code_blocks, register_page_plugin
-from servelab.plugin_api import check_plugin
+from servelab.testing import check_plugin
 
 
 def test_the_pages_policy_passes_the_kit(tmp_path):

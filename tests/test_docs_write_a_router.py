@@ -8,7 +8,7 @@ import pytest
 from conftest import compose
 from doc_plugins import page_code_blocks, register_page_plugin
 from servelab.core.errors import ConfigError
-from servelab.plugin_api import check_plugin
+from servelab.testing import check_plugin
 from servelab.run import cluster_build, cluster_run
 from servelab.run.session import run_job
 

@@ -56,7 +56,24 @@ def test_the_pages_starvation_bound_admits_a_long_prompt_that_waited(bounded_reg
 
 
 def test_the_pages_starvation_bound_passes_the_kits_check(bounded_registry):
-    from servelab.plugin_api import check_plugin
+    from servelab.testing import check_plugin
 
     report = check_plugin("scheduler", "spf_bounded", registry=bounded_registry, cases=2, real_model=False)
     assert report.ok, str(report)
+
+
+def test_the_pages_test_section_needs_only_the_two_facades_and_passes(tmp_path):
+    """Section 3 ("Test it without a model") runs as written, importing only servelab.plugin_api
+    (the contract) and servelab.testing (the doubles and a stack on them)."""
+    import ast
+    import importlib.util
+
+    block = next(c for c in page_code_blocks("write-a-scheduler.md") if "registry_with(my_plugin_module)" in c)
+    imported = {node.module for node in ast.walk(ast.parse(block)) if isinstance(node, ast.ImportFrom)}
+    assert imported == {"servelab.plugin_api", "servelab.testing"}, imported
+    path = tmp_path / "doc_spf_section3.py"
+    path.write_text(page_code_blocks("write-a-scheduler.md")[-1])
+    spec = importlib.util.spec_from_file_location("doc_spf_section3", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    exec(compile(block, "write-a-scheduler.md#3", "exec"), {"my_plugin_module": module})  # its asserts run

@@ -2,7 +2,7 @@
 and passes the conformance kit, as the page says."""
 
 from doc_plugins import page_code_blocks, register_page_plugin
-from servelab.plugin_api import check_plugin
+from servelab.testing import check_plugin
 
 
 def test_the_pages_allocator_passes_the_kit(tmp_path):

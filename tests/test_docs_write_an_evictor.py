@@ -52,7 +52,7 @@ def test_the_pages_evictor_validates_its_key(registry):
 
 
 def test_the_pages_evictor_passes_the_conformance_kit(registry):
-    from servelab.plugin_api import check_plugin
+    from servelab.testing import check_plugin
 
     report = check_plugin("evictor", "deepest_first", registry=registry, cases=3, real_model=False)
     assert report.ok, str(report)

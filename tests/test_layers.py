@@ -19,7 +19,7 @@ CONTRACTS = {
     "layers": "servelab layers: each imports only those below it",
     "core": "servelab.core (the plugin contract) imports no torch, triton or Hydra",
     "engine": "servelab.engine imports no torch",
-    "plugins": "built-in plugins import core / engine / sim or servelab.plugin_api, not run, serve, cli, kit or api",
+    "plugins": "built-in plugins import only the facades: plugin_api, testing (time models: time_model_api)",
 }
 
 
@@ -78,3 +78,28 @@ def test_an_upward_import_breaks_the_contracts(tmp_path):
     assert "servelab.core.upward -> servelab.run.stack" in flat, out
     assert "servelab.core is not allowed to import torch" in flat, out
     assert "2 broken" in out, out
+
+
+def test_a_builtin_plugin_importing_an_internal_module_breaks_the_plugin_contract(tmp_path):
+    """A plugin module reaching past the facade into the engine (here for QueueScheduler, which
+    servelab.plugin_api hands out) is reported; the other contracts stay kept."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    shutil.copy(REPO / "pyproject.toml", repo / "pyproject.toml")
+    for folder in ("framework", "kernels", "conf"):  # read only: linked
+        (repo / folder).symlink_to(REPO / folder)
+    shutil.copytree(REPO / "plugins", repo / "plugins", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (repo / "plugins" / "schedulers" / "reaching_in.py").write_text(
+        '"""A deliberate breach: a scheduler importing an engine module, not servelab.plugin_api."""\n'
+        "from servelab.engine.scheduling import QueueScheduler\n")
+
+    done = _lint_imports()(repo, [])
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert _status(out, CONTRACTS["plugins"]) == "BROKEN", out
+    for kept in ("layers", "core", "engine"):
+        assert _status(out, CONTRACTS[kept]) == "KEPT", out
+    flat = _flat(out)
+    assert "servelab.plugins is not allowed to import servelab.engine" in flat, out
+    assert "servelab.plugins.schedulers.reaching_in -> servelab.engine.scheduling" in flat, out
+    assert "1 broken" in out, out

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from servelab.core.interfaces import CachedBlock, Evictor, EvictorContext
+from servelab.plugin_api import CachedBlock, Evictor, EvictorContext
 
 _T1, _T2 = 1, 2
 
@@ -88,7 +88,9 @@ class ArcEvictor(Evictor):
         block, _ = self.evictable[where].popitem(last=False)
         self.sizes[where] -= 1
         self.where[block] = 0
-        ghosts[self.digest[block]] = None
+        digest = self.digest[block]
+        assert digest is not None  # an evictable block is a cached one
+        ghosts[digest] = None
         self.digest[block] = None
         if len(ghosts) > self.capacity:
             ghosts.popitem(last=False)

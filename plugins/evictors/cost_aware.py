@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from servelab.core.interfaces import CachedBlock, Evictor, EvictorContext
+from servelab.plugin_api import CachedBlock, Evictor, EvictorContext
 from servelab.plugins.evictors.lfu import LazyHeap, bumped, resolved_half_life
 
 
@@ -113,7 +113,8 @@ class CostAwareEvictor(Evictor):
         if self.cost_exponent:
             key += self.cost_exponent * math.log2(self.relative_cost(self.position[block]))
         self.heap_keys[block] = key
-        inner = self.children.get(self.digest[block], 0) > 0
+        digest = self.digest[block]
+        inner = digest is not None and self.children.get(digest, 0) > 0
         self.stamps[block] = stamp = 2 * self.ticks + inner
         (self.inner if inner else self.leaves).push(key, stamp, block)
 
@@ -124,7 +125,9 @@ class CostAwareEvictor(Evictor):
             if block is None:
                 return None
         self.stamps[block] = -1
-        del self.block_of[self.digest[block]]
+        digest = self.digest[block]
+        assert digest is not None  # an evictable block is a cached one
+        del self.block_of[digest]
         self.digest[block] = None
         parent = self.parent[block]
         left = self.children[parent] - 1

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from servelab.core.interfaces import CachedBlock, Evictor, EvictorContext
+from servelab.plugin_api import CachedBlock, Evictor, EvictorContext
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from servelab.core.interfaces import Evictor
+from servelab.plugin_api import Evictor
 
 
 class LruEvictor(Evictor):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from servelab.core.packaged import PACKAGED_CHECKPOINTS
+from servelab.plugin_api import PACKAGED_CHECKPOINTS
 
 from .features import FeatureSpec
 

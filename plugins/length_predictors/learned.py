@@ -24,7 +24,7 @@ from typing import Optional
 
 import numpy as np
 
-from servelab.core.interfaces import LengthPredictor
+from servelab.plugin_api import LengthPredictor
 
 from .bundle import META, bundle_folder, checkpoint_fingerprint, load_bundle
 from .features import FeatureSpec, prompt_features

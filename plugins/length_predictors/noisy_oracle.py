@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Optional
 
-from servelab.core.interfaces import LengthPredictor
+from servelab.plugin_api import LengthPredictor
 
 from .true_lengths import TrueLengths
 

@@ -1,6 +1,6 @@
 """No predictions: the default. Schedulers that need them (``scheduler=sjf``) refuse it at start-up."""
 
-from servelab.core.interfaces import LengthPredictor
+from servelab.plugin_api import LengthPredictor
 
 
 class NoLengthPredictor(LengthPredictor):

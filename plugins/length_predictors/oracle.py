@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from servelab.core.interfaces import LengthPredictor
+from servelab.plugin_api import LengthPredictor
 
 from .true_lengths import TrueLengths
 

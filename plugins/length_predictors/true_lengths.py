@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab.core.request import Request
+from servelab.plugin_api import Request
 
 
 @dataclass(frozen=True)

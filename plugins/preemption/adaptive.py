@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from servelab.core.interfaces import PreemptionDecision
+from servelab.plugin_api import PreemptionDecision
 
 from .swap import SwapPreemption, swap_fallback_reason
 

@@ -1,6 +1,6 @@
 """Recompute preemption: drop the victim's KV and recompute prompt + generated tokens later."""
 
-from servelab.core.interfaces import PreemptionDecision
+from servelab.plugin_api import PreemptionDecision
 
 from .victims import VictimRulePolicy
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from servelab.core.interfaces import PreemptionDecision, PreemptionPolicy
+from servelab.plugin_api import PreemptionDecision, PreemptionPolicy
 
 from .victims import VictimRulePolicy
 

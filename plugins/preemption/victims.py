@@ -6,8 +6,7 @@ import enum
 from dataclasses import dataclass
 from typing import Sequence as Seq
 
-from servelab.core.interfaces import BlockAllocator, PreemptionPolicy
-from servelab.core.request import Sequence
+from servelab.plugin_api import BlockAllocator, PreemptionPolicy, Sequence
 
 
 class VictimRule(enum.Enum):

@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from servelab.core.interfaces import ReplicaView, Router
-from servelab.core.request import Request
+from servelab.plugin_api import ReplicaView, Request, Router
 
 LOADS = ("requests", "tokens")
 

@@ -32,8 +32,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from servelab.core.interfaces import ReplicaView, Router
-from servelab.core.request import Request
+from servelab.plugin_api import ReplicaView, Request, Router
 
 
 def chain_keys(tokens: Sequence[int], block_size: int, salt: str | None) -> list[int]:
@@ -102,6 +101,7 @@ class PrefixAffinityRouter(Router):
             room = (-(len(record) if record else 0), -view.num_outstanding, -view.index)
             if roomiest_rank is None or room > roomiest_rank:
                 roomiest, roomiest_rank = view, room
+        assert best is not None and best_rank is not None and roomiest is not None  # views is not empty
         if best_rank[0] < self.config.cache_threshold or best_rank[0] == 0:
             best = roomiest
         self._remember(best, keys_by_size[best.block_size])

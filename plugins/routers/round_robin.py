@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from servelab.core.interfaces import ReplicaView, Router
-from servelab.core.request import Request
+from servelab.plugin_api import ReplicaView, Request, Router
 
 
 class RoundRobinRouter(Router):

@@ -15,8 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from servelab.core.interfaces import ReplicaView, Router
-from servelab.core.request import Request
+from servelab.plugin_api import ReplicaView, Request, Router
 from servelab.plugins.routers.least_outstanding import least_loaded, load_of
 
 

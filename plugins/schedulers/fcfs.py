@@ -1,6 +1,6 @@
 """First come, first served: the unified loop with a FIFO waiting queue."""
 
-from servelab.engine.scheduling import QueueScheduler
+from servelab.plugin_api import QueueScheduler
 
 
 class FCFSScheduler(QueueScheduler):

@@ -46,9 +46,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
-from servelab.core.errors import ConfigError
-from servelab.core.request import Sequence
-from servelab.engine.scheduling import QueueScheduler
+from servelab.plugin_api import ConfigError, QueueScheduler, Sequence
 
 
 @dataclass

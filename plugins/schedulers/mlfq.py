@@ -29,10 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from servelab.core.cost_model import StepFeatures
-from servelab.core.errors import ConfigError
-from servelab.core.request import Sequence
-from servelab.engine.scheduling import QueueScheduler
+from servelab.plugin_api import ConfigError, QueueScheduler, Sequence, StepFeatures
 
 
 @dataclass

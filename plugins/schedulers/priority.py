@@ -18,8 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from servelab.core.errors import ConfigError
-from servelab.engine.scheduling import QueueScheduler
+from servelab.plugin_api import ConfigError, QueueScheduler
 
 
 def urgency(seq) -> tuple[int, float]:

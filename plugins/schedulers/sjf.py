@@ -23,9 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servelab.core.errors import ConfigError
-from servelab.core.request import Sequence
-from servelab.engine.scheduling import QueueScheduler
+from servelab.plugin_api import ConfigError, QueueScheduler, Sequence
 
 
 @dataclass

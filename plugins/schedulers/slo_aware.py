@@ -39,9 +39,7 @@ import heapq
 import itertools
 from dataclasses import dataclass
 
-from servelab.core.cost_model import StepFeatures
-from servelab.engine.scheduling import QueueScheduler
-from servelab.core.errors import ConfigError
+from servelab.plugin_api import ConfigError, QueueScheduler, StepFeatures
 
 INF = float("inf")
 
@@ -216,7 +214,7 @@ class SLOAwareScheduler(QueueScheduler):
             if not times:
                 continue
             decodes += 1
-            context += len(seq.token_ids)
+            context += seq.num_tokens
             if seq in late:
                 continue
             _, target, max_tokens = cached.get(seq) or targets(seq)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servelab.core.interfaces import TimeModel, TimeModelContext
+from servelab.plugin_api import TimeModel, TimeModelContext
 
 from .calibrated_roofline import CalibratedRooflineConfig, CalibratedRooflineTime
 from .op_profile import OpProfileConfig, OpProfileTime, _tables_unusable, op_tables_for
@@ -28,14 +28,14 @@ class AutoTime(TimeModel):
         if why_not is None and op_tables_for(context) is None:
             why_not = f"no op tables for hardware={context.hardware.name}, this shape and TP {context.tensor_parallel_size}"
         if why_not is None:
-            self.chosen: TimeModel = OpProfileTime(OpProfileConfig(host=config.host,
+            self.chosen: OpProfileTime | CalibratedRooflineTime = OpProfileTime(OpProfileConfig(host=config.host,
                                                                    activation_dtype_bytes=config.activation_dtype_bytes),
                                                    context)
         else:
             self.chosen = CalibratedRooflineTime(CalibratedRooflineConfig(
                 host=config.host, activation_dtype_bytes=config.activation_dtype_bytes), context)
         self.reason = why_not
-        self.predict = self.chosen.predict  # the hot path: the chosen model's own method
+        self.predict = self.chosen.predict  # type: ignore[method-assign]  # the hot path: the chosen model's own method
 
     def predict(self, work) -> float:  # replaced per instance (see __init__)
         return self.chosen.predict(work)

@@ -14,9 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from servelab.core.interfaces import TimeModelContext
-from servelab.sim.gpu_ops import CALIBRATION_FILE, Calibration, GpuOps
-from servelab.sim.step_pricer import StepPricer
+from servelab.plugin_api import TimeModelContext
+from servelab.time_model_api import CALIBRATION_FILE, Calibration, GpuOps, StepPricer
 
 from .priced import PricedTime
 

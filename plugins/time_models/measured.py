@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from servelab.core.interfaces import TimeModel
+from servelab.plugin_api import TimeModel
 
 
 class MeasuredTime(TimeModel):

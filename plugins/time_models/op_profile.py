@@ -17,11 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from servelab.core.errors import ConfigError
-from servelab.core.interfaces import TimeModelContext
-from servelab.sim.gpu_ops import CALIBRATION_FILE, Calibration, GpuOps
-from servelab.sim.op_tables import describe_available, find_op_tables, load_op_tables
-from servelab.sim.step_pricer import StepPricer
+from servelab.plugin_api import ConfigError, TimeModelContext
+from servelab.time_model_api import (CALIBRATION_FILE, Calibration, GpuOps, StepPricer, describe_available,
+                                     find_op_tables, load_op_tables)
 
 from .priced import PricedTime
 

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from servelab.core.interfaces import TimeModel
-from servelab.sim.step_pricer import DraftPricer, StepPricer
+from servelab.plugin_api import TimeModel
+from servelab.time_model_api import DraftPricer, StepPricer
 
 
 class PricedTime(TimeModel):
@@ -15,7 +15,7 @@ class PricedTime(TimeModel):
 
     def use(self, pricer: StepPricer, draft_pricer: DraftPricer) -> None:
         self.pricer, self.draft_pricer = pricer, draft_pricer
-        self.predict = pricer.predict  # the hot path: no extra call per simulated step
+        self.predict = pricer.predict  # type: ignore[method-assign]  # the hot path: no extra call per step
 
     def predict(self, work) -> float:  # replaced per instance by the pricer's (see use())
         return self.pricer.predict(work)

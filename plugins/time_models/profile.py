@@ -6,9 +6,8 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from servelab.core.errors import ConfigError
-from servelab.core.interfaces import TimeModel, TimeModelContext
-from servelab.sim.step_profile import StepProfile
+from servelab.plugin_api import ConfigError, TimeModel, TimeModelContext
+from servelab.time_model_api import StepProfile
 
 log = logging.getLogger(__name__)
 

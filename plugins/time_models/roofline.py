@@ -24,8 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servelab.core.interfaces import TimeModel, TimeModelContext
-from servelab.core.shapes import INT8_SCALE_BYTES
+from servelab.plugin_api import INT8_SCALE_BYTES, TimeModel, TimeModelContext
 
 
 @dataclass
