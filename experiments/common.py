@@ -18,9 +18,9 @@ import matplotlib
 import yaml
 
 matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from servelab.sim.step_profile import cpu_model as profile_cpu_model  # noqa: E402
+from servelab.sim.step_profile import cpu_model as profile_cpu_model
 
 REPO = Path(__file__).resolve().parent.parent
 

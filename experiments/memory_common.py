@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 # The experiments folder is on sys.path (scripts run from it).
-from common import REPO, cell, clock_note, cpu_model, table  # noqa: E402
+from common import REPO, cell, clock_note, cpu_model, table
 
 
 def machine() -> str:

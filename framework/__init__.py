@@ -1,9 +1,10 @@
 """servelab: a plugin-based research framework for the scheduling and memory policies of LLM serving.
 
 Layers, each importing only those before it (import-linter contracts in ``pyproject.toml``):
-``core`` (the plugin contract, no torch) <- ``engine`` (the step) <- ``exec`` | ``sim`` |
-``workloads`` <- ``run`` <- ``api`` <- ``serve`` | ``kit`` <- ``cli``. Plugin authors import
-:mod:`servelab.plugin_api`; the Python API is :mod:`servelab.api`.
+``core`` (the plugin contract, no torch) <- ``engine`` (the step) <- ``plugin_api`` <- ``exec`` |
+``sim`` | ``workloads`` | ``cluster`` <- ``time_model_api`` <- ``run`` <- ``api`` <- ``serve`` |
+``kit`` <- ``cli`` | ``testing``. Plugin authors import :mod:`servelab.plugin_api` (their tests
+:mod:`servelab.testing`); the Python API is :mod:`servelab.api`.
 """
 
 from servelab import _moved
@@ -19,7 +20,7 @@ _moved.install()  # old flat import paths (servelab.interfaces, ...) keep workin
 
 def __getattr__(name):  # keep `import servelab` light: torch and Hydra load on first use
     if name in ("LLM", "compose"):
-        from servelab import api
+        from servelab import api  # noqa: PLC0415 - see above
 
         return getattr(api, name)
     raise AttributeError(name)

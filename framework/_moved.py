@@ -1,19 +1,32 @@
-"""Old import paths, kept for one release (0.1 -> 0.2): ``servelab.<old>`` -> its new home.
+"""Old import paths, kept until servelab 0.2.0 (:data:`REMOVED_IN`): ``servelab.<old>`` -> its new home.
 
-Before 0.2 the package was one flat floor of modules (``servelab.interfaces``,
-``servelab.scheduling``, ``servelab.testing``, ...). A plugin written against those paths still
-imports: this finder answers an old name with the new module itself (same objects, so
-``isinstance`` and subclassing hold) and warns once with a :class:`DeprecationWarning` naming the
-new path. New code imports :mod:`servelab.plugin_api` (plugins) or the new modules.
+Until the layered sub-packages (Dec 2026, still version 0.1.0) the package was one flat floor of
+modules (``servelab.interfaces``, ``servelab.scheduling``, ``servelab.testing``, ...), and the
+guides of the time taught those paths. A plugin written against them still imports: this finder
+answers an old name with the new module itself (same objects, so ``isinstance`` and subclassing
+hold) and warns once with a :class:`DeprecationWarning` naming the new path. New code imports
+:mod:`servelab.plugin_api` (plugins) or the new modules.
+
+Only names that are no module of their own are listed (an old ``servelab.engine`` or
+``servelab.serve`` is today's package of that name), and the finder sits first on
+``sys.meta_path``, so a dotted old name (``servelab.model.llama``) is the new module too rather
+than a second copy loaded through the aliased package's folder; a real module always wins (the
+finder steps aside for a name that has a file of its own, as ``servelab.testing`` has now).
+tests/test_moved_paths.py imports every entry.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import sys
 import warnings
+
+#: The release that drops this module (tests/test_moved_paths.py fails once the version reaches it).
+REMOVED_IN = "0.2.0"
 
 MOVED: dict[str, str] = {
     "interfaces": "core.interfaces",
@@ -25,7 +38,6 @@ MOVED: dict[str, str] = {
     "step_work": "core.step_work",
     "cost_model": "core.cost_model",
     "seeds": "core.seeds",
-    "engine": "engine.engine",
     "scheduling": "engine.scheduling",
     "batch": "engine.batch",
     "clock": "engine.clock",
@@ -47,7 +59,6 @@ MOVED: dict[str, str] = {
     "model.spec": "core.model_spec",
     "sim_executor": "sim.executor",
     "step_profile": "sim.step_profile",
-    "workloads": "workloads.build",
     "workload_text": "workloads.text_prompts",
     "workload_hash_ids": "workloads.hash_ids",
     "corpus": "workloads.corpus",
@@ -62,7 +73,6 @@ MOVED: dict[str, str] = {
     "report": "run.report",
     "banner": "run.banner",
     "preflight": "run.preflight",
-    "serve": "serve.command",
     "serve_app": "serve.app",
     "serve_engine": "serve.engine_thread",
     "serve_metrics": "serve.metrics",
@@ -70,12 +80,10 @@ MOVED: dict[str, str] = {
     "conformance": "kit.conformance",
     "conformance_cases": "kit.conformance_cases",
     "conformance_starvation": "kit.conformance_starvation",
-    "testing": "kit.testing",
     "grading": "kit.grading",
     "grade_workloads": "kit.grade_workloads",
     "new_plugin": "kit.new_plugin",
     "plugin_templates": "kit.plugin_templates",
-    "cli": "cli.main",
     "compare": "cli.compare",
     "eval_ppl": "cli.eval_ppl",
     "usage": "cli.usage",
@@ -104,15 +112,24 @@ class MovedModuleFinder(importlib.abc.MetaPathFinder):
             return None
         old = fullname[len("servelab."):]
         new = MOVED.get(old)
-        if new is None:
+        if new is None or _is_a_module(old.partition(".")[0]):
             return None
         new = "servelab." + new
-        warnings.warn(f"{fullname} moved to {new} (servelab 0.2; the old path goes in 0.3); plugins "
+        warnings.warn(f"{fullname} moved to {new} (the old path goes in servelab {REMOVED_IN}); plugins "
                       "import servelab.plugin_api", DeprecationWarning, stacklevel=3)
         return importlib.util.spec_from_loader(fullname, _Alias(new))
 
 
+@functools.lru_cache(maxsize=None)
+def _is_a_module(name: str) -> bool:
+    """Whether ``servelab.<name>`` is a module or package of its own (then it is not an old path)."""
+    top = sys.modules.get("servelab")
+    return importlib.machinery.PathFinder.find_spec(f"servelab.{name}", getattr(top, "__path__", None)) is not None
+
+
 def install() -> None:
-    """Put the finder on ``sys.meta_path`` once."""
+    """Put the finder first on ``sys.meta_path``, once: before the path finder, which would load
+    ``servelab.model.llama`` a second time from the folder of the aliased ``servelab.model``. It
+    answers only the names in :data:`MOVED`, none of which is a module of its own."""
     if not any(isinstance(f, MovedModuleFinder) for f in sys.meta_path):
-        sys.meta_path.append(MovedModuleFinder())
+        sys.meta_path.insert(0, MovedModuleFinder())

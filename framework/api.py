@@ -110,6 +110,7 @@ class LLM:
         ignore EOS unless ``ignore_eos=False``; a string stops at EOS unless ``ignore_eos=True``."""
         rid = id or f"req-{self._counter}"
         self._counter += 1
+        prompt_token_ids: Seq[int]
         if isinstance(prompt, str):
             prompt_token_ids = self.text.encode(prompt, f"add_request(id={rid!r})")
             ignore_eos = False if ignore_eos is None else ignore_eos

@@ -17,13 +17,13 @@ if __name__ == "kernels":
     _root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
     _spec = _machinery.PathFinder.find_spec(
         "kernels", [p for p in _sys.path if _os.path.abspath(p or _os.curdir) != _root])
-    _hub = _spec is not None and _spec.loader is not None and _spec.origin is not None
-    if not _hub:  # no installed package of that name (at most other plain folders): nothing is here
+    _hub = _spec.loader if _spec is not None and _spec.origin is not None else None  # an installed package's
+    if _spec is None or _hub is None:  # no installed package of that name (at most other plain folders): nothing here
         _spec = _machinery.ModuleSpec("kernels", None, is_package=True)
     _module = _util.module_from_spec(_spec)
     _sys.modules["kernels"] = _module  # the import system hands out what sys.modules holds once this file ran
-    if _hub:
-        _spec.loader.exec_module(_module)
+    if _hub is not None:
+        _hub.exec_module(_module)
 else:
     from .backend import ATTENTION_BACKENDS, AttentionOps, select_attention_backend
 

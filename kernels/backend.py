@@ -44,7 +44,7 @@ def select_attention_backend(name: str, device: torch.device) -> AttentionOps:
     if name == "auto":
         name = "triton" if device.type == "cuda" and _triton_importable() else "torch"
     if name == "torch":
-        from . import reference
+        from . import reference  # noqa: PLC0415 - only the chosen backend is loaded
 
         return AttentionOps("torch", reference.store_kv, reference.paged_attention)
     if device.type != "cuda" and not triton_interpreted():
@@ -55,8 +55,8 @@ def select_attention_backend(name: str, device: torch.device) -> AttentionOps:
     if not _triton_importable():
         raise AttentionBackendError("attention_backend=triton but the `triton` package is not installed "
                                     "(pip install 'servelab[triton]')")
-    from . import triton_ops
-    from .triton_store_kv import interpreter_available
+    from . import triton_ops  # noqa: PLC0415 - triton: an optional extra, loaded once chosen
+    from .triton_store_kv import interpreter_available  # noqa: PLC0415 - as above
 
     if device.type != "cuda" and not interpreter_available():
         raise AttentionBackendError("attention_backend=triton on CPU: TRITON_INTERPRET=1 must be set before "
@@ -67,7 +67,7 @@ def select_attention_backend(name: str, device: torch.device) -> AttentionOps:
 
 def _triton_importable() -> bool:
     try:
-        import triton  # noqa: F401
+        import triton  # noqa: F401, PLC0415 - is it installed?
     except ImportError:
         return False
     return True

@@ -94,6 +94,7 @@ def paged_attention(
                                       k_scale, v_scale)
     q_lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
     is_decode = q_lens == 1
+    groups: list[tuple[torch.Tensor, str | None]]
     if not bool(is_decode.any()):
         groups = [(rows, None) for rows, _ in _length_buckets(q_lens, min_rows=2)]
     else:

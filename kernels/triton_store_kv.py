@@ -177,7 +177,11 @@ def store_kv(
     block_h = min(triton.next_power_of_2(num_kv_heads), max(1, _MAX_TILE_ELEMENTS // block_d))
     grid = (num_tokens, triton.cdiv(num_kv_heads, block_h))
     quant = k_scale is not None
-    scale_strides = (*k_scale.stride(), *v_scale.stride()) if quant else (0,) * 6
+    if k_scale is not None:
+        assert v_scale is not None, "k_scale and v_scale come together"
+        scale_strides = (*k_scale.stride(), *v_scale.stride())
+    else:
+        scale_strides = (0,) * 6
     _store_kv_kernel[grid](
         key, value, k_cache, v_cache, slot_mapping.contiguous(),
         k_scale if quant else k_cache, v_scale if quant else v_cache,

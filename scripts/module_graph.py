@@ -42,7 +42,7 @@ def package_roots(root: Path) -> dict[str, Path]:
     pyproject = root.parent / "pyproject.toml"
     if pyproject.is_file():
         try:
-            import tomllib
+            import tomllib  # noqa: PLC0415 - Python 3.11+; on 3.10 the mapping is skipped
             mapping = tomllib.loads(pyproject.read_text())["tool"]["setuptools"].get("package-dir", {})
         except (ImportError, KeyError, ValueError):
             mapping = {}
@@ -104,7 +104,7 @@ class Collector(ast.NodeVisitor):
             return "type_checking"
         return "function" if self._function else "module"
 
-    def visit_FunctionDef(self, node):  # noqa: N802
+    def visit_FunctionDef(self, node):
         for d in node.decorator_list:
             self.visit(d)
         self._function += 1
@@ -114,7 +114,7 @@ class Collector(ast.NodeVisitor):
 
     visit_AsyncFunctionDef = visit_FunctionDef
 
-    def visit_If(self, node):  # noqa: N802
+    def visit_If(self, node):
         if is_type_checking(node.test):
             self._type_checking += 1
             for stmt in node.body:
@@ -125,7 +125,7 @@ class Collector(ast.NodeVisitor):
         else:
             self.generic_visit(node)
 
-    def visit_Import(self, node):  # noqa: N802
+    def visit_Import(self, node):
         self.found.append((node, self._kind()))
 
     visit_ImportFrom = visit_Import
@@ -229,6 +229,19 @@ def sccs(nodes: list[str], edges: dict[str, set[str]]) -> list[list[str]]:
     return sorted(out, key=lambda c: (-len(c), c))
 
 
+def runtime_cycles(root: Path) -> list[list[str]]:
+    """The import cycles of the package at ``root`` over the imports that run: module-level and
+    function-local (a function-local import hides a cycle from import time, not from the design);
+    imports only under ``if TYPE_CHECKING:`` do not count. Each cycle is its modules, sorted."""
+    modules = discover(package_roots(root))
+    internal, _ = collect(modules)
+    edges: dict[str, set[str]] = defaultdict(set)
+    for imp in internal:
+        if imp.kind != "type_checking":
+            edges[imp.importer].add(imp.target)
+    return sccs(sorted(modules), edges)
+
+
 def loc(path: Path) -> tuple[int, int]:
     lines = path.read_text().splitlines()
     code = sum(1 for line in lines if line.strip() and not line.lstrip().startswith("#"))
@@ -314,7 +327,7 @@ def report(root: Path, show_edges: bool = True) -> None:
     run_cycles = sccs(names, graph(runtime))
     mod_cycles = sccs(names, graph(by_kind["module"]))
     tc_cycles = sccs(names, graph(runtime | tc_only))
-    print(f"\n== import cycles (strongly connected components > 1 module)")
+    print("\n== import cycles (strongly connected components > 1 module)")
     print(f"over module-level imports: {len(mod_cycles)}   over all that run (+ function-local): "
           f"{len(run_cycles)}   adding TYPE_CHECKING-only imports: {len(tc_cycles)} "
           f"(TYPE_CHECKING-only imports: {len(tc_only)})")

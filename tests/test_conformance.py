@@ -1,4 +1,4 @@
-"""The conformance kit (servelab.plugin_api.check_plugin, ``servelab check-plugin``): every built-in
+"""The conformance kit (servelab.testing.check_plugin, ``servelab check-plugin``): every built-in
 passes it, and deliberately broken plugins are caught with the broken contract named and a
 reproducing scenario printed."""
 
@@ -14,13 +14,12 @@ from conftest import REPO
 from servelab.kit.conformance_cases import make_scenario
 from servelab.core.hookspecs import hookimpl
 from servelab.core.interfaces import SpeculativeDrafter
-from servelab.plugins import builtin
 from servelab.plugins.allocators.paged import PagedAllocator
 from servelab.plugins.preemption.recompute import RecomputePreemption
-from servelab.core.registry import build_registry, default_registry, plugin_manager
+from servelab.core.registry import build_registry, default_registry
 from servelab.core.request import Sequence, Status
 from servelab.engine.scheduling import QueueScheduler
-from servelab.plugin_api import check_plugin
+from servelab.testing import check_plugin, servelab_plugin_manager
 
 CASES = 5  # per built-in: a few seconds per kind (CI); servelab check-plugin runs 50 by default
 REAL_MODEL = {"scheduler": "priority", "allocator": "contiguous", "preemption": "swap", "drafter": "ngram",
@@ -220,8 +219,7 @@ class _Broken:
 
 @pytest.fixture(scope="module")
 def registry():
-    pm = plugin_manager(load_entry_points=False)
-    pm.register(builtin)
+    pm = servelab_plugin_manager()  # the built-in policies and executors
     pm.register(_Broken())
     return build_registry(pm)
 

@@ -89,11 +89,62 @@ def test_a_sequence_moves_only_along_allowed_transitions():
     seq.status = Status.RUNNING
     seq.status = Status.WAITING  # a recompute preemption
     seq.move_to(Status.RUNNING)
-    seq.move_to(Status.FINISHED)
+    seq.finish("length", 1.0)
     with pytest.raises(IllegalTransition, match=r"'r0' cannot go from finished to running"):
         seq.status = Status.RUNNING
     fresh = Sequence(_req(1))
     with pytest.raises(IllegalTransition, match="from waiting to swapped"):
         fresh.move_to(Status.SWAPPED)
     assert all(not ALLOWED_TRANSITIONS[s] for s in (Status.FINISHED, Status.REJECTED, Status.ABORTED))
+
+
+def test_a_sequence_ends_only_through_finish_or_reject():
+    """Status, reason and time are set together; an ended state is not reachable by move_to."""
+    for end in (Status.FINISHED, Status.ABORTED, Status.REJECTED):
+        seq = Sequence(_req(0))
+        with pytest.raises(IllegalTransition, match=r"finish\(reason, now\) or reject\(reason, now\)"):
+            seq.move_to(end)
+        with pytest.raises(IllegalTransition):
+            seq.status = end
+        assert seq.status is Status.WAITING and seq.finish_time is None
+    for reason, status in (("length", Status.FINISHED), ("stop", Status.FINISHED), ("abort", Status.ABORTED)):
+        seq = Sequence(_req(0))
+        seq.move_to(Status.RUNNING)
+        seq.finish(reason, 2.5)
+        assert (seq.status, seq.finish_reason, seq.finish_time, seq.rejected_reason) == (status, reason, 2.5, None)
+        with pytest.raises(IllegalTransition, match="cannot go from"):
+            seq.finish(reason, 3.0)
+        assert seq.finish_time == 2.5
+    with pytest.raises(ValueError, match="finish reason 'done'"):
+        Sequence(_req(0)).finish("done", 1.0)
+    seq = Sequence(_req(0))
+    seq.reject("prompt longer than max_model_len", 0.5)
+    assert (seq.status, seq.rejected_reason, seq.finish_time, seq.finish_reason) == (
+        Status.REJECTED, "prompt longer than max_model_len", 0.5, None)
+    running = Sequence(_req(1))
+    running.move_to(Status.RUNNING)
+    with pytest.raises(IllegalTransition, match="from running to rejected"):
+        running.reject("too late", 1.0)
+
+
+def test_token_ids_is_a_read_only_view_that_follows_the_sequence():
+    seq = Sequence(_req(0))
+    view = seq.token_ids
+    prompt = list(seq.request.prompt_token_ids)
+    assert view == prompt and list(view) == prompt and len(view) == seq.num_tokens
+    with pytest.raises(AttributeError):
+        view.append(7)  # type: ignore[attr-defined]
+    with pytest.raises(TypeError):
+        view[0] = 7  # type: ignore[index]
+    part = view[:2]
+    part.append(99)  # a slice is a new list: the sequence is untouched
+    assert seq.num_tokens == len(prompt)
+    seq.append_token(7, 0.1)
+    assert seq.token_ids is view and view[-1] == 7 and len(view) == len(prompt) + 1 and 7 in view
+    seq.move_to(Status.RUNNING)
+    seq.finish("length", 0.2)
+    seq.compact()  # finished: a view of prompt + outputs, still read-only and equal
+    assert seq.token_ids == [*prompt, 7] and seq.token_ids[-1] == 7
+    with pytest.raises(AttributeError):
+        seq.token_ids.append(8)  # type: ignore[attr-defined]
 

@@ -12,15 +12,14 @@ import pytest
 
 from servelab.core.hookspecs import hookimpl
 from servelab.core.interfaces import Evictor
-from servelab.core.registry import build_registry, default_registry, plugin_manager
+from servelab.core.registry import build_registry, default_registry
 from servelab.core.request import Request
 from servelab.kit import conformance
 from servelab.kit.conformance_evictor import (LADDER_BLOCK_SIZE, _ScriptPool, event_script, ideal_cached_tokens, ladder,
                                               ladder_requests, victim_problem)
 from servelab.kit.grade_workloads import WORKLOADS, prefix_thrash, workloads_for
 from servelab.kit.grading import grade, score_of, to_markdown
-from servelab.plugin_api import check_plugin
-from servelab.plugins import builtin
+from servelab.testing import check_plugin, servelab_plugin_manager
 from servelab.plugins.allocators.paged import PagedAllocator
 from servelab.plugins.evictors.lru import LruEvictor
 from servelab.run.config import register_configs
@@ -117,8 +116,7 @@ class _Plugins:
 
 @pytest.fixture(scope="module")
 def registry():
-    pm = plugin_manager(load_entry_points=False)
-    pm.register(builtin)
+    pm = servelab_plugin_manager()  # the built-in policies and executors
     pm.register(_Plugins())
     reg = build_registry(pm)
     register_configs(reg)

@@ -10,12 +10,12 @@ import sys
 
 import pytest
 
+from servelab.testing import servelab_plugin_manager
 from servelab.core.errors import ServelabError
 from servelab.kit.grade_workloads import WORKLOADS, workloads_for
 from servelab.kit.grading import grade, main, to_csv, to_markdown
 from servelab.kit.new_plugin import new_plugin
-from servelab.plugins import builtin
-from servelab.core.registry import build_registry, plugin_manager
+from servelab.core.registry import build_registry
 
 
 def test_the_cli_prints_a_table_and_writes_what_a_second_run_computes(tmp_path):
@@ -42,8 +42,7 @@ def test_a_generated_submission_is_graded_first_against_every_builtin(tmp_path):
     spec = importlib.util.spec_from_file_location("my_policy", root / "my_policy" / "__init__.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    pm = plugin_manager(load_entry_points=False)
-    pm.register(builtin)
+    pm = servelab_plugin_manager()  # the built-in policies and executors
     pm.register(module)
     g = grade("scheduler", "my_policy", registry=build_registry(pm), workloads=WORKLOADS[:1])
     assert [r.policy for r in g.rows] == ["my_policy", "fcfs", "lpm", "mlfq", "priority", "sjf", "slo_aware", "static",

@@ -28,7 +28,7 @@ if "triton" not in sys.modules and not torch.cuda.is_available():
     _prior = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     try:
-        import triton  # noqa: F401
+        import triton
     except ImportError:
         pass
     finally:
@@ -37,11 +37,11 @@ if "triton" not in sys.modules and not torch.cuda.is_available():
         else:
             os.environ["TRITON_INTERPRET"] = _prior
 
-from servelab.kernels import reference  # noqa: E402
-from servelab.kernels.backend import select_attention_backend  # noqa: E402
+from servelab.kernels import reference
+from servelab.kernels.backend import select_attention_backend
 
 try:
-    import triton  # noqa: F401
+    import triton
 
     from servelab.kernels import triton_decode, triton_ops, triton_store_kv
 except ImportError:

@@ -16,16 +16,16 @@ import numpy as np
 import pytest
 
 from conftest import REPO, compose
+from servelab.testing import servelab_plugin_manager
 from servelab.core.errors import ConfigError
 from servelab.core.hookspecs import hookimpl
 from servelab.core.interfaces import (LengthPredictor, LengthPredictorError, NoConfig, PredictorContext,
                                       predict_checked)
 from servelab.core.packaged import PACKAGED_CHECKPOINTS
-from servelab.core.registry import build_registry, default_registry, plugin_manager
+from servelab.core.registry import build_registry, default_registry
 from servelab.core.request import Request, SamplingParams
 from servelab.engine.engine import PluginFailure
 from servelab.kit.testing import FakeExecutor, VirtualClock
-from servelab.plugins import builtin
 from servelab.plugins.length_predictors.bundle import PACKAGED_PREDICTORS, META
 from servelab.plugins.length_predictors.learned import LearnedConfig, LearnedPredictor
 from servelab.plugins.length_predictors.noisy_oracle import NoisyOracleConfig, NoisyOraclePredictor
@@ -325,8 +325,7 @@ class _TestPredictors:
 @pytest.mark.parametrize("name, why", [("test_raising", "raised KeyError: 'no idea'"),
                                        ("test_negative", "returned -1.0: a predicted length must be a finite number")])
 def test_a_predictor_failing_at_run_time_stops_the_run_naming_itself_and_the_request(tmp_path, name, why):
-    pm = plugin_manager(load_entry_points=False)
-    pm.register(builtin)
+    pm = servelab_plugin_manager()  # the built-in policies and executors
     pm.register(_TestPredictors())
     registry = build_registry(pm)
     register_configs(registry)

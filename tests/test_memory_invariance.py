@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from servelab.core.request import Request
 
-from memory_helpers import VOCAB, fake_stack, run_requests, tokens_by_id, workloads
+from memory_helpers import fake_stack, run_requests, tokens_by_id, workloads
 
 settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("long", max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -7,14 +7,14 @@ from dataclasses import dataclass
 
 import pytest
 
+from servelab.testing import servelab_plugin_manager
 from servelab.core.errors import ConfigError
 from servelab.core.hookspecs import hookimpl
 from servelab.core.interfaces import LengthPredictor
-from servelab.core.registry import Registry, build_registry, plugin_manager
+from servelab.core.registry import Registry, build_registry
 from servelab.kit.conformance import check_plugin, main, merge_overrides
 from servelab.kit.grade_workloads import WORKLOADS, fairness_flood, workloads_for
 from servelab.kit.grading import grade
-from servelab.plugins import builtin
 
 
 def test_merge_overrides_replaces_the_same_keys_and_keeps_the_rest():
@@ -81,8 +81,7 @@ class _Bad:
 
 
 def _registry() -> Registry:
-    pm = plugin_manager(load_entry_points=False)
-    pm.register(builtin)
+    pm = servelab_plugin_manager()  # the built-in policies and executors
     pm.register(_Bad())
     return build_registry(pm)
 

@@ -11,12 +11,11 @@ import pytest
 
 from servelab.core.hookspecs import hookimpl
 from servelab.core.interfaces import ReplicaView, Router, RouterContext
-from servelab.core.registry import build_registry, default_registry, plugin_manager
+from servelab.core.registry import build_registry, default_registry
 from servelab.core.request import Request
 from servelab.kit.conformance import main as check_plugin_main
 from servelab.kit.conformance_router import SPREAD_REQUESTS, router_scenario
-from servelab.plugin_api import check_plugin
-from servelab.plugins import builtin
+from servelab.testing import check_plugin, servelab_plugin_manager
 from servelab.plugins.routers import BUILTIN
 from servelab.plugins.routers.least_outstanding import LeastOutstandingRouter
 from servelab.plugins.routers.power_of_two import PowerOfTwoRouter
@@ -305,8 +304,7 @@ class _Broken:
 
 @pytest.fixture(scope="module")
 def registry():
-    pm = plugin_manager(load_entry_points=False)
-    pm.register(builtin)
+    pm = servelab_plugin_manager()  # the built-in policies and executors
     pm.register(_Broken())
     return build_registry(pm)
 

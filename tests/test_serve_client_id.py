@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("fastapi", reason="the serve extra (pip install servelab[serve]) is not installed")
 
-from servelab.serve.app import _submission  # noqa: E402
-from servelab.serve.protocol import ChatCompletionRequest, CompletionRequest  # noqa: E402
+from servelab.serve.app import _submission
+from servelab.serve.protocol import ChatCompletionRequest, CompletionRequest
 
 STATE = SimpleNamespace(vocab_size=100, max_model_len=64, default_max_tokens=4,
                         loop=SimpleNamespace(engine=SimpleNamespace(rejection_reason=lambda request: None)))

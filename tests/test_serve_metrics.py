@@ -7,10 +7,10 @@ import pytest
 
 pytest.importorskip("prometheus_client", reason="the serve extra (pip install servelab[serve]) is not installed")
 
-from servelab.engine.engine import StepRecord  # noqa: E402
-from servelab.core.interfaces import PreemptionDecision  # noqa: E402
-from servelab.core.request import Request, Sequence, Status  # noqa: E402
-from servelab.serve.metrics import ServeMetrics  # noqa: E402
+from servelab.engine.engine import StepRecord
+from servelab.core.interfaces import PreemptionDecision
+from servelab.core.request import Request, Sequence, Status
+from servelab.serve.metrics import ServeMetrics
 
 
 def _value(metrics: ServeMetrics, name: str, **labels) -> float:
@@ -28,7 +28,8 @@ def _ended(rid: str, times: list[float], status=Status.FINISHED, reason="length"
     seq.first_scheduled_time, seq.num_cached_prompt_tokens = 0.0, cached
     for t in times:
         seq.append_token(5, t)
-    seq.status, seq.finish_reason, seq.finish_time = status, reason, times[-1] if times else 0.0
+    seq.finish(reason, times[-1] if times else 0.0)
+    assert seq.status is status
     return seq
 
 

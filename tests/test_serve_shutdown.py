@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("fastapi", reason="the serve extra (pip install servelab[serve]) is not installed")
 
-from serve_helpers import start, wait_until  # noqa: E402
+from serve_helpers import start, wait_until
 
 
 def test_sigterm_aborts_what_outlives_the_grace_period_and_writes_results(tmp_path):

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from servelab.exec import executor as executor_module
-from servelab.engine.batch import StepBatch
+from servelab.core.batch import StepBatch
 from servelab.exec.executor import ModelWorker, WorkerConfig
 from servelab.exec.model.layers import TPGroup
 from servelab.exec.model.loader import load_model

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
+from common import (
     SIM_70B_TP4, SLO_TEXT, SLOS, describe, figures, finish, machine_line, native_rate, parse_args, plt, quiet, run,
     save_figure, slo_overrides, table, time_model_note, trace_requests, write_csv, write_json,
 )

@@ -44,7 +44,7 @@ def load_or_generate(num_train: int, seed: int, folder: Path = HERE, regenerate:
             log(f"reusing {path} (--regenerate to make it again)")
             records[split] = read_jsonl(path)
             continue
-        from lp_generate import generate, select_prompts  # noqa: PLC0415 - servelab.api (torch) only when generating
+        from lp_generate import generate, select_prompts  # servelab.api (torch) only when generating
 
         start = time.perf_counter()
         prompts = select_prompts(num_train, seed, settings["prefix_bytes"])[split]

@@ -34,18 +34,18 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lp_cache import MODEL, load_or_generate, read_jsonl  # noqa: E402, F401 - read_jsonl: for tests
-from lp_card import model_card  # noqa: E402 - the folder's own modules
-from lp_fit import choose_l2, fit, softmax  # noqa: E402
-from lp_metrics import kendall_tau_b, metrics  # noqa: E402
+from lp_cache import MODEL, load_or_generate, read_jsonl  # noqa: F401 - read_jsonl: for tests
+from lp_card import model_card  # the folder's own modules
+from lp_fit import choose_l2, fit, softmax
+from lp_metrics import kendall_tau_b, metrics
 
-from servelab.core.interfaces import PredictorContext  # noqa: E402
-from servelab.core.packaged import PACKAGED_CHECKPOINTS  # noqa: E402
-from servelab.core.request import Request, SamplingParams  # noqa: E402
-from servelab.plugins.length_predictors.bundle import (PACKAGED_PREDICTORS, checkpoint_fingerprint,  # noqa: E402
+from servelab.core.interfaces import PredictorContext
+from servelab.core.packaged import PACKAGED_CHECKPOINTS
+from servelab.core.request import Request, SamplingParams
+from servelab.plugins.length_predictors.bundle import (PACKAGED_PREDICTORS, checkpoint_fingerprint,
                                                        save_bundle)
-from servelab.plugins.length_predictors.features import FeatureSpec, bucket_of, feature_matrix  # noqa: E402
-from servelab.plugins.length_predictors.learned import LearnedConfig, LearnedPredictor  # noqa: E402
+from servelab.plugins.length_predictors.features import FeatureSpec, bucket_of, feature_matrix
+from servelab.plugins.length_predictors.learned import LearnedConfig, LearnedPredictor
 
 L2_GRID = (0.03, 0.1, 0.3, 1.0, 3.0)  # on standardised features (lp_fit)
 FOLDS = 5
@@ -96,7 +96,7 @@ def expected_length(p: np.ndarray, means: np.ndarray, cap: float) -> np.ndarray:
 
 
 def encoded(records: list[dict]) -> list[tuple[int, ...]]:
-    from servelab.workloads.text import CheckpointText  # noqa: PLC0415 - transformers
+    from servelab.workloads.text import CheckpointText  # transformers
 
     text = CheckpointText(PACKAGED_CHECKPOINTS / MODEL)
     return [text.encode(r["prompt"], r["source"]) for r in records]

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from servelab.sim.op_tables import FORMAT, LAYER_OPS, isotonic
+from servelab.sim.op_tables import FORMAT, isotonic
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE_REPO = "https://github.com/microsoft/vidur"

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
+from common import (
     SIM_70B, fmt, lat, machine_line, mean_p, parse_args, plt, quiet, run, save_figure, secs, table,
     time_model_note, write_csv, write_json, finish,
 )
@@ -273,7 +273,7 @@ def page(args, res: dict, total_wall: float) -> str:
     rows, mix_rows, cap = res["rows"], res["mix_rows"], res["capacity_req_s"]
     by = {(r["load"], r["stack"]): r for r in rows}
     loads = args.loads
-    top, low = max(loads), min(loads)
+    top = max(loads)
 
     def g(load, stack, key):
         return by[(load, stack)][key]
@@ -310,15 +310,15 @@ def page(args, res: dict, total_wall: float) -> str:
     # ---- generated sentences
     def verdict(stack, key="mean_jct_ms", band=0.01):
         """Loads where ``stack`` beats fcfs on ``key`` by more than ``band`` (ties are not wins)."""
-        return [l for l in loads if g(l, stack, key) < (1 - band) * g(l, "fcfs", key)]
+        return [ld for ld in loads if g(ld, stack, key) < (1 - band) * g(ld, "fcfs", key)]
 
     def worse(stack, key):
-        return [l for l in loads if g(l, stack, key) > 1.01 * g(l, "fcfs", key)]
+        return [ld for ld in loads if g(ld, stack, key) > 1.01 * g(ld, "fcfs", key)]
 
     swap_wins, rec_wins = verdict("mlfq + swap"), verdict("mlfq + recompute")
-    idle = [l for l in loads if all(abs(g(l, st, "mean_jct_ms") / g(l, "fcfs", "mean_jct_ms") - 1) <= 0.01
+    idle = [ld for ld in loads if all(abs(g(ld, st, "mean_jct_ms") / g(ld, "fcfs", "mean_jct_ms") - 1) <= 0.01
                                     for st in ("mlfq + swap", "mlfq + recompute"))]
-    best_load = min(loads, key=lambda l: ratio(g(l, "mlfq + swap", "mean_jct_ms"), g(l, "fcfs", "mean_jct_ms")))
+    best_load = min(loads, key=lambda ld: ratio(g(ld, "mlfq + swap", "mean_jct_ms"), g(ld, "fcfs", "mean_jct_ms")))
     best = ratio(g(best_load, "fcfs", "mean_jct_ms"), g(best_load, "mlfq + swap", "mean_jct_ms"))
     p50_gain = ratio(g(top, "fcfs", "p50_jct_ms"), g(top, "mlfq + swap", "p50_jct_ms"))
     short, longest = CLASSES[0][2], CLASSES[-1][2]
@@ -330,10 +330,10 @@ def page(args, res: dict, total_wall: float) -> str:
     lines = []
     if idle:
         lines.append(
-            f"- **Below capacity, no difference.** At {', '.join(f'{l:g}x' for l in idle)} the {args.seats} seats were "
+            f"- **Below capacity, no difference.** At {', '.join(f'{ld:g}x' for ld in idle)} the {args.seats} seats were "
             "rarely all taken: mlfq preempted "
-            + ", ".join(f"{g(l, 'mlfq + swap', 'preemptions')} (swap) / {g(l, 'mlfq + recompute', 'preemptions')} "
-                        f"(recompute) times at {l:g}x" for l in idle)
+            + ", ".join(f"{g(ld, 'mlfq + swap', 'preemptions')} (swap) / {g(ld, 'mlfq + recompute', 'preemptions')} "
+                        f"(recompute) times at {ld:g}x" for ld in idle)
             + " and every mean JCT is within 1% of fcfs's.")
     if p50_gain and p50_gain > 1:
         lines.append(
@@ -344,9 +344,9 @@ def page(args, res: dict, total_wall: float) -> str:
     else:
         lines.append(f"- **Not even the median improves** at {top:g}x: fcfs {secs(g(top, 'fcfs', 'p50_jct_ms'))}, "
                      f"mlfq + swap {secs(g(top, 'mlfq + swap', 'p50_jct_ms'))}.")
-    ties = [l for l in loads if l not in swap_wins and l not in worse("mlfq + swap", "mean_jct_ms")]
+    ties = [ld for ld in loads if ld not in swap_wins and ld not in worse("mlfq + swap", "mean_jct_ms")]
     loses = worse("mlfq + swap", "mean_jct_ms")
-    loadlist = lambda ls: ", ".join(f"{l:g}x" for l in ls)  # noqa: E731
+    loadlist = lambda ls: ", ".join(f"{ld:g}x" for ld in ls)  # noqa: E731
     if swap_wins:
         lines.append(
             f"- **Mean JCT: only in overload{', only with swap' if not rec_wins else ''}.** mlfq + swap lowers the mean JCT by more than 1% only "

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
+from common import (
     REAL_TINY, SIM_70B, finish, fmt, kendall_tau_b, lat, machine_line, mean_p, parse_args, plt, quiet, run,
     save_figure, secs, table, time_model_note, write_csv, write_json,
 )
@@ -297,9 +297,9 @@ def page(args, res: dict, total_wall: float) -> str:
         f"{o['gain']:.2f}x lower (the paper: up to 2.8x for chatbot serving); p99 {secs(f['p99_latency_ms'])} -> "
         f"{secs(o['p99_latency_ms'])}"
         + (" (shortest-first starves the longest requests)." if o["p99_latency_ms"] > f["p99_latency_ms"] else ".")
-        + f" By load, the oracle's gain is "
+        + " By load, the oracle's gain is "
         + ", ".join(f"{p['oracle']['gain']:.2f}x at {p['load']:g}x" for p in by_load)
-        + f": it grows with the share of latency spent queueing (fcfs's mean TTFT "
+        + ": it grows with the share of latency spent queueing (fcfs's mean TTFT "
         + ", ".join(f"{secs(p['fcfs']['mean_ttft_ms'])}" for p in by_load)
         + f"); {'nowhere near' if best_load['oracle']['gain'] < 2 else 'approaching'} the paper's 2.8x in this range.",
         f"- **Noisy predictions**: sigma {lo:g} (tau {fmt(rl['kendall_tau'])}) keeps {rl['gain']:.2f}x, sigma {hi:g} "

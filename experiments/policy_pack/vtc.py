@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
+from common import (
     REAL_TINY, SIM_70B, finish, fmt, lat, machine_line, mean_p, parse_args, plt, quiet, run, save_figure, secs,
     table, time_model_note, write_csv, write_json,
 )
@@ -310,7 +310,6 @@ def page(args, res: dict, total_wall: float) -> str:
     rf, rv = real["rows"]["fcfs"], real["rows"]["vtc"]
     cap = res["capacity_req_s"]
     ns, nf = sim["num_requests"]["steady"], sim["num_requests"]["flood"]
-    share = lambda row: row["service_steady"] / (row["service_steady"] + row["service_flood"])  # noqa: E731
 
     js = sim["jain_series"]
     gap, b, step = v["max_service_gap_tokens"], sim["bound_tokens"], v["max_one_step_difference"]

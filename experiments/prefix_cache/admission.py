@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
+from common import (
     REAL_TINY, SIM_70B, finish, lat, machine_line, mean_p, parse_args, plt, quiet, real_runs, run, save_figure,
     table, time_model_note, write_csv, write_json,
 )
-from eviction import BLOCK, workloads  # noqa: E402
+from eviction import BLOCK, workloads
 
 NAME = "admission"
 STACKS = {"fcfs": ["scheduler=fcfs"], "lpm": ["scheduler=lpm"],

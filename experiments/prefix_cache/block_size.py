@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
+from common import (
     SIM_70B, finish, lat, machine_line, mean_p, parse_args, plt, quiet, run, save_figure, table, time_model_note,
     write_csv, write_json,
 )

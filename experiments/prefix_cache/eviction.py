@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
+from common import (
     REAL_TINY, SIM_70B, finish, ideal_hit_tokens, lat, machine_line, mean_p, parse_args, plt, quiet, real_runs, run,
     save_figure, table, time_model_note, write_csv, write_json,
 )
@@ -203,9 +203,9 @@ def headline(res: dict) -> str:
     parts = []
     for wname, d in res["sim"].items():
         ranked = best_by_pool(d["rows"])
-        f, e, h, l = max(ranked, key=lambda t: t[2] - t[3])  # where the choice of evictor mattered most
+        f, e, h, h_lru = max(ranked, key=lambda t: t[2] - t[3])  # where the choice of evictor mattered most
         parts.append(f"{d['label']}: at {f:g}x the working set {e} keeps {h:.1%} of prompt tokens cached vs lru's "
-                     f"{l:.1%} (ideal {d['ideal_hit_rate']:.1%})")
+                     f"{h_lru:.1%} (ideal {d['ideal_hit_rate']:.1%})")
     same = all(r["tokens_equal_to_lru"] for r in res["real"]["rows"].values())
     return "; ".join(parts) + f"; tokens on the real model {'equal to lru for every evictor' if same else 'DIFFER'}."
 
@@ -240,9 +240,9 @@ def page(args, res: dict, total_wall: float) -> str:
                              r["ttft_p50_ms"] / 1e3, r["ttft_p99_ms"] / 1e3, r["duration_s"], r["preemptions"]]
                             for r in d["rows"]]))
         lines.append("")
-        lines += [f"- at {f:g}x: **{e}** {h:.2%} (lru {l:.2%})" if h - l >= 5e-4 else
-                  f"- at {f:g}x: a tie, every evictor within 0.05 points of lru's {l:.2%}"
-                  for f, e, h, l in best_by_pool(d["rows"])]
+        lines += [f"- at {f:g}x: **{e}** {h:.2%} (lru {h_lru:.2%})" if h - h_lru >= 5e-4 else
+                  f"- at {f:g}x: a tie, every evictor within 0.05 points of lru's {h_lru:.2%}"
+                  for f, e, h, h_lru in best_by_pool(d["rows"])]
         lines.append("")
     lines += ["### What it shows", "", *findings(sim), "", "![eviction](eviction/eviction.png)", "",
               "### Real model: tokens", "",

@@ -66,10 +66,11 @@ def evaluate(cfg, documents: list[str] | None = None) -> dict:
     spec_window = _window(cfg, wcfg.model_path)
     block_size = explicit_block_size(cfg, "servelab eval-ppl")
     blocks_per_window = -(-spec_window // block_size)
-    wcfg = dataclasses.replace(wcfg, max_model_len=spec_window, num_kv_blocks=e.batch_windows * blocks_per_window,
+    num_blocks = e.batch_windows * blocks_per_window
+    wcfg = dataclasses.replace(wcfg, max_model_len=spec_window, num_kv_blocks=num_blocks,
                                num_swap_blocks=0, swap_space_gb=None)
     worker = ModelWorker(wcfg)
-    worker.allocate_kv_cache(wcfg.num_kv_blocks)
+    worker.allocate_kv_cache(num_blocks)
 
     docs = documents if documents is not None else corpus.heldout_documents()
     stream, num_docs = _stream(docs, text, tokenizer, e.max_tokens)

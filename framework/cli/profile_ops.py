@@ -33,7 +33,7 @@ import sys
 from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional, cast
 
 import numpy as np
 import torch
@@ -84,7 +84,8 @@ class ProfileOpsOptions:
 
 def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
     """(``profile_ops.*`` settings as ``key=value``, the Hydra overrides)."""
-    options, overrides = [], []
+    options: list[str] = []
+    overrides: list[str] = []
     for arg in argv:
         bare = arg.lstrip("+")
         (options if bare.startswith(PREFIX) else overrides).append(bare[len(PREFIX):] if bare.startswith(PREFIX)
@@ -105,7 +106,7 @@ def parse_options(settings: list[str]) -> ProfileOpsOptions:
                               f"(options: {', '.join(sorted(known))})")
     try:
         merged = OmegaConf.merge(OmegaConf.structured(ProfileOpsOptions), OmegaConf.from_dotlist(settings))
-        opts = ProfileOpsOptions(**OmegaConf.to_container(merged))
+        opts = ProfileOpsOptions(**cast("dict[str, Any]", OmegaConf.to_container(merged)))
     except (OmegaConfBaseException, ValueError, TypeError) as exc:
         raise ConfigError(f"profile_ops: {str(exc).splitlines()[0]}") from None
     for key in ("tp_degrees", "tokens", "prefill_tokens", "decode_batches", "contexts"):

@@ -96,7 +96,7 @@ def load_spec(path: str | Path) -> ModelSpec:
     )
 
 
-def _rope_parameters(cfg) -> dict:
+def _rope_parameters(cfg: Any) -> dict[str, Any]:
     """transformers 5 keeps RoPE settings in ``rope_parameters``; 4.x in ``rope_scaling``/``rope_theta``."""
     params = getattr(cfg, "rope_parameters", None)
     if params:

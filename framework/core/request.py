@@ -5,7 +5,10 @@ from __future__ import annotations
 import enum
 import functools
 from array import array
+from collections.abc import Iterator, MutableSequence
+from collections.abc import Sequence as ReadOnlyList
 from dataclasses import dataclass, field
+from typing import Any, overload
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,8 @@ class Status(enum.Enum):
 #: The moves a sequence may make (vLLM v1 asserts the same at every transition). A recompute
 #: preemption is RUNNING -> WAITING; a swap is RUNNING -> SWAPPED -> RUNNING. A request can be
 #: aborted, or stopped (FINISHED, ``finish_reason="stop"``), from any live state. FINISHED,
-#: REJECTED and ABORTED are final.
+#: REJECTED and ABORTED are final. A sequence reaches them only through :meth:`Sequence.finish`
+#: (FINISHED, ABORTED) or :meth:`Sequence.reject` (REJECTED), which set the reason and time too.
 ALLOWED_TRANSITIONS: dict[Status, frozenset[Status]] = {
     Status.WAITING: frozenset({Status.RUNNING, Status.REJECTED, Status.FINISHED, Status.ABORTED}),
     Status.RUNNING: frozenset({Status.WAITING, Status.SWAPPED, Status.FINISHED, Status.ABORTED}),
@@ -95,15 +99,15 @@ class Sequence:
     num_cached_prompt_tokens: int = 0  # prefix-cache hits at (last) admission
     num_preemptions: int = 0
     first_scheduled_time: float | None = None
-    token_times: list[float] = field(default_factory=list)  # wall time of each output token
-    finish_time: float | None = None
-    finish_reason: str | None = None  # "length" | "stop" | "abort"
-    rejected_reason: str | None = None
+    token_times: MutableSequence[float] = field(default_factory=list)  # wall time of each output token
+    finish_time: float | None = None  # set by finish() / reject(), never by hand
+    finish_reason: str | None = None  # "length" | "stop" | "abort" (finish())
+    rejected_reason: str | None = None  # why it could never run (reject())
     # Speculative decoding: the drafter's proposal to follow ``token_ids`` (empty = none; the
     # engine clears it whenever ``token_ids`` grows), the drafter's probabilities for it
     # (``[len(drafts), vocab]`` or None = one-hot), and what verification made of past drafts.
     draft_token_ids: list[int] = field(default_factory=list)
-    draft_probs: object = None
+    draft_probs: Any = None
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_verify_steps: int = 0
@@ -114,6 +118,7 @@ class Sequence:
 
     def __post_init__(self) -> None:
         self._token_ids = list(self.request.prompt_token_ids)
+        self._token_view: ReadOnlyList[int] = TokenIds(self._token_ids)  # made once; token_ids hands it out
 
     @property
     def id(self) -> str:
@@ -129,16 +134,40 @@ class Sequence:
         self.move_to(new)
 
     def move_to(self, new: Status) -> None:
-        """The one way a sequence changes state; raises :class:`IllegalTransition` naming the
-        sequence and both states when :data:`ALLOWED_TRANSITIONS` does not allow the move."""
+        """The one way a live sequence changes state (waiting / running / swapped); raises
+        :class:`IllegalTransition` naming the sequence and both states when :data:`ALLOWED_TRANSITIONS`
+        does not allow the move. A sequence ends only through :meth:`finish` or :meth:`reject`."""
+        if new not in _LIVE_MOVES[self._status]:
+            if new in _ENDED:
+                raise IllegalTransition(f"sequence {self.request.id!r}: end a sequence with finish(reason, now) or "
+                                        f"reject(reason, now), not move_to({new.value})")
+            raise IllegalTransition(f"sequence {self.request.id!r} cannot go from {self._status.value} to {new.value}")
+        self._status = new
+
+    def finish(self, reason: str, now: float) -> None:
+        """End the sequence at ``now``: ``reason`` ``"length"`` or ``"stop"`` makes it FINISHED,
+        ``"abort"`` ABORTED. Status, finish reason and finish time change together, here only."""
+        if reason not in FINISH_REASONS:
+            raise ValueError(f"sequence {self.request.id!r}: finish reason {reason!r} is not one of "
+                             f"{sorted(FINISH_REASONS)}")
+        self._end(Status.ABORTED if reason == "abort" else Status.FINISHED)
+        self.finish_reason, self.finish_time = reason, now
+
+    def reject(self, reason: str, now: float) -> None:
+        """End a waiting sequence at ``now`` as REJECTED: it can never run, for ``reason``."""
+        self._end(Status.REJECTED)
+        self.rejected_reason, self.finish_time = reason, now
+
+    def _end(self, new: Status) -> None:
         if new not in ALLOWED_TRANSITIONS[self._status]:
             raise IllegalTransition(f"sequence {self.request.id!r} cannot go from {self._status.value} to {new.value}")
         self._status = new
 
     @property
-    def token_ids(self) -> list[int]:
-        """Prompt followed by the generated tokens (do not mutate)."""
-        return self._token_ids
+    def token_ids(self) -> ReadOnlyList[int]:
+        """Prompt followed by the generated tokens, as a read-only view (it follows the sequence as
+        it grows; slicing it gives a new list). Only :meth:`append_token` adds to it."""
+        return self._token_view
 
     @property
     def num_tokens(self) -> int:
@@ -171,7 +200,9 @@ class Sequence:
         sequence until its results are written)."""
         self.token_times = array("d", self.token_times)
         self.draft_token_ids, self.draft_probs = [], None
-        self._token_ids = _Joined(self.request.prompt_token_ids, self.output_token_ids)  # type: ignore[assignment]
+        joined = _Joined(self.request.prompt_token_ids, self.output_token_ids)
+        self._token_ids = joined  # type: ignore[assignment]  # len() and no append from here on
+        self._token_view = joined
 
     def append_token(self, token_id: int, now: float) -> None:
         self.output_token_ids.append(token_id)
@@ -180,22 +211,73 @@ class Sequence:
 
 
 _ENDED = frozenset({Status.FINISHED, Status.REJECTED, Status.ABORTED})
+_LIVE_MOVES = {status: allowed - _ENDED for status, allowed in ALLOWED_TRANSITIONS.items()}  # what move_to may do
+#: ``Sequence.finish_reason``: the output reached its length limit, a stop token or string, or the client left.
+FINISH_REASONS = frozenset({"length", "stop", "abort"})
 
 
-class _Joined:
-    """``prompt + outputs`` as a read-only view (what a finished sequence's ``token_ids`` is)."""
+class TokenIds(ReadOnlyList[int]):
+    """A live sequence's token ids as a read-only view of its working list: indexing, slicing
+    (a new list), ``len``, iteration and ``in`` read the list itself, so the view costs one call and
+    never a copy. There is no way to change the sequence through it."""
+
+    __slots__ = ("_ids",)
+
+    def __init__(self, ids: list[int]) -> None:
+        self._ids = ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        return self._ids[index]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._ids)
+
+    def __contains__(self, token: object) -> bool:
+        return token in self._ids
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ReadOnlyList) and not isinstance(other, (str, bytes)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to a list, which has none
+
+    def __repr__(self) -> str:
+        return f"TokenIds({self._ids!r})"
+
+
+class _Joined(TokenIds):
+    """``prompt + outputs`` as a read-only view (what a finished sequence's ``token_ids`` is, once
+    :meth:`Sequence.compact` dropped the working list)."""
 
     __slots__ = ("prompt", "outputs")
 
-    def __init__(self, prompt, outputs) -> None:
+    def __init__(self, prompt: tuple[int, ...], outputs: list[int]) -> None:  # no working list: not TokenIds.__init__
         self.prompt, self.outputs = prompt, outputs
 
     def __len__(self) -> int:
         return len(self.prompt) + len(self.outputs)
 
-    def __getitem__(self, index):
-        return (list(self.prompt) + list(self.outputs))[index]
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        return [*self.prompt, *self.outputs][index]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         yield from self.prompt
         yield from self.outputs
+
+    def __contains__(self, token: object) -> bool:
+        return token in self.prompt or token in self.outputs
+
+    def __repr__(self) -> str:
+        return f"TokenIds({list(self)!r})"

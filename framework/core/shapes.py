@@ -8,10 +8,15 @@ time models; nothing here touches tensors.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from servelab.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from servelab.core.model_spec import ModelSpec
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "fp8_e4m3": 1}
 INT8_SCALE_BYTES = 4  # one float32 scale per output channel (weights) or per token and KV head (KV)
@@ -62,7 +67,7 @@ class HardwareProfile:
     inter_node_latency_us: float = 20.0
 
     @classmethod
-    def from_config(cls, node) -> "HardwareProfile":
+    def from_config(cls, node: Mapping[str, Any]) -> "HardwareProfile":
         """From the ``hardware`` config node; a non-positive figure is an error naming its key."""
         values = {f: node.get(f, cls.__dataclass_fields__[f].default) for f in cls.__dataclass_fields__}
         if not values["intra_node_link_gb_s"]:  # null: the GPU-to-GPU link the all-reduce uses
@@ -99,7 +104,7 @@ class ModelShape:
     max_position_embeddings: int = 4096
 
     @classmethod
-    def from_spec(cls, spec) -> "ModelShape":
+    def from_spec(cls, spec: ModelSpec) -> "ModelShape":
         """From a :class:`servelab.core.model_spec.ModelSpec`."""
         return cls(spec.num_layers, spec.hidden_size, spec.intermediate_size, spec.num_heads, spec.num_kv_heads,
                    spec.head_dim, spec.vocab_size, spec.tie_word_embeddings, spec.max_position_embeddings)

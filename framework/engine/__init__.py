@@ -1,3 +1,4 @@
 """The hot loop: :class:`~servelab.engine.engine.Engine` (schedule -> build batch -> execute ->
-apply), the token-budget :class:`~servelab.engine.scheduling.QueueScheduler`, batch building,
-clocks, drafting glue, swap-pool sizing, step totals. Imports only ``servelab.core``; no torch."""
+apply), the token-budget :class:`~servelab.engine.scheduling.QueueScheduler`, step work and batch
+building, clocks, drafting glue, step totals (the one place step records are summed). Imports
+only ``servelab.core``; no torch."""

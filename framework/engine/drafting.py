@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from servelab.core.request import SamplingParams
+from servelab.core.interfaces import BlockAllocator
+from servelab.core.request import SamplingParams, Sequence
 from servelab.core.seeds import sample_seed
 
 DRAFT_SEED_SALT = 0x5EED_D4AF  # draft sampling never reuses a verification seed
@@ -34,8 +35,9 @@ class DraftBatch:
     k: int
 
 
-def build_draft_batch(seqs, allocator, k: int, run_seed: int) -> DraftBatch:
-    sampling, seeds = [], []
+def build_draft_batch(seqs: list[Sequence], allocator: BlockAllocator, k: int, run_seed: int) -> DraftBatch:
+    sampling: list[SamplingParams | None] = []
+    seeds: list[list[int]] = []
     for seq in seqs:
         params = seq.request.sampling
         greedy = params.temperature == 0.0

@@ -1,8 +1,15 @@
-"""Run-wide sums over every step, kept as the run goes (so a run need not keep its steps)."""
+"""Sums over steps, the one place step records are added up: a run's totals (kept as the run goes,
+so a run need not keep its steps), a cluster's (every replica's totals merged), and the logger's
+window of steps."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from servelab.engine.engine import StepRecord
 
 
 @dataclass
@@ -24,11 +31,22 @@ class StepTotals:
     busy_s: float = 0.0  # the steps' durations summed (the engine's busy time on its clock)
     gauge_sums: dict[str, float] = field(default_factory=dict)
     gauge_counts: dict[str, int] = field(default_factory=dict)
+    num_seqs: int = 0  # the steps' batch sizes summed (num_seqs / num_steps: the mean batch)
+    num_tokens: int = 0
+    decode_seqs: int = 0
+    draft_tokens: int = 0  # speculative drafts verified
+    accepted_tokens: int = 0  # of which kept
 
-    def add(self, record) -> None:
+    def add(self, record: StepRecord) -> None:
         """Fold in one :class:`~servelab.engine.engine.StepRecord`."""
         self.num_steps += 1
         self.last_time_s = record.time_s
+        self.num_seqs += record.num_seqs
+        self.num_tokens += record.num_tokens
+        self.decode_seqs += record.decode_seqs
+        if record.draft_tokens:
+            self.draft_tokens += record.draft_tokens
+            self.accepted_tokens += record.accepted_tokens
         self.kv_utilization_sum += record.kv_utilization
         if record.kv_utilization > self.kv_utilization_max:
             self.kv_utilization_max = record.kv_utilization
@@ -48,6 +66,45 @@ class StepTotals:
             if v is not None:
                 self.gauge_sums[k] = self.gauge_sums.get(k, 0.0) + v
                 self.gauge_counts[k] = self.gauge_counts.get(k, 0) + 1
+
+    def merge(self, other: StepTotals) -> None:
+        """Fold in the totals of an engine that ran beside this one (a cluster's replicas): counts
+        and sums added, maxima and the last step's time the largest; ``max_concurrent`` becomes the
+        sum of the peaks (an upper bound on the joint peak: the peaks need not coincide)."""
+        self.num_steps += other.num_steps
+        self.last_time_s = max(self.last_time_s, other.last_time_s)
+        self.kv_utilization_sum += other.kv_utilization_sum
+        self.kv_utilization_max = max(self.kv_utilization_max, other.kv_utilization_max)
+        for kind, n in other.preemptions.items():
+            self.preemptions[kind] = self.preemptions.get(kind, 0) + n
+        self.recomputed_tokens += other.recomputed_tokens
+        self.prefill_tokens += other.prefill_tokens
+        self.max_concurrent += other.max_concurrent
+        self.swap_out_blocks += other.swap_out_blocks
+        self.swap_in_blocks += other.swap_in_blocks
+        self.model_s += other.model_s
+        self.comm_s += other.comm_s
+        self.busy_s += other.busy_s
+        for k, v in other.gauge_sums.items():
+            self.gauge_sums[k] = self.gauge_sums.get(k, 0.0) + v
+            self.gauge_counts[k] = self.gauge_counts.get(k, 0) + other.gauge_counts[k]
+        self.num_seqs += other.num_seqs
+        self.num_tokens += other.num_tokens
+        self.decode_seqs += other.decode_seqs
+        self.draft_tokens += other.draft_tokens
+        self.accepted_tokens += other.accepted_tokens
+
+    @classmethod
+    def merged(cls, parts: Iterable[StepTotals]) -> StepTotals:
+        """The totals of engines that ran side by side (:meth:`merge` over ``parts``)."""
+        total = cls()
+        for part in parts:
+            total.merge(part)
+        return total
+
+    @property
+    def num_preemptions(self) -> int:
+        return sum(self.preemptions.values())
 
     @property
     def kv_utilization_mean(self) -> float:

@@ -50,4 +50,5 @@ class KVPool:
         for src, dst in pairs:
             dst_data[:, :, dst].copy_(src_data[:, :, src], non_blocking=non_blocking)
             if self.scales is not None:
+                assert src_pool.scales is not None, "copying between a quantised pool and a plain one"
                 self.scales[:, :, dst].copy_(src_pool.scales[:, :, src], non_blocking=non_blocking)

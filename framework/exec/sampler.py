@@ -17,9 +17,10 @@ def sample(logits: torch.Tensor, params: list[SamplingParams | None], seeds: lis
     — nor on whether the step verified drafts (:func:`verify_sampled` draws the same way).
     """
     tokens = logits.argmax(dim=-1).tolist()
-    rows = [row for row, p in enumerate(params) if p is not None]
+    sampled = [(row, p) for row, p in enumerate(params) if p is not None]
+    rows = [row for row, _ in sampled]
     if rows:
-        probs = target_probs_batch(logits[torch.tensor(rows, device=logits.device)], [params[r] for r in rows])
+        probs = target_probs_batch(logits[torch.tensor(rows, device=logits.device)], [p for _, p in sampled])
         drawn = sample_from(probs, seeded_uniforms(np.array([seeds[r] for r in rows], dtype=np.uint64), 1))
         for row, token in zip(rows, drawn):
             tokens[row] = token
@@ -74,7 +75,7 @@ def verify_sampled(logits: torch.Tensor, groups, sampling, seeds) -> list[list[i
     row_seeds = np.array([seeds[r] for r in rows.tolist()], dtype=np.uint64)
     u_accept, u_draw = seeded_uniforms(row_seeds, 0), seeded_uniforms(row_seeds, 1)
     offsets = np.cumsum([0] + [d + 1 for _, d, *_ in groups])
-    draft_rows = np.concatenate([np.arange(o, o + d) for o, (_, d, *_) in zip(offsets, groups)]) if len(groups) else []
+    draft_rows: np.ndarray | list[int] = np.concatenate([np.arange(o, o + d) for o, (_, d, *_) in zip(offsets, groups)]) if len(groups) else []
     draft_ids = torch.tensor([x for _, _, drafts, *_ in groups for x in drafts], dtype=torch.long)
     p_x = probs[torch.as_tensor(draft_rows, dtype=torch.long), draft_ids].double().numpy()
     q_x = np.concatenate([np.ones(d) if q is None else q[torch.arange(d), torch.tensor(drafts)].double().numpy()

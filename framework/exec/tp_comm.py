@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from servelab.engine.batch import StepBatch
+from servelab.core.batch import StepBatch
 from servelab.exec.model.layers import TPGroup
 
 OP_STEP, OP_STOP = 1, 2

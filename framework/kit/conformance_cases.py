@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from servelab.core.request import Request
 
@@ -63,10 +64,13 @@ def make_scenario(seed: int, kind: str | None = None, name: str | None = None) -
     rng = random.Random(seed)
     max_model_len = rng.choice((64, 128))
     drawn_allocator = rng.choice(ALLOCATORS[:1] * 2 + ALLOCATORS)  # paged half the time: it is the one that preempts
-    allocator = {"allocator": name, "evictor": "paged"}.get(kind, drawn_allocator)
+    given: dict[str | None, str | None] = {"allocator": name, "evictor": "paged"}
+    allocator = given.get(kind, drawn_allocator)
+    assert allocator is not None  # kind=allocator comes with its name
     block_size = rng.choice(BLOCK_SIZES)
     chunked = rng.random() < 0.6
-    choice = {"scheduler": rng.choice(SCHEDULERS), "allocator": allocator, "preemption": rng.choice(PREEMPTIONS)}
+    choice: dict[str, str | None] = {"scheduler": rng.choice(SCHEDULERS), "allocator": allocator,
+                                     "preemption": rng.choice(PREEMPTIONS)}
     if kind in choice:
         choice[kind] = name
     overrides = [f"scheduler={choice['scheduler']}", f"allocator={allocator}",
@@ -126,7 +130,7 @@ def _workload(rng: random.Random, max_model_len: int) -> tuple[list[Request], di
         rid = f"r{i}"
         if bad:
             invalid[rid] = bad
-        slo = {}
+        slo: dict[str, Any] = {}
         if rng.random() < 0.3:
             slo = {"ttft_slo_ms": rng.choice((20.0, 100.0, 1e4)), "tpot_slo_ms": rng.choice((None, 5.0, 50.0))}
         requests.append(Request(rid, tuple(prompt), max_tokens, arrival_time=arrival, priority=rng.randint(0, 3),

@@ -178,7 +178,8 @@ def ideal_cached_tokens(requests: list[Request], block_size: int) -> int:
     """Prompt tokens served from an unbounded cache when every earlier request was computed first
     (``experiments/prefix_caching_trace/analyze.py``'s ``ideal_hit_rate``): each prompt reuses its
     longest run of leading full blocks seen before, never its last token."""
-    seen, cached, bs = set(), 0, block_size
+    seen: set[tuple[int, ...]] = set()
+    cached, bs = 0, block_size
     for r in requests:
         tokens, n = r.prompt_token_ids, (r.prompt_len - 1) // bs
         cached += bs * next((j for j in range(n) if tokens[:(j + 1) * bs] not in seen), n)

@@ -27,7 +27,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from servelab.core.interfaces import ReplicaView, Router, RouterContext
+from servelab.core.contexts import RouterContext
+from servelab.core.interfaces import ReplicaView, Router
 from servelab.core.request import Request
 
 SPREAD_REPLICAS, SPREAD_REQUESTS, SPREAD_MAX_SHARE = 4, 64, 0.75
@@ -222,7 +223,7 @@ def _placed(router: Router, request: Request, views: list[ReplicaView], role: st
     where = f"request {request.id!r} ({stage}, t={request.arrival_time:g})"
     try:
         answer = router.route(request, list(views), request.arrival_time)
-    except Exception as exc:  # noqa: BLE001 - any raise breaks the contract
+    except Exception as exc:  # any raise breaks the contract
         raise _Broken("placed once", f"route raised {type(exc).__name__}: {exc} for {where}") from exc
     if not isinstance(answer, int) or isinstance(answer, bool):  # what the cluster accepts
         raise _Broken("placed once", f"route returned {answer!r} for {where}, not one replica index (an int)")
@@ -246,7 +247,7 @@ def _placed(router: Router, request: Request, views: list[ReplicaView], role: st
 def _finish(router: Router, request: Request, replica: int) -> None:
     try:
         router.on_finish(request, replica)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise _Broken("on_finish", f"on_finish({request.id!r}, {replica}) raised {type(exc).__name__}: {exc}") from exc
 
 

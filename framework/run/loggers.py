@@ -11,13 +11,14 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, cast
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from servelab.engine.engine import StepRecord
+from servelab.engine.step_totals import StepTotals
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,9 @@ class StepWindow:
     point per ``min_interval_s``, so the ~0.5-2 ms a ``log`` call costs stays about 1% of the run;
     ``min_interval_s=0`` makes every window exactly ``every`` steps.
 
-    ``log_step`` folds a step into running sums (no dict is built); a point is built and handed to
-    ``send(data, step)`` only when a window closes, and ``flush`` sends a partial last window.
+    ``log_step`` folds a step into the window's :class:`StepTotals` (no dict is built); a point is
+    built and handed to ``send(data, step)`` only when a window closes, and ``flush`` sends a partial
+    last window.
     """
 
     def __init__(self, send: Callable[[dict, int], None], every: int = 100, min_interval_s: float = 0.25,
@@ -79,59 +81,43 @@ class StepWindow:
         self.send, self.every, self.min_interval_s = send, every, min_interval_s
         self.queue_lengths, self.clock = queue_lengths, clock
         self._reset(0.0)
-        self._last = None
+        self._last: StepRecord | None = None
         self._sent_at = -math.inf
         self.num_points = 0
 
     def _reset(self, start_s: float) -> None:
-        self.n = 0
+        self.totals = StepTotals()  # the open window's steps
         self.start_s = start_s
-        self.seqs = self.tokens = self.prefill = self.decode = self.preempted = self.drafts = self.accepted = 0
-        self.duration = self.model = self.comm = self.kv = self.kv_max = 0.0
 
     def log_step(self, r: StepRecord) -> None:
-        if self.n == 0:
+        totals = self.totals
+        if totals.num_steps == 0:
             self.start_s = r.time_s - r.duration_s
-        self.n += 1
-        self.seqs += r.num_seqs
-        self.tokens += r.num_tokens
-        self.prefill += r.prefill_tokens
-        self.decode += r.decode_seqs
-        self.duration += r.duration_s
-        self.model += r.model_s
-        self.comm += r.comm_s
-        kv = r.kv_utilization
-        self.kv += kv
-        if kv > self.kv_max:
-            self.kv_max = kv
-        if r.preempted:
-            self.preempted += len(r.preempted)
-        if r.draft_tokens:
-            self.drafts += r.draft_tokens
-            self.accepted += r.accepted_tokens
+        totals.add(r)
         self._last = r
-        if self.n >= self.every and (not self.min_interval_s
+        if totals.num_steps >= self.every and (not self.min_interval_s
                                       or self.clock() - self._sent_at >= self.min_interval_s):
             self.flush()
 
     # the engine need not fill each record's queues, plan entries and scheduler stats for this reader
-    log_step.reads_step_details = False
+    log_step.reads_step_details = False  # type: ignore[attr-defined]
 
     def flush(self) -> None:
         """Send the open window (if any step is in it) as one point."""
-        r, n = self._last, self.n
+        r, t = self._last, self.totals
+        n = t.num_steps
         if r is None or n == 0:
             return
         span = r.time_s - self.start_s
-        data = {"step/num_seqs": self.seqs / n, "step/num_tokens": self.tokens / n,
-                "step/prefill_tokens": self.prefill / n, "step/decode_seqs": self.decode / n,
-                "step/duration_ms": self.duration / n * 1e3, "step/model_ms": self.model / n * 1e3,
-                "step/comm_ms": self.comm / n * 1e3, "step/kv_utilization": self.kv / n,
-                "step/kv_utilization_max": self.kv_max, "step/num_preempted": self.preempted,
-                "step/window_steps": n, "tokens_per_s": self.tokens / span if span > 0 else 0.0,
+        data = {"step/num_seqs": t.num_seqs / n, "step/num_tokens": t.num_tokens / n,
+                "step/prefill_tokens": t.prefill_tokens / n, "step/decode_seqs": t.decode_seqs / n,
+                "step/duration_ms": t.busy_s / n * 1e3, "step/model_ms": t.model_s / n * 1e3,
+                "step/comm_ms": t.comm_s / n * 1e3, "step/kv_utilization": t.kv_utilization_mean,
+                "step/kv_utilization_max": t.kv_utilization_max, "step/num_preempted": t.num_preemptions,
+                "step/window_steps": n, "tokens_per_s": t.num_tokens / span if span > 0 else 0.0,
                 "time_s": r.time_s}
-        if self.drafts:
-            data.update({"step/draft_tokens": self.drafts, "step/accepted_tokens": self.accepted})
+        if t.draft_tokens:
+            data.update({"step/draft_tokens": t.draft_tokens, "step/accepted_tokens": t.accepted_tokens})
         queues = self.queue_lengths() if self.queue_lengths is not None else r.queues
         data.update({f"queue/{k}": v for k, v in queues.items()})
         self._reset(r.time_s)
@@ -161,7 +147,7 @@ class WandbLogger(RunLogger):
         lc = self.cfg
         self.run = wandb.init(
             project=lc.project, entity=lc.entity, group=lc.group or sweep_group(), tags=list(lc.tags), mode=lc.mode,
-            dir=str(output_dir), config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+            dir=str(output_dir), config=cast("dict[str, Any]", OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)),
             name=output_dir.name, settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
         )
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import re
 from array import array
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -27,7 +27,7 @@ def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
     """One line of ``requests.jsonl``."""
     req = seq.request
     arrival = req.arrival_time * time_scale
-    rec = {
+    rec: dict[str, Any] = {
         "id": req.id,
         "prompt_len": req.prompt_len,
         "max_tokens": req.max_tokens,
@@ -188,7 +188,7 @@ class RequestStats:
         return stats
 
 
-def summarize(requests: RequestStats, totals: StepTotals, duration_s: float, leaked_blocks: int,
+def summarize(requests: RequestStats, totals: StepTotals, duration_s: float, leaked_blocks: int | None,
               extra: dict | None = None, fairness_weights: tuple[float, float] = DEFAULT_WEIGHTS) -> dict:
     """``summary.json``: throughput, latency percentiles, SLO attainment, KV use, preemptions, and
     fairness between clients (service weighted by ``fairness_weights``: input, output)."""

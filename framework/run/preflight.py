@@ -43,6 +43,7 @@ def check_requests(cfg: DictConfig, engine: Engine, requests: Iterable[Request])
                 bad += 1
                 first = first or (request.id, reason)
     if bad:
+        assert first is not None
         rid, reason = first
         raise ConfigError(f"strict_requests=true: request {rid!r} would be rejected: {reason} "
                           f"({bad} of {total} requests would be)")

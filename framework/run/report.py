@@ -75,7 +75,8 @@ def print_samples(requests: Iterable[dict], console: Console | None = None, limi
                   prompt_chars: int = 240) -> None:
     """A few prompt -> completion pairs (records with ``output_text``: checkpoints with a tokenizer),
     those that ended by themselves (EOS) first: a whole definition reads best."""
-    stopped, other = [], []
+    stopped: list[dict] = []
+    other: list[dict] = []
     for r in requests:
         if "output_text" not in r:
             return  # no tokenizer: no record has text

@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
@@ -327,15 +327,18 @@ async def _stream(state: ServeState, sub: Submission, chat: bool, include_usage:
     done = None
 
     def chunk(event: Event | None, first: bool = False) -> str:
+        choice: dict[str, Any]
         if chat:
-            delta = {"role": "assistant", "content": ""} if first else ({"content": event.text} if event.text else {})
+            delta = ({"role": "assistant", "content": ""} if first or event is None
+                     else {"content": event.text} if event.text else {})
             choice = {"index": 0, "delta": delta}
         else:
             choice = {"index": 0, "text": event.text if event else ""}
         choice.update(logprobs=None, finish_reason=event.finish_reason if event else None)
         if token_ids and event is not None:
             choice["token_ids"] = event.token_ids
-        payload = {"id": rid, "object": kind, "created": created, "model": state.model_name, "choices": [choice]}
+        payload: dict[str, Any] = {"id": rid, "object": kind, "created": created, "model": state.model_name,
+                                   "choices": [choice]}
         if include_usage:
             payload["usage"] = None
         return f"data: {json.dumps(payload)}\n\n"

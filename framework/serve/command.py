@@ -205,6 +205,7 @@ def _make_server_class():
             self.engine_loop.close()
             if not self.should_exit:
                 grace = self.config.timeout_graceful_shutdown
+                assert grace is not None  # serve.shutdown_grace_s, given to uvicorn.Config above
                 # abort what is left shortly before uvicorn would cancel it, so its client gets a last
                 # event (finish_reason "abort", then [DONE]) rather than a dropped connection
                 timer = threading.Timer(max(0.0, grace - min(1.0, grace / 2)), self.engine_loop.abort_all)

@@ -144,7 +144,7 @@ class EngineLoop:
                     if self.on_queues is not None:
                         self.on_queues()
                     self._wake.wait(IDLE_WAIT_S)
-        except BaseException as exc:  # noqa: BLE001 - every live client hears of it; /health turns 503
+        except BaseException as exc:  # every live client hears of it; /health turns 503
             self.error = f"{type(exc).__name__}: {exc}"
             log.exception("engine thread failed; live requests get a 500 and new ones a 503")
             for live in list(self._live.values()):

@@ -11,6 +11,7 @@ servelab's extensions ride as extra body fields (``extra_body=`` in the ``openai
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
@@ -141,7 +142,7 @@ def error_body(message: str, code: int, param: Optional[str] = None, kind: Optio
     return {"error": {"message": message, "type": kind or kinds.get(code, "Error"), "param": param, "code": code}}
 
 
-def validation_message(errors: list[dict]) -> tuple[str, Optional[str]]:
+def validation_message(errors: Sequence[dict]) -> tuple[str, Optional[str]]:
     """One line naming the first offending field, from pydantic/FastAPI validation errors."""
     if not errors:
         return "invalid request", None

@@ -19,7 +19,9 @@ the measured operator tables of one GPU (``servelab/data/op_tables``) and writes
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -140,4 +142,5 @@ class GpuOps:
 
     def layer(self, m, shape: ModelShape, tp: int, act_bytes: float, weight_bytes: float) -> np.ndarray:
         """A decoder layer's linears and token-wise kernels (attention and all-reduces apart)."""
-        return sum(self.layer_op(op, m, shape, tp, act_bytes, weight_bytes) for op in GEMMS + TOKENWISE)
+        return functools.reduce(operator.add, (self.layer_op(op, m, shape, tp, act_bytes, weight_bytes)
+                                               for op in GEMMS + TOKENWISE))

@@ -263,13 +263,13 @@ def _read_table(file: Path, x_name: str, columns, scale: float, unit: str, max_d
         raise ConfigError(f"{file}: line 2: no rows under the header")
     out = {}
     for tp, g in rows.items():
-        x = np.array(g["x"])
+        xs = np.array(g["x"])
         ys = {}
         for c in columns:
             y = np.array(g["y"][c])
-            _check_drops(file, c, x_name, x, y, g["lines"], scale, unit, max_drop)
+            _check_drops(file, c, x_name, xs, y, g["lines"], scale, unit, max_drop)
             ys[c] = y * scale
-        out[tp] = (x, ys, g["lines"])
+        out[tp] = (xs, ys, g["lines"])
     return out
 
 

@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from servelab.core.interfaces import TimeModelContext
+from servelab.core.contexts import TimeModelContext
 from servelab.core.step_work import StepWork
 from servelab.sim.gpu_ops import GpuOps
 

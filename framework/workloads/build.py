@@ -14,6 +14,7 @@ import logging
 import functools
 from datetime import datetime
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -24,6 +25,7 @@ from servelab.workloads.clients import (client_ids, client_rng, draw_clients, pa
                                         rates_unless_all_at_once, summed_rate)
 from servelab.workloads.chat_sessions import chat_session_requests
 from servelab.workloads.hash_ids import hash_ids_requests
+from servelab.workloads.lengths import draw_lengths
 from servelab.workloads.text import CheckpointText
 from servelab.workloads.text_prompts import corpus_requests, prompts_requests
 
@@ -40,23 +42,6 @@ def build_requests(cfg, vocab_size: int, max_model_len: int, text=None) -> list[
     if cfg.name not in kinds:
         raise WorkloadError(f"workload.name={cfg.name!r} is not one of {sorted(kinds)}")
     return kinds[cfg.name](cfg, vocab_size, max_model_len)
-
-
-def _lengths(rng: np.random.Generator, spec, n: int, key: str) -> np.ndarray:
-    dist = getattr(spec.dist, "value", spec.dist)
-    if dist == "fixed":  # the value is `mean`; min/max do not apply
-        if spec.mean < 1:
-            raise WorkloadError(f"workload.{key}.mean={spec.mean} must be >= 1 for a fixed length")
-        return np.full(n, int(spec.mean))
-    if spec.min < 1 or spec.max < spec.min:
-        raise WorkloadError(f"workload.{key}: need 1 <= min <= max, got min={spec.min} max={spec.max}")
-    if dist == "uniform":
-        values = rng.integers(spec.min, spec.max + 1, size=n)
-    elif dist == "lognormal":
-        values = np.rint(rng.lognormal(np.log(spec.mean), spec.sigma, size=n))
-    else:
-        raise WorkloadError(f"workload.{key}.dist={dist!r} is not one of uniform, lognormal, fixed")
-    return np.clip(values, spec.min, spec.max).astype(int)
 
 
 def _random_prompt(rng: np.random.Generator, length: int, vocab_size: int) -> tuple[int, ...]:
@@ -83,8 +68,8 @@ def synthetic_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request
     clients = parse_clients(cfg, rates_unless_all_at_once(cfg), lengths=True)
     rng = np.random.default_rng(cfg.seed)
     n = cfg.num_requests
-    prompts = _lengths(rng, cfg.prompt_len, n, "prompt_len")
-    outputs = _lengths(rng, cfg.output_len, n, "output_len")
+    prompts = draw_lengths(rng, cfg.prompt_len, n, "prompt_len")
+    outputs = draw_lengths(rng, cfg.output_len, n, "output_len")
     if poisson:
         rate = summed_rate(clients) or cfg.rate
         if rate <= 0:
@@ -111,7 +96,7 @@ def synthetic_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request
             yield Request(id=f"req-{i}", prompt_token_ids=prompt, max_tokens=int(outputs[i]),
                           arrival_time=float(arrivals[i]), ignore_eos=True, client_id=ids[i])
 
-    return InArrivalOrder(n, generate)
+    return cast("list[Request]", InArrivalOrder(n, generate))  # sized, iterable and indexable like the list
 
 
 def _client_lengths(clients, owners, seed: int, prompts: np.ndarray, outputs: np.ndarray) -> np.ndarray | None:
@@ -126,9 +111,9 @@ def _client_lengths(clients, owners, seed: int, prompts: np.ndarray, outputs: np
         if client.prompt_len is not None:
             if own_prompt is None:
                 own_prompt = np.full(len(prompts), -1)
-            own_prompt[mine] = _lengths(rng, client.prompt_len, int(mine.sum()), f"clients[{k}].prompt_len")
+            own_prompt[mine] = draw_lengths(rng, client.prompt_len, int(mine.sum()), f"clients[{k}].prompt_len")
         if client.output_len is not None:
-            outputs[mine] = _lengths(rng, client.output_len, int(mine.sum()), f"clients[{k}].output_len")
+            outputs[mine] = draw_lengths(rng, client.output_len, int(mine.sum()), f"clients[{k}].output_len")
     return own_prompt
 
 
@@ -164,7 +149,8 @@ def jsonl_requests(cfg, vocab_size: int, max_model_len: int, text=None) -> list[
     if not path.is_file():
         raise WorkloadError(f"workload.path={str(path)!r}: no such file")
     rng = np.random.default_rng(cfg.seed)
-    requests, ids = [], set()
+    requests: list[Request] = []
+    ids: set[str] = set()
     with path.open() as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():

@@ -26,28 +26,27 @@ import numpy as np
 
 from servelab.core.errors import WorkloadError
 from servelab.core.request import Request
+from servelab.workloads.lengths import draw_lengths
 
 log = logging.getLogger(__name__)
 
 
 def chat_session_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
     """The workload's turns, ordered by arrival (ties by session, then turn)."""
-    from servelab.workloads.build import _lengths  # noqa: PLC0415 - build imports this module
-
     _check(cfg)
     rng = np.random.default_rng([int(cfg.seed), 0xC4A7])
     n = cfg.num_sessions
     popularity = 1.0 / np.arange(1, cfg.num_system_prompts + 1) ** cfg.system_zipf
     system_of = rng.choice(cfg.num_system_prompts, size=n, p=popularity / popularity.sum())
-    system_lens = _lengths(rng, cfg.system_prompt_len, cfg.num_system_prompts, "system_prompt_len")
+    system_lens = draw_lengths(rng, cfg.system_prompt_len, cfg.num_system_prompts, "system_prompt_len")
     systems = [_tokens(rng, int(length), vocab_size) for length in system_lens]
-    turns = _lengths(rng, cfg.turns, n, "turns")
+    turns = draw_lengths(rng, cfg.turns, n, "turns")
     starts = np.cumsum(rng.exponential(1.0 / cfg.session_rate, size=n)) if n else np.zeros(0)
     requests, ended_early = [], 0
     for k in range(n):
         history, arrival = list(systems[system_of[k]]), float(starts[k])
-        user_lens = _lengths(rng, cfg.user_len, int(turns[k]), "user_len")
-        output_lens = _lengths(rng, cfg.output_len, int(turns[k]), "output_len")
+        user_lens = draw_lengths(rng, cfg.user_len, int(turns[k]), "user_len")
+        output_lens = draw_lengths(rng, cfg.output_len, int(turns[k]), "output_len")
         for t in range(int(turns[k])):
             history.extend(_tokens(rng, int(user_lens[t]), vocab_size))
             if len(history) + int(output_lens[t]) > max_model_len:

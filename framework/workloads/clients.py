@@ -88,7 +88,7 @@ def _positive(value, key: str) -> float | None:
 
 def summed_rate(clients: list[Client]) -> float | None:
     """The merged stream's rate when the clients give rates, else None (the workload's own rate)."""
-    return sum(c.rate for c in clients) if clients and clients[0].rate is not None else None
+    return sum(c.rate for c in clients if c.rate is not None) if clients and clients[0].rate is not None else None
 
 
 def draw_clients(clients: list[Client], n: int, seed: int) -> np.ndarray | None:

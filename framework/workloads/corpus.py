@@ -57,7 +57,8 @@ def split_files(root: str | Path | None = None, fraction: float = HELDOUT_FRACTI
                 seed: int = SPLIT_SEED) -> tuple[list[Path], list[Path]]:
     """(train files, held-out files), each in sorted order."""
     root = Path(root) if root is not None else stdlib_root()
-    train, heldout = [], []
+    train: list[Path] = []
+    heldout: list[Path] = []
     for path in corpus_files(root):
         (heldout if is_heldout(path.relative_to(root).as_posix(), fraction, seed) else train).append(path)
     return train, heldout

@@ -72,7 +72,7 @@ def hash_ids_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]
 
 
 def _read_rows(path: Path, start: int, count: int | None) -> list[tuple[int, dict]]:
-    rows = []
+    rows: list[tuple[int, dict]] = []
     with path.open() as fh:
         for lineno, line in enumerate(fh, 1):
             if lineno <= start or not line.strip():

@@ -64,7 +64,7 @@ def load_tokenizer(path: str | Path):
 
     try:
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except Exception as exc:  # noqa: BLE001 - report any loader failure as bad input
+    except Exception as exc:  # report any loader failure as bad input
         raise TextError(f"model.path={str(path)!r}: its tokenizer could not be loaded: {exc}") from exc
 
 

@@ -31,7 +31,7 @@ def load_model(path: str | Path, tp: TPGroup, dtype: torch.dtype, device: torch.
     with torch.device(device):  # parameters are torch.empty: no init work
         model = CausalLM(spec, tp, max_positions)
     params = dict(model.named_parameters())
-    filled: set[str] = set()
+    filled: set[tuple[str, int | None]] = set()
     for file in files:
         with safe_open(str(file), framework="pt") as st:
             for name in st.keys():
