@@ -47,8 +47,8 @@ class KindSpec:
     no conformance kit. ``template``: the ``new-plugin`` template (a name in
     :mod:`servelab.kit.plugin_templates` or ``"module:attr"`` holding a ``string.Template``); None =
     ``new-plugin`` writes the generic one. ``grade_reference``: the built-in a ``grade`` run scores
-    this kind against (None: not graded). ``legacy_args``: the 0.1 constructor's positional
-    arguments after ``config`` (context field names), for the adapter of :func:`instantiate`.
+    this kind against (None: not graded). The 0.1 constructor's positional arguments the adapter of
+    :func:`instantiate` accepts are the base class's ``legacy_args``.
     """
 
     name: str
@@ -63,7 +63,6 @@ class KindSpec:
     template: str | None = None
     guide: str | None = None
     grade_reference: str | None = None
-    legacy_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -76,6 +75,11 @@ class KindSpec:
             object.__setattr__(self, "group", self.name)
 
     @property
+    def legacy_args(self) -> tuple[str, ...]:
+        """The 0.1 constructor's positional arguments after ``config`` (the base class says which)."""
+        return getattr(self.base, "legacy_args", ())
+
+    @property
     def hook_doc(self) -> str:
         return f"Return :class:`{self.base.__module__}.{self.base.__qualname__}` subclasses ({self.name} plugins)."
 
@@ -86,19 +90,16 @@ BUILTIN_KINDS = (
              "which requests run each step and how many tokens each computes",
              checks=("scenarios", "state", "starvation",
                      "servelab.kit.conformance_disagg:check_disaggregated", "real_model"), template="scheduler",
-             guide="docs/write-a-scheduler.md", grade_reference="fcfs",
-             legacy_args=("limits", "allocator", "preemption", "cost_model")),
+             guide="docs/write-a-scheduler.md", grade_reference="fcfs"),
     KindSpec("allocator", BlockAllocator, "servelab_register_allocators", AllocatorContext, "paged",
              "how KV-cache memory is carved into blocks", checks=_ENGINE_SCENARIOS, template="allocator",
-             guide="docs/write-an-allocator.md", grade_reference="paged",
-             legacy_args=("num_blocks", "block_size", "limits")),
+             guide="docs/write-an-allocator.md", grade_reference="paged"),
     KindSpec("preemption", PreemptionPolicy, "servelab_register_preemption_policies", PreemptionContext, "recompute",
              "victims when blocks run out, swapped or recomputed", checks=("scenarios", "real_model"),
-             template="preemption", guide="docs/write-a-preemption-policy.md", grade_reference="recompute",
-             legacy_args=("limits", "allocator", "cost_model")),
+             template="preemption", guide="docs/write-a-preemption-policy.md", grade_reference="recompute"),
     KindSpec("drafter", SpeculativeDrafter, "servelab_register_drafters", DrafterContext, "none",
              "speculative decoding: draft tokens the model verifies", checks=_ENGINE_SCENARIOS,
-             template="drafter", guide="docs/write-a-drafter.md", legacy_args=("limits",)),
+             template="drafter", guide="docs/write-a-drafter.md"),
     KindSpec("time_model", TimeModel, "servelab_register_time_models", TimeModelContext, "measured",
              "what a step costs on the virtual clock (the simulator's ground truth)",
              template="time_model", guide="docs/write-a-time-model.md"),
