@@ -6,7 +6,10 @@ the socket, the server from receipt to the token's step ending, so the client's 
 server's plus HTTP, JSON and tokenization time on both ends; on a busy 2-core box we allow
 ``|client - server| <= 50 ms + 50 %`` of the server's mean TTFT. ITL is a difference of two token
 times, so those overheads cancel: ``|client - server| <= 5 ms + 30 %`` of the server's mean ITL.
-Both means are over the same requests and gaps (the counts must match exactly).
+Both means are over the same requests and gaps (the counts must match), except that GuideLLM may file a
+request it was still reading when its ``max_requests`` constraint fired as *incomplete* (seen once in CI on a
+loaded 2-core box, 7 successful of 8): its means then leave that request out while the server's cover all 8, and
+the tolerances above still hold. An errored request, or one the server did not see, fails the test.
 """
 
 from __future__ import annotations
@@ -58,13 +61,16 @@ def test_guidellm_ttft_and_itl_agree_with_the_servers_metrics(tmp_path):
                               env={**os.environ, "HF_HUB_OFFLINE": "1"})
         assert proc.returncode == 0 and report.is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
         metrics = json.loads(report.read_text())["benchmarks"][0]["metrics"]
+        totals = metrics["request_totals"]
         ttft, itl = metrics["time_to_first_token_ms"]["successful"], metrics["inter_token_latency_ms"]["successful"]
         server_ttft, ttft_count = _mean(server, "vllm:time_to_first_token_seconds")
         server_itl, itl_count = _mean(server, "vllm:inter_token_latency_seconds")
     finally:
         server.stop()
-    assert ttft["count"] == ttft_count == NUM_REQUESTS
-    assert itl["count"] == itl_count == NUM_REQUESTS * (OUTPUT_TOKENS - 1)
+    assert totals["errored"] == 0 and totals["total"] == NUM_REQUESTS, totals
+    assert totals["successful"] >= NUM_REQUESTS - 1, totals  # at most the last one cut off by the constraint
+    assert ttft_count == NUM_REQUESTS and itl_count == NUM_REQUESTS * (OUTPUT_TOKENS - 1)
+    assert ttft["count"] == totals["successful"] and itl["count"] == totals["successful"] * (OUTPUT_TOKENS - 1)
     figures = (f"guidellm TTFT {ttft['mean']:.1f} ms vs server {server_ttft:.1f} ms; "
                f"ITL {itl['mean']:.2f} ms vs server {server_itl:.2f} ms")
     print(figures)
