@@ -15,6 +15,16 @@ a table (rich); piped or redirected, Markdown (``--format table|markdown|csv`` c
 always one row per run, with the run's folder). ``--out FILE.csv|.md`` also writes it;
 ``--plot METRIC --x KEY`` draws the metric against a swept key, one line per combination of the
 other differing keys.
+
+Every job folder is a run, whatever became of it: its ``status`` is ``summary.json``'s (``completed``,
+``interrupted``, ``partial``, ``failed: ...``), else ``failed: <error.txt>`` or ``no summary.json``
+(the config then from ``.hydra/``). When some run did not complete, the table gets a ``status`` column
+(or row) and a run's label its mark (``[interrupted]``), and a footer counts them and says why
+(``3 runs: 2 completed, 1 failed (2_block_size=16: failed: ...)``; on stderr with CSV, whose
+``status`` column is always there). ``--completed-only`` compares only the completed runs and exits 1,
+naming the others, when some did not complete. Runs from several paths whose folder names collide are
+named with the parent folders that tell them apart (``sweepA/0_block_size=24``); the CSV's ``folder``
+is the path as given.
 """
 
 from __future__ import annotations
@@ -24,14 +34,16 @@ import csv
 import io
 import json
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from servelab.core.errors import ServelabError
+from servelab.cli.compare_runs import (COMPLETED, NO_SUMMARY, CompareError, completed_only, find_runs, load_run,
+                                       run_names, status_kind)
 
 DEFAULT_METRICS = ("num_finished", "num_rejected", "output_throughput_tok_s", "ttft_ms.p50", "ttft_ms.p99",
                    "tpot_ms.p50", "slo_attainment", "goodput_req_s", "num_preemptions", "prefix_cache_hit_rate",
@@ -43,56 +55,10 @@ FORMATS = ("table", "markdown", "csv")
 LAYOUTS = ("auto", "runs", "metrics")
 
 
-class CompareError(ServelabError):
-    """A bad argument or folder, named in one line."""
-
-
-def find_runs(paths: list[str | Path]) -> list[Path]:
-    """Run folders (with ``summary.json``): each path is one, or a folder holding some (a multirun)."""
-    runs: list[Path] = []
-    for p in map(Path, paths):
-        if (p / "summary.json").is_file():
-            runs.append(p)
-        elif p.is_dir():
-            found = sorted((d for d in p.iterdir() if (d / "summary.json").is_file()),
-                           key=lambda d: (_job_number(d), d.name))
-            if not found:
-                raise CompareError(f"{p}: no run folders (no */summary.json) in it")
-            runs.extend(found)
-        else:
-            raise CompareError(f"{p}: no such folder")
-    return runs
-
-
-def _job_number(d: Path) -> int:
-    head = d.name.split("_", 1)[0]
-    return int(head) if head.isdigit() else 1 << 30
-
-
-def _flatten(d, prefix: str = "") -> dict:
-    out = {}
-    for k, v in (d or {}).items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def load_run(path: Path) -> dict:
-    """``{"path", "config" (flat), "summary" (flat)}`` of one run folder."""
-    try:
-        summary = json.loads((path / "summary.json").read_text())
-    except ValueError as exc:
-        raise CompareError(f"{path / 'summary.json'}: not valid JSON ({exc})") from None
-    config_file = path / "config.yaml"
-    config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else {}
-    return {"path": path, "config": _flatten(config), "summary": _flatten(summary)}
-
-
 def differing_keys(runs: list[dict]) -> list[str]:
-    """Config keys whose values are not the same in every run (in config order)."""
+    """Config keys whose values are not the same in every run (in config order). A run without a
+    config (a job folder with neither ``config.yaml`` nor ``.hydra/``) takes no part."""
+    runs = [r for r in runs if r["config"]] or runs
     keys: dict[str, None] = {}
     for r in runs:
         keys.update(dict.fromkeys(r["config"]))
@@ -126,7 +92,8 @@ def short_key(key: str) -> str:
 @dataclass
 class Comparison:
     """The runs (``labels``: the differing keys' values, or the folder), their identifying columns
-    (``key_header``/``key_rows``: the differing keys, else the folder) and the metrics' values."""
+    (``key_header``/``key_rows``: the differing keys, else the folder), the metrics' values and each
+    run's status. ``names``: the folders as short as tells them apart; ``folders``: as given."""
 
     folders: list[str]
     key_header: list[str]
@@ -134,36 +101,74 @@ class Comparison:
     metrics: list[str]
     values: list[list]
     dropped: list[str]  # default metrics left out: n/a in every run
+    statuses: list[str]
+    names: list[str]
+
+    def incomplete(self) -> bool:
+        """Whether some run did not complete (then a status column or row is shown, and a footer)."""
+        return any(s != COMPLETED for s in self.statuses)
+
+    def marks(self) -> list[str]:
+        """`` [interrupted]``, `` [failed]``, ... after a run that did not complete; "" after one that did."""
+        return ["" if s == COMPLETED else f" [{status_kind(s)}]" for s in self.statuses]
 
     def labels(self) -> list[str]:
-        """``scheduler=fcfs workload.rate=2``; the folder first where the keys do not tell runs apart."""
+        """``scheduler=fcfs workload.rate=2``; the folder first where the keys do not tell runs apart;
+        `` [interrupted]`` (the status's first word) after a run that did not complete."""
         def pairs(header, row) -> str:
             return " ".join(f"{h}={_fmt(v)}" for h, v in zip(header, row))
 
         if self.key_header[:1] == ["run"]:
-            return [row[0] + (f" ({pairs(self.key_header[1:], row[1:])})" if len(row) > 1 else "")
-                    for row in self.key_rows]
-        return [pairs(self.key_header, row) for row in self.key_rows]
+            labels = [row[0] + (f" ({pairs(self.key_header[1:], row[1:])})" if len(row) > 1 else "")
+                      for row in self.key_rows]
+        else:
+            labels = [pairs(self.key_header, row) for row in self.key_rows]
+        return [label + mark for label, mark in zip(labels, self.marks())]
 
-    def runs_as_rows(self, folder: bool = False) -> tuple[list[str], list[list]]:
-        """One row per run: its keys, then the metrics (``folder``: and its folder, last)."""
-        header = [*self.key_header, *self.metrics] + (["folder"] if folder else [])
-        rows = [[*k, *v] + ([f] if folder else []) for k, v, f in zip(self.key_rows, self.values, self.folders)]
+    def status_cells(self, brief: bool = False) -> list[str]:
+        """Each run's status (``brief``: its first word, the footer saying why)."""
+        return list(map(status_kind, self.statuses)) if brief else self.statuses
+
+    def runs_as_rows(self, folder: bool = False, status: bool | None = None,
+                     brief: bool = False) -> tuple[list[str], list[list]]:
+        """One row per run: its keys, then the metrics, then its status (``status``: always; None: when
+        some run did not complete; ``brief``: its first word), then (``folder``) its folder as given."""
+        status = self.incomplete() if status is None else status
+        header = [*self.key_header, *self.metrics] + (["status"] if status else []) + (["folder"] if folder else [])
+        rows = [[*k, *v] + ([s] if status else []) + ([f] if folder else [])
+                for k, v, s, f in zip(self.key_rows, self.values, self.status_cells(brief), self.folders)]
         return header, rows
 
     def metrics_as_rows(self, stacked: bool = False) -> tuple[list[str], list[list]]:
-        """One row per metric, one column per run headed by its label; ``stacked`` (a terminal's
-        narrow columns): the keys one per line in the first header cell, each run's values on the
-        same lines in its own."""
+        """One row per metric, one column per run headed by its label (and a last ``status`` row when
+        some run did not complete); ``stacked`` (a terminal's narrow columns): the keys one per line in
+        the first header cell, each run's values (and its mark) on the same lines in its own, and
+        the status row its first word (the footer says why)."""
         rows = [[m, *(v[i] for v in self.values)] for i, m in enumerate(self.metrics)]
+        if self.incomplete():
+            rows.append(["status", *self.status_cells(brief=stacked)])
         if stacked:
-            return (["\n".join(self.key_header), *("\n".join(map(_fmt, k)) for k in self.key_rows)], rows)
+            cells = ["\n".join(map(_fmt, k)) + mark.replace(" ", "\n", 1)
+                     for k, mark in zip(self.key_rows, self.marks())]
+            return ["\n".join(self.key_header), *cells], rows
         return ["metric", *self.labels()], rows
 
     def layout(self, choice: str = "auto", stacked: bool = False) -> tuple[list[str], list[list]]:
+        """One row per run or per metric (``choice``); ``stacked``: for a terminal (see :meth:`metrics_as_rows`)."""
         metrics_down = choice == "metrics" or (
             choice == "auto" and len(self.metrics) > MANY_METRICS and len(self.folders) <= len(self.metrics))
-        return self.metrics_as_rows(stacked) if metrics_down else self.runs_as_rows()
+        return self.metrics_as_rows(stacked) if metrics_down else self.runs_as_rows(brief=stacked)
+
+    def footer(self) -> str:
+        """``3 runs: 2 completed, 1 failed (2_block_size=16: failed: ...)``: the runs counted by status,
+        then each one that did not complete and why; "" when every run completed."""
+        if not self.incomplete():
+            return ""
+        counts = Counter([COMPLETED, *map(status_kind, self.statuses)])
+        counts[COMPLETED] -= 1  # listed first, 0 or not
+        said = ", ".join(f"{n} {'without summary.json' if kind == NO_SUMMARY else kind}" for kind, n in counts.items())
+        why = "; ".join(f"{name}: {s}" for name, s in zip(self.names, self.statuses) if s != COMPLETED)
+        return f"{len(self.statuses)} runs: {said} ({why})"
 
 
 def compare_runs(runs: list[dict], metrics: list[str], drop_empty: bool = False) -> Comparison:
@@ -176,39 +181,45 @@ def compare_runs(runs: list[dict], metrics: list[str], drop_empty: bool = False)
     metrics = [m for m in metrics if m not in dropped]
     keys = label_keys(runs, differing_keys(runs))
     key_rows = [[r["config"].get(k) for k in keys] for r in runs]
-    folders = [r["path"].name for r in runs]
+    names = run_names([r["path"] for r in runs])
     key_header = [short_key(k) for k in keys]
     if not keys or len({json.dumps(k, sort_keys=True) for k in key_rows}) < len(runs):
         # nothing (or not enough: repeats of one config) differs: the folder tells the runs apart
         key_header = ["run", *key_header]
-        key_rows = [[f, *k] for f, k in zip(folders, key_rows)]
+        key_rows = [[n, *k] for n, k in zip(names, key_rows)]
     values = [[r["summary"].get(m) for m in metrics] for r in runs]
-    return Comparison(folders, key_header, key_rows, metrics, values, dropped)
+    return Comparison([str(r["path"]) for r in runs], key_header, key_rows, metrics, values, dropped,
+                      [r.get("status", COMPLETED) for r in runs], names)
 
 
 def comparison(runs: list[dict], metrics: list[str]) -> tuple[list[str], list[list]]:
     """Header and rows, one row per run: the differing keys (or the folder), then the metrics
-    (None where absent)."""
+    (None where absent), then the status when some run did not complete."""
     return compare_runs(runs, metrics).runs_as_rows()
 
 
 def _fmt(v) -> str:
+    """A cell of the table or Markdown: ``n/a`` for None; numbers from 10,000 up with thousands
+    separators, ints and floats alike (``12,345``); smaller floats to 4 significant digits."""
     if v is None:
         return "n/a"
     if isinstance(v, bool):
         return str(v).lower()
-    if isinstance(v, float):
-        return f"{v:.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
+    if isinstance(v, int):
+        return f"{v:,}" if abs(v) >= 10_000 else str(v)
+    if isinstance(v, float):  # below 9,999.5 so that 4 digits never round up to 1e+04
+        return f"{v:.4g}" if abs(v) < 9_999.5 else f"{v:,.0f}"
     return str(v)
 
 
-def to_markdown(header: list[str], rows: list[list]) -> str:
+def to_markdown(header: list[str], rows: list[list], footer: str = "") -> str:
+    """A Markdown table (``footer``: a line under it, after a blank one)."""
     def cell(v) -> str:
-        return (v if isinstance(v, str) else _fmt(v)).replace("|", "\\|")
+        return (v if isinstance(v, str) else _fmt(v)).replace("|", "\\|").replace("\n", " ")
 
     lines = ["| " + " | ".join(map(cell, header)) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + (f"\n{footer}\n" if footer else "")
 
 
 def to_csv(header: list[str], rows: list[list]) -> str:
@@ -219,25 +230,45 @@ def to_csv(header: list[str], rows: list[list]) -> str:
     return buf.getvalue()
 
 
-def write_table(header: list[str], rows: list[list], out: Path) -> None:
-    """``out``'s suffix decides: ``.csv`` or ``.md``."""
+def write_table(header: list[str], rows: list[list], out: Path, footer: str = "") -> None:
+    """``out``'s suffix decides: ``.csv`` or ``.md`` (with ``footer`` under the table)."""
     if out.suffix not in (".csv", ".md"):
         raise CompareError(f"--out {out}: the file must end in .csv or .md")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(to_csv(header, rows) if out.suffix == ".csv" else to_markdown(header, rows))
+    out.write_text(to_csv(header, rows) if out.suffix == ".csv" else to_markdown(header, rows, footer))
 
 
-def print_table(header: list[str], rows: list[list], title: str = "", caption: str = "") -> None:
-    table = Table(title=title or None, caption=caption or None, header_style="bold")
+def print_table(header: list[str], rows: list[list], title: str = "", caption: str = "", footer: str = "") -> None:
+    """A rich table on the terminal (text shown as it is: ``[failed]`` is no markup), ``footer`` under it."""
+    table = Table(title=escape(title) or None, caption=escape(caption) or None, header_style="bold")
     for i, h in enumerate(header):  # the first column (a metric's or a key's name) never wraps
-        table.add_column(h, justify="left" if i == 0 else "right", overflow="fold", no_wrap=i == 0)
+        table.add_column(escape(h), justify="left" if i == 0 else "right", overflow="fold", no_wrap=i == 0)
     for row in rows:
-        table.add_row(*(v if isinstance(v, str) else _fmt(v) for v in row))
-    Console().print(table)
+        table.add_row(*(escape(v if isinstance(v, str) else _fmt(v)) for v in row))
+    console = Console()
+    console.print(table)
+    if footer:
+        console.print(escape(footer), style="yellow", soft_wrap=True)
+
+
+def plot_points(runs: list[dict], metric: str, x: str) -> dict[str, list[tuple]]:
+    """``{line label: [(x value, metric value, mark)]}``: one line per combination of the differing
+    keys other than ``x``; ``mark`` is "" for a completed run, else its status's first word."""
+    others = [k for k in differing_keys(runs) if k != x]
+    lines: dict[str, list[tuple]] = {}
+    for r in runs:
+        label = ", ".join(f"{k}={r['config'].get(k)}" for k in others) or metric
+        value = r["summary"].get(metric)
+        status = r.get("status", COMPLETED)
+        if value is not None:
+            lines.setdefault(label, []).append((r["config"].get(x), value, "" if status == COMPLETED
+                                                else status_kind(status)))
+    return lines
 
 
 def plot(runs: list[dict], metric: str, x: str, out: Path) -> Path:
-    """``metric`` against config key ``x``; one line per combination of the other differing keys."""
+    """``metric`` against config key ``x``; one line per combination of the other differing keys; a
+    run that did not complete is a hollow point labelled with its status (``interrupted``)."""
     import matplotlib  # noqa: PLC0415 - matplotlib
 
     matplotlib.use("Agg")
@@ -245,19 +276,17 @@ def plot(runs: list[dict], metric: str, x: str, out: Path) -> Path:
 
     if all(x not in r["config"] for r in runs):
         raise CompareError(f"--x {x}: not a config key of these runs (swept keys: {differing_keys(runs)})")
-    others = [k for k in differing_keys(runs) if k != x]
-    lines: dict[str, list[tuple]] = {}
-    for r in runs:
-        label = ", ".join(f"{k}={r['config'].get(k)}" for k in others) or metric
-        value = r["summary"].get(metric)
-        if value is not None:
-            lines.setdefault(label, []).append((r["config"].get(x), value))
+    lines = plot_points(runs, metric, x)
     fig, ax = plt.subplots(figsize=(6, 4))
-    numeric = all(isinstance(v, (int, float)) for pts in lines.values() for v, _ in pts)
+    numeric = all(isinstance(v, (int, float)) for pts in lines.values() for v, _, _ in pts)
     for label, pts in lines.items():
         pts.sort(key=lambda p: p[0] if numeric else str(p[0]))
         xs = [p[0] if numeric else str(p[0]) for p in pts]
-        ax.plot(xs, [p[1] for p in pts], marker="o", label=label)
+        (line,) = ax.plot(xs, [p[1] for p in pts], marker="o", label=label)
+        for px, (_, y, mark) in zip(xs, pts):
+            if mark:
+                ax.plot([px], [y], marker="o", markerfacecolor="white", color=line.get_color())
+                ax.annotate(mark, (px, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     ax.set_xlabel(x)
     ax.set_ylabel(metric)
     ax.grid(alpha=0.3)
@@ -284,8 +313,16 @@ def main(argv: list[str]) -> int:
     p.add_argument("--plot", metavar="METRIC", help="plot this metric against --x")
     p.add_argument("--x", metavar="KEY", help="the swept config key for --plot (default: the only differing key)")
     p.add_argument("--plot-out", type=Path, help="PNG path (default: <first folder>/compare_<metric>.png)")
+    p.add_argument("--completed-only", action="store_true",
+                   help="compare only the runs that completed; exit 1, naming the others, when some did not")
     args = p.parse_args(argv)
     runs = [load_run(r) for r in find_runs(args.paths)]
+    left_out = ""
+    if args.completed_only:
+        runs, left_out = completed_only(runs)
+        if not runs:
+            print(left_out, file=sys.stderr, flush=True)
+            return 1
     if args.metrics:
         metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
     else:  # the defaults some run has (older runs lack newer keys)
@@ -293,16 +330,20 @@ def main(argv: list[str]) -> int:
     table = compare_runs(runs, metrics, drop_empty=not args.metrics)  # a metric asked for by name stays
     fmt = args.format or ("table" if sys.stdout.isatty() else "markdown")
     note = f"n/a in every run: {', '.join(table.dropped)}" if table.dropped else ""
-    if fmt == "csv":
-        sys.stdout.write(to_csv(*table.runs_as_rows(folder=True)))
+    footer = table.footer()
+    if fmt == "csv":  # the footer to stderr: the CSV stays parseable
+        sys.stdout.write(to_csv(*table.runs_as_rows(folder=True, status=True)))
+        if footer:
+            print(footer, file=sys.stderr)
     elif fmt == "markdown":
-        sys.stdout.write(to_markdown(*table.layout(args.layout)) + (f"\n{note}\n" if note else ""))
+        sys.stdout.write(to_markdown(*table.layout(args.layout), "\n".join(filter(None, (note, footer)))))
     else:
-        print_table(*table.layout(args.layout, stacked=True), title=f"{len(runs)} runs", caption=note)
+        print_table(*table.layout(args.layout, stacked=True), title=f"{len(runs)} runs", caption=note, footer=footer)
     sys.stdout.flush()
     if args.out:
-        write_table(*(table.runs_as_rows(folder=True) if args.out.suffix == ".csv" else table.layout(args.layout)),
-                    args.out)
+        csv_out = args.out.suffix == ".csv"
+        write_table(*(table.runs_as_rows(folder=True, status=True) if csv_out else table.layout(args.layout)),
+                    args.out, footer)
         print(f"table: {args.out}", file=sys.stderr if fmt != "table" else sys.stdout, flush=True)
     if args.plot:
         keys = differing_keys(runs)
@@ -312,4 +353,7 @@ def main(argv: list[str]) -> int:
         out = args.plot_out or Path(args.paths[0]) / f"compare_{args.plot.replace('.', '_')}.png"
         print(f"plot: {plot(runs, args.plot, x, out)}", file=sys.stderr if fmt != "table" else sys.stdout,
               flush=True)
+    if left_out:
+        print(left_out, file=sys.stderr, flush=True)
+        return 1
     return 0
