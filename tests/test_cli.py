@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 
+import pytest
 
 from conftest import REPO, pin_test_defaults
 
@@ -50,9 +51,10 @@ def test_cfg_job_prints_the_composed_config():
     assert "block_size: 32" in proc.stdout and "scheduler:" in proc.stdout and "name: fcfs" in proc.stdout
 
 
-def test_unknown_plugin_and_bad_type_fail_with_hydras_message():
+def test_unknown_plugin_and_bad_type_fail_in_one_line():
     proc = run_cli("scheduler=nope")
-    assert proc.returncode != 0 and "Could not find 'scheduler/nope'" in proc.stderr and "fcfs" in proc.stderr
+    assert proc.returncode == 2 and proc.stderr.startswith("servelab: error: unknown scheduler option 'nope'")
+    assert "fcfs" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     proc = run_cli("block_size=abc")
     assert proc.returncode != 0 and "block_size" in proc.stderr
 
@@ -92,16 +94,23 @@ def test_missing_checkpoint_weights_are_named(tmp_path):
 def test_ctrl_c_writes_partial_results_and_finishes_wandb(tmp_path):
     args = [sys.executable, str(REPO / "run.py"), *pin_test_defaults(SMALL), "workload.num_requests=400", "workload.rate=20",
             f"hydra.run.dir={tmp_path}"]
+    out, err = tmp_path.parent / f"{tmp_path.name}.out", tmp_path.parent / f"{tmp_path.name}.err"
     # SIG_DFL in the child: a shell's background job (nohup ... &) inherits SIGINT ignored
-    proc = subprocess.Popen(args, cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.time() + 240
-    while not (tmp_path / "wandb").exists() and time.time() < deadline:
-        time.sleep(0.5)
-    time.sleep(3)
-    proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
+    with out.open("w") as stdout_file, err.open("w") as stderr_file:
+        proc = subprocess.Popen(args, cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
+                                stdout=stdout_file, stderr=stderr_file, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        # interrupt once the run has provably started stepping: W&B is up (the banner names it, printed after
+        # the logger started) and a request has ended (its record is in requests.jsonl) - no sleep decides it
+        records = tmp_path / "requests.jsonl"
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None and not (
+                "W&B  " in out.read_text() and records.is_file() and records.stat().st_size > 0):
+            time.sleep(0.1)
+        assert proc.poll() is None, err.read_text()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+    stdout, stderr = out.read_text(), err.read_text()
     assert proc.returncode == 130, stderr
     assert stderr.strip().splitlines()[-1] == f"interrupted; partial results written to {tmp_path}", stderr
     assert "Traceback" not in stderr and "Traceback" not in stdout
@@ -124,6 +133,7 @@ def test_banner_then_a_run_whose_every_request_is_rejected_exits_2(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed: every request was rejected"
 
 
+@pytest.mark.slow  # its twin: test_sweep_launchers' pip-installed plugin selected in joblib workers
 def test_external_plugin_package_is_selectable_by_name(tmp_path):
     target = tmp_path / "site"
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",

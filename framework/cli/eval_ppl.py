@@ -26,20 +26,34 @@ import torch.nn.functional as F
 from hydra.errors import HydraException
 
 from servelab.api import command_output_dir, compose_with_run_dir
+from servelab.cli.help import plain_doc
 from servelab.core.errors import ConfigError, ServelabError
 from servelab.core.model_spec import load_spec
 from servelab.exec.executor import ModelWorker
 from servelab.exec.model.llama import AttentionMetadata
+from servelab.run.config import check_known_keys, config_error_message
+from servelab.run.preflight import check_device
 from servelab.run.stack import explicit_block_size, worker_config
 from servelab.workloads import corpus
 from servelab.workloads.text import checkpoint_text
 
 
+USAGE = "usage: servelab eval-ppl [hydra overrides...]  (eval_ppl.<key>=...; hydra.run.dir=DIR: DIR/ppl.json)"
+
+
 def main(argv: list[str]) -> int:
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE + "\n\n" + plain_doc(__doc__))
+        return 0
+    flags = [a for a in argv if a.startswith("-")]
+    if flags:
+        raise ConfigError(f"unknown option {flags[0]}: servelab eval-ppl takes Hydra overrides (key=value); "
+                          "servelab eval-ppl --help")
     try:
         cfg, run_dir = compose_with_run_dir(argv)
     except HydraException as exc:
-        raise ConfigError(str(exc).splitlines()[0]) from None
+        raise ConfigError(config_error_message(exc)) from None
+    check_known_keys(cfg)
     out = command_output_dir("eval-ppl", run_dir, cfg.eval_ppl.output_dir)
     result = evaluate(cfg)
     out.mkdir(parents=True, exist_ok=True)
@@ -53,6 +67,8 @@ def main(argv: list[str]) -> int:
 
 def evaluate(cfg, documents: list[str] | None = None) -> dict:
     """The held-out figures of ``cfg``'s model (``documents`` instead of the held-out split if given)."""
+    check_has_weights(cfg)
+    check_device(cfg)
     if cfg.tensor_parallel_size != 1:
         raise ConfigError("eval-ppl runs with tensor_parallel_size=1")
     e = cfg.eval_ppl
@@ -100,6 +116,15 @@ def evaluate(cfg, documents: list[str] | None = None) -> dict:
         "python": platform.python_version(),
         "duration_s": time.perf_counter() - start,
     }
+
+
+def check_has_weights(cfg) -> None:
+    """A catalogue model (``model=llama3_70b``: a public shape without weights, for ``backend=sim``)
+    has no checkpoint to score: say so naming the configured model."""
+    if cfg.model.get("shape_only") and not cfg.model.get("path"):
+        raise ConfigError(f"eval-ppl: model={cfg.model.name} is a shape without weights (for backend=sim); "
+                          "perplexity needs a checkpoint with a tokenizer, e.g. model=tiny_code or "
+                          "model=hf model.path=<checkpoint dir>")
 
 
 def _window(cfg, model_path: str) -> int:

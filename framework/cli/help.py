@@ -29,6 +29,18 @@ _SHAPE = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attentio
           "vocab_size", "max_position_embeddings", "tie_word_embeddings")
 _GROUP_HEADER = re.compile(r"^(\w+)  \((default|this run): ([^)]*)\)(.*)$")  # the rest: the kind's summary
 _TOP_KEY = re.compile(r"^  (\w+): (.+?) = (.*)$")
+_ROLE = re.compile(r":(?:func|mod|class|meth|attr|data|obj):`~?([^`]+)`")  # :func:`servelab.x.y` -> servelab.x.y
+_LITERAL = re.compile(r"``([^`]+)``")
+
+
+def plain_doc(text: str | None) -> str:
+    """A reST docstring as plain text for a terminal (a subcommand's ``--help``): ````x```` and
+    ``:func:`x``` become ``x``, a paragraph-ending ``::`` becomes ``:``, the common indentation goes."""
+    import inspect  # noqa: PLC0415
+
+    text = inspect.cleandoc(text or "")
+    text = _ROLE.sub(r"\1", _LITERAL.sub(r"\1", text))
+    return re.sub(r"(?<=\S)::(?=\s*$)", ":", re.sub(r"\s+::$", "", text, flags=re.M), flags=re.M)
 
 
 def _text(value) -> str:
@@ -127,6 +139,6 @@ def help_text(overrides: list[str] | None = None) -> str:
 
         cfg = compose(overrides)
     except Exception as exc:  # noqa: BLE001 - a bad override: still show the page, saying why values are missing
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = C.config_error_message(exc)
         return text + f"\n(the values a run uses are not shown: composing {' '.join(overrides)} failed: {first})\n"
     return complete_usage(text, cfg, overridden=bool(overrides))

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from hydra.errors import HydraException
 
+from servelab.cli.help import plain_doc
 from servelab.api import command_output_dir, compose, compose_with_run_dir
 from servelab.core.errors import ConfigError
 from servelab.core.request import Request
@@ -186,7 +187,7 @@ def profile_main(argv: list[str]) -> int:
     overrides = []
     for arg in argv:
         if arg in ("-h", "--help"):
-            print(USAGE + "\n\n" + (__doc__ or ""))
+            print(USAGE + "\n\n" + plain_doc(__doc__))
             return 0
         if arg.startswith("--out="):
             out = Path(arg.split("=", 1)[1])

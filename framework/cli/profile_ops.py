@@ -41,12 +41,14 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from servelab.cli.help import plain_doc
 from servelab.api import command_output_dir, compose_with_run_dir
 from servelab.core.errors import ConfigError, ServelabError
 from servelab.core.model_spec import SUPPORTED_ARCHITECTURES, ModelSpec, load_spec
 from servelab.core.shapes import ModelShape
 from servelab.exec import op_bench
 from servelab.exec.executor import DTYPES, resolve_device
+from servelab.run.preflight import check_device
 from servelab.exec.quant import kv_cache_storage_dtype, linear_kernel
 from servelab.exec.tp import check_tensor_parallel
 from servelab.kernels import select_attention_backend
@@ -238,10 +240,8 @@ def profile_ops(argv: list[str], out: str | Path | None = None, quiet: bool = Fa
     out = Path(out) if out is not None else command_output_dir("profile-ops", run_dir)
     lines = _Lines(quiet)
 
-    try:
-        device = resolve_device(str(cfg.backend.device))
-    except RuntimeError as exc:
-        raise ConfigError(str(exc)) from None
+    check_device(cfg)  # backend.device=gpu, or cuda without CUDA: one line
+    device = resolve_device(str(cfg.backend.device))
     cuda = device.type == "cuda"
     if cuda and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -535,7 +535,7 @@ def _write_model(folder: Path, ops_times: dict, attention_rows: list[dict], has_
 
 def main(argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
-        print(USAGE + "\n\n" + (__doc__ or ""))
+        print(USAGE + "\n\n" + plain_doc(__doc__))
         return 0
     result = profile_ops(argv)
     tables, folder = result["tables"], result["folder"]

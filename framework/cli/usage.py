@@ -44,6 +44,12 @@ def _type_name(tp) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+def field_type(f: dataclasses.Field, hints: dict) -> str:
+    """The type a user may give ``f``: its ``help_type`` metadata where the annotation is wider than
+    the values allowed (``block_size: Any`` takes ``int | auto``), else the annotation."""
+    return f.metadata.get("help_type") or _type_name(hints.get(f.name, f.type))
+
+
 def _default(f: dataclasses.Field) -> str:
     if f.default is not dataclasses.MISSING:
         value = f.default
@@ -63,7 +69,7 @@ def fields_line(cls) -> str:
         hints = get_type_hints(cls)
     except Exception:  # noqa: BLE001 - an unresolvable annotation: show it as written
         hints = {}
-    parts = [f"{f.name}: {_type_name(hints.get(f.name, f.type))} = {_default(f)}"
+    parts = [f"{f.name}: {field_type(f, hints)} = {_default(f)}"
              for f in dataclasses.fields(cls) if f.name not in _SKIP]
     return ", ".join(parts) or "(no fields)"
 
@@ -133,7 +139,7 @@ def usage_text() -> str:
         value = _default(f)
         if value == "{...}":
             value = "{" + fields_line(hints[f.name]) + "}"
-        lines.append(f"  {f.name}: {_type_name(hints[f.name])} = {value}")
+        lines.append(f"  {f.name}: {field_type(f, hints)} = {value}")
     return "\n".join(lines) + "\n"
 
 

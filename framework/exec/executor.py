@@ -306,5 +306,5 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"backend.device={name!r} but CUDA is not available on this machine")
+        raise ConfigError(f"backend.device={name} but CUDA is not available on this machine: use backend.device=cpu")
     return torch.device(name)

@@ -4,12 +4,15 @@ A KV pool too small for every request of the workload is a start-up error naming
 ``num_kv_blocks`` and the minimum (instead of each arrival being rejected in turn);
 ``strict_requests=true`` turns any request the engine would reject into a start-up error, and
 ``scheduler=slo_aware`` with no TTFT/TPOT target anywhere (run-wide ``slo.*`` or per request)
-warns: it would then order by nothing and its attainment figures would be n/a.
+warns: it would then order by nothing and its attainment figures would be n/a. ``backend.device``
+is checked before anything is built (:func:`check_device`): a name torch does not know, or CUDA on a
+machine without it, is one line rather than a traceback from the model loader.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from typing import Iterable
 
 from omegaconf import DictConfig
@@ -19,6 +22,28 @@ from servelab.core.errors import ConfigError
 from servelab.core.request import Request
 
 log = logging.getLogger(__name__)
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+def check_device(cfg: DictConfig) -> None:
+    """Raise :class:`ConfigError` for a ``backend.device`` that is not ``auto | cpu | cuda | cuda:N``,
+    or names a CUDA device this machine does not have (``backend=sim`` runs no tensors: only the
+    spelling is checked there)."""
+    device = str(cfg.backend.get("device", "auto"))
+    if not _DEVICE.match(device):
+        raise ConfigError(f"backend.device={device} is not a device: use auto, cpu, cuda or cuda:N")
+    if not device.startswith("cuda") or cfg.backend.get("name") == "sim":
+        return
+    import torch  # noqa: PLC0415 - only a CUDA device needs it
+
+    if not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}, no GPU visible"
+        raise ConfigError(f"backend.device={device} but CUDA is not available on this machine (torch "
+                          f"{torch.__version__}, {build}): use backend.device=cpu or auto")
+    index, count = int(device.partition(":")[2] or 0), torch.cuda.device_count()
+    if index >= count:
+        raise ConfigError(f"backend.device={device} but this machine has {count} CUDA device(s): "
+                          f"cuda:0..cuda:{count - 1}")
 
 
 def check_requests(cfg: DictConfig, engine: Engine, requests: Iterable[Request]) -> None:

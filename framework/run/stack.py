@@ -27,6 +27,8 @@ from servelab.core.registry import Registry, default_registry
 from servelab.core.shapes import HardwareProfile, ModelShape, StorageBytes
 from servelab.sim.executor import plan_memory
 from servelab.run.block_size import resolve_block_size
+from servelab.run.config import check_known_keys
+from servelab.run.preflight import check_device
 from servelab.run.swap_pool import swap_pool_config
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,8 @@ class Stack:
 def validate(cfg: DictConfig) -> None:
     """Cross-key checks Hydra's types cannot express; raise :class:`ConfigError` naming the key."""
     check_required(cfg)
+    check_known_keys(cfg)  # a Python API config too: the CLI's composer already said it in one line
+    check_device(cfg)
     check_packaged_model(cfg)
     bs = check_block_size(cfg.block_size)
     if cfg.max_num_seqs < 1:

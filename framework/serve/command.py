@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -22,6 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from servelab.api import command_output_dir, compose_with_run_dir
 from servelab.core.errors import ConfigError
+from servelab.run.config import check_known_keys, config_error_message
+from servelab.run.preflight import check_device
 from servelab.run.loggers import RunLogger, make_logger
 from servelab.run.session import RequestWriter, collect_results
 from servelab.run.fairness import config_weights
@@ -33,8 +36,12 @@ from servelab.workloads.text import checkpoint_text, text_decorator
 log = logging.getLogger(__name__)
 
 
+# the module docstring's first paragraph as plain text (argparse prints it as it is: no reST markup)
+DESCRIPTION = "Any composed stack behind an OpenAI-compatible HTTP server (FastAPI + uvicorn)."
+
+
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(prog="servelab serve", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="servelab serve", description=DESCRIPTION,
                                      epilog="Every other argument is a Hydra override, as for a batch run "
                                             "(serve.* keys: see docs/serve.md).")
     parser.add_argument("--host", help="address to bind (default serve.host = 127.0.0.1: this machine only)")
@@ -55,7 +62,8 @@ def compose_serve_config(argv: list[str]) -> DictConfig:
     try:
         cfg, run_dir = compose_with_run_dir(overrides)
     except HydraException as exc:
-        raise ConfigError(str(exc).splitlines()[0]) from None
+        raise ConfigError(config_error_message(exc)) from None
+    check_known_keys(cfg)
     cfg.serve.output_dir = str(command_output_dir("serve", run_dir, cfg.serve.output_dir))
     for key, value in (("host", flags.host), ("port", flags.port), ("api_key", flags.api_key)):
         if value is not None:
@@ -65,6 +73,7 @@ def compose_serve_config(argv: list[str]) -> DictConfig:
 
 
 def check_serve_config(cfg: DictConfig) -> None:
+    check_device(cfg)
     config_weights(cfg)  # fairness.* are used at the end: refuse bad ones before serving
     clock = getattr(cfg.clock, "value", cfg.clock)
     if cfg.backend.name == "sim" or clock == "virtual":
@@ -84,7 +93,25 @@ def check_serve_config(cfg: DictConfig) -> None:
 
 def main(argv: list[str]) -> int:
     cfg = compose_serve_config(argv)
+    check_port_free(cfg.serve.host, cfg.serve.port)  # before the model loads and the results folder exists
     return serve(cfg)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise :class:`ConfigError` when ``host:port`` cannot be bound (another server holds it, or
+    the address is not this machine's). Port 0 (any free port) always binds. SO_REUSEADDR as
+    uvicorn sets it, so a port in TIME_WAIT after a previous server counts as free, as for uvicorn."""
+    if port == 0:
+        return
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ConfigError(f"serve.port={port}: cannot listen on {host}:{port} ({reason}); choose another with "
+                          "--port N (0 = any free port) or stop the server that holds it") from None
 
 
 def serve(cfg: DictConfig) -> int:

@@ -118,7 +118,7 @@ class CheckpointText:
 def checkpoint_text(cfg) -> CheckpointText:
     """The :class:`CheckpointText` of the configured model (``model.path``; none for ``model=tiny``)."""
     path = cfg.model.get("path")
-    return CheckpointText(path, f"model={cfg.model.name} ({path})" if path else None)
+    return CheckpointText(path, f"model={cfg.model.name} ({path or 'random weights'})")
 
 
 def text_decorator(text: CheckpointText):
