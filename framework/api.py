@@ -25,11 +25,14 @@ from hydra import compose as hydra_compose, initialize_config_module
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from servelab.run.config import register_configs
+from servelab.core.errors import ConfigError
 from servelab.core.registry import check_selection
 from servelab.core.request import Request, SamplingParams
+from servelab.engine.engine import Engine
+from servelab.run.cluster_build import is_cluster, validate_cluster
 from servelab.run.runner import run_workload
 from servelab.run.session import RunResult, collect_results, run_job
-from servelab.run.stack import Stack, build_stack
+from servelab.run.stack import Stack, build_stack, validate
 from servelab.workloads.text import attach_text, checkpoint_text
 
 
@@ -89,14 +92,33 @@ def _render(v: Any) -> str:
 
 
 class LLM:
-    """A built stack you can feed requests and step by hand, or run on a workload."""
+    """A built stack you can feed requests and step by hand, or run on a workload.
+
+    A cluster config (``cluster.replicas`` > 1, or prefill/decode pools) runs only as a whole:
+    :meth:`run` runs it through its router (as ``run.py`` does); the one-engine methods
+    (:meth:`add_request`, :meth:`step`, :meth:`results`, :meth:`generate`) refuse it in one line."""
 
     def __init__(self, overrides: Seq[str] | DictConfig = (), **values: Any) -> None:
         self.cfg = overrides if isinstance(overrides, DictConfig) else compose(overrides, **values)
-        self.stack: Stack = build_stack(self.cfg)
-        self.engine = self.stack.engine
+        self.stack: Stack | None = None
+        if is_cluster(self.cfg):  # run() builds the replicas; a bad cluster.* key fails here, as one engine's would
+            validate(self.cfg)
+            validate_cluster(self.cfg)
+        else:
+            self.stack = build_stack(self.cfg)
         self.text = checkpoint_text(self.cfg)  # the checkpoint's tokenizer (loaded on first use)
         self._counter = 0
+
+    @property
+    def engine(self) -> Engine:
+        """The one engine (a cluster config has none: :class:`~servelab.core.errors.ConfigError`)."""
+        if self.stack is None:
+            c = self.cfg.cluster
+            pools = (f"cluster.replicas={c.replicas}" if c.prefill_replicas is None
+                     else f"cluster.prefill_replicas={c.prefill_replicas} cluster.decode_replicas={c.decode_replicas}")
+            raise ConfigError(f"{pools}: LLM.add_request/step/results/generate drive one engine and a cluster runs "
+                              "only as a whole: use LLM.run() (or run.py), or leave cluster.* at its default")
+        return self.stack.engine
 
     def add_request(self, prompt: str | Seq[int], max_tokens: int, *, id: str | None = None,
                     arrival_time: float = 0.0, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
@@ -108,6 +130,7 @@ class LLM:
 
         ``prompt`` is token ids, or a string tokenized with the checkpoint's tokenizer. Token ids
         ignore EOS unless ``ignore_eos=False``; a string stops at EOS unless ``ignore_eos=True``."""
+        engine = self.engine
         rid = id or f"req-{self._counter}"
         self._counter += 1
         prompt_token_ids: Seq[int]
@@ -117,9 +140,9 @@ class LLM:
         else:
             prompt_token_ids = prompt
             ignore_eos = True if ignore_eos is None else ignore_eos
-        self.engine.add_request(Request(rid, tuple(prompt_token_ids), max_tokens, arrival_time,
-                                        SamplingParams(temperature, top_p, top_k, seed), ignore_eos, priority,
-                                        ttft_slo_ms, tpot_slo_ms, cache_salt, client_id))
+        engine.add_request(Request(rid, tuple(prompt_token_ids), max_tokens, arrival_time,
+                                   SamplingParams(temperature, top_p, top_k, seed), ignore_eos, priority,
+                                   ttft_slo_ms, tpot_slo_ms, cache_salt, client_id))
         return rid
 
     def step(self):
@@ -131,8 +154,9 @@ class LLM:
 
     def results(self) -> RunResult:
         """Results of every request added so far (the objects the CLI writes)."""
-        result = collect_results(self.engine, 1.0, "completed" if not self.has_unfinished() else "partial")
-        attach_text(result.requests, self.engine.sequences, self.text)
+        engine = self.engine
+        result = collect_results(engine, 1.0, "completed" if not engine.has_unfinished() else "partial")
+        attach_text(result.requests, engine.sequences, self.text)
         return result
 
     def generate(self, requests: Seq[Request]) -> RunResult:
@@ -141,12 +165,17 @@ class LLM:
         return self.results()
 
     def run(self, output_dir: str | Path | None = None, requests: Seq[Request] | None = None) -> RunResult:
-        """Run the configured workload (or ``requests``) like the CLI, writing the result files."""
-        output_dir = output_dir or Path("outputs") / "api"
-        return run_job(self.cfg, output_dir, list(requests) if requests is not None else None, stack=self.stack)
+        """Run the configured workload (or ``requests``) like the CLI, writing the result files, and
+        print where they are (``results: ...``, the CLI's last line). A cluster config runs its
+        replicas through the router, each built for this run and shut down after it."""
+        output_dir = Path(output_dir or Path("outputs") / "api")
+        result = run_job(self.cfg, output_dir, list(requests) if requests is not None else None, stack=self.stack)
+        print(f"results: {output_dir}/requests.jsonl, summary.json", flush=True)
+        return result
 
     def close(self) -> None:
-        self.stack.executor.shutdown()
+        if self.stack is not None:
+            self.stack.executor.shutdown()
 
     def __enter__(self) -> "LLM":
         return self

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from conftest import compose
 from servelab.api import LLM
+from servelab.core.errors import ConfigError
 
 SMALL = dict(model="tiny", model__hidden_size=64, model__num_hidden_layers=2, model__intermediate_size=128, logger="none",
              progress=False)
@@ -25,12 +28,35 @@ def test_step_by_hand_and_results():
     assert result.summary["num_finished"] == 2 and result.summary["leaked_blocks"] == 0 and steps >= 5
 
 
-def test_run_writes_the_same_files_as_the_cli(tmp_path):
+def test_run_writes_the_same_files_as_the_cli(tmp_path, capsys):
     lab = LLM(compose("workload.num_requests=4", "workload.output_len.max=8", "workload.prompt_len.max=32",
                       "model.hidden_size=64", "model.num_hidden_layers=2", "model.intermediate_size=128"))
     result = lab.run(tmp_path)
     assert len((tmp_path / "requests.jsonl").read_text().splitlines()) == 4
     assert json.loads((tmp_path / "summary.json").read_text())["num_finished"] == result.summary["num_finished"] == 4
+    assert capsys.readouterr().out.splitlines()[-1] == f"results: {tmp_path}/requests.jsonl, summary.json"  # as the CLI
+
+
+def test_a_cluster_config_runs_as_a_cluster_and_refuses_stepping_by_hand(tmp_path):
+    lab = LLM(compose("backend=sim", "model=llama3_8b", "workload.num_requests=8", "cluster.replicas=2",
+                      "router=least_outstanding"))
+    with pytest.raises(ConfigError) as err:
+        lab.add_request([1, 2, 3], max_tokens=2)
+    assert str(err.value) == ("cluster.replicas=2: LLM.add_request/step/results/generate drive one engine and a "
+                              "cluster runs only as a whole: use LLM.run() (or run.py), or leave cluster.* at its "
+                              "default")
+    for refused in (lab.step, lab.has_unfinished, lab.results):
+        with pytest.raises(ConfigError, match="^cluster.replicas=2: "):
+            refused()
+    summary = lab.run(tmp_path).summary
+    assert summary["num_replicas"] == 2 and summary["router"] == "least_outstanding"
+    assert summary["num_finished"] == 8 and all(r["num_requests"] > 0 for r in summary["per_replica"])
+    lab.close()
+
+
+def test_a_bad_cluster_key_fails_when_the_llm_is_built():
+    with pytest.raises(ConfigError, match=r"^cluster.prefill_replicas=1 needs cluster.decode_replicas=<n>"):
+        LLM(compose("backend=sim", "model=llama3_8b", "cluster.prefill_replicas=1"))
 
 
 def test_seeded_sampling_does_not_depend_on_the_batch():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Iterable
 
 from rich.console import Console
@@ -10,8 +11,16 @@ from rich.text import Text
 
 
 def _fmt(v) -> str:
-    """``None`` (a metric with nothing to cover, e.g. SLO attainment without targets) is n/a."""
-    return "n/a" if v is None else (f"{v:,.2f}" if isinstance(v, float) else str(v))
+    """``None`` (a metric with nothing to cover, e.g. SLO attainment without targets) is n/a. A float
+    under 1 keeps three significant digits: a KV use of 0.0011 must not read 0.00."""
+    if v is None:
+        return "n/a"
+    if not isinstance(v, float):
+        return str(v)
+    if v == 0 or abs(v) >= 1:
+        return f"{v:,.2f}"
+    small = f"{v:.3g}"
+    return small if "." in small or "e" in small else f"{v:.2f}"  # 0.9999 -> 1.00, not 1
 
 
 def print_summary(summary: dict, output_dir: str, console: Console | None = None) -> None:
@@ -72,9 +81,12 @@ def print_rejections(summary: dict, console: Console | None = None) -> None:
 
 
 def print_samples(requests: Iterable[dict], console: Console | None = None, limit: int = 3,
-                  prompt_chars: int = 240) -> None:
+                  prompt_chars: int = 240, max_ids: int = 16) -> None:
     """A few prompt -> completion pairs (records with ``output_text``: checkpoints with a tokenizer),
-    those that ended by themselves (EOS) first: a whole definition reads best."""
+    those that ended by themselves (EOS) first: a whole definition reads best. Each is labelled
+    ``prompt:`` / ``completion:`` in words, so the pair survives a pipe (no colour there). A side that
+    is not text (a token-id workload's random ids, or a random-weight model's output, decode to control
+    bytes and broken UTF-8) shows the prompt's length or the first ``max_ids`` output token ids instead."""
     stopped: list[dict] = []
     other: list[dict] = []
     for r in requests:
@@ -90,15 +102,33 @@ def print_samples(requests: Iterable[dict], console: Console | None = None, limi
     if not shown:
         return
     console = console or Console()
-    console.print("[bold]sample completions[/bold] ([dim]prompt[/dim], [bold green]completion[/bold green]; "
-                  "all in requests.jsonl)")
+    console.print("[bold]sample completions[/bold] (all in requests.jsonl)")
     for r in shown:
-        prompt = r.get("prompt_text") or ""
+        console.rule(Text(f"{r['id']}: {r['output_len']} tokens, finish={r['finish_reason']}"), style="dim")
+        _print_sample(console, r, prompt_chars, max_ids)
+    console.rule(style="dim")
+
+
+def _print_sample(console: Console, r: dict, prompt_chars: int, max_ids: int) -> None:
+    prompt, output = r.get("prompt_text") or "", r.get("output_text") or ""
+    if not is_text(prompt):
+        console.print(Text(f"prompt:     {r['prompt_len']} token ids (not text: a token-id workload)"), soft_wrap=True)
+    else:
         if len(prompt) > prompt_chars:
             prompt = "…" + prompt[-prompt_chars:]
-        console.rule(f"{r['id']}: {r['output_len']} tokens, finish={r['finish_reason']}", style="dim")
-        console.print(Text(prompt, style="dim") + Text(r["output_text"], style="bold green"), soft_wrap=True)
-    console.rule(style="dim")
+        console.print(Text("prompt:     ", style="bold") + Text(prompt, style="dim"), soft_wrap=True)
+    if not is_text(output.rstrip("\ufffd")):  # (an output may end inside a character)
+        ids = r.get("output_token_ids") or []
+        more = f" ... (+{len(ids) - max_ids})" if len(ids) > max_ids else ""
+        console.print(Text(f"completion: token ids {ids[:max_ids]}{more} (not text)"), soft_wrap=True)
+    else:
+        console.print(Text("completion: ", style="bold") + Text(output, style="bold green"), soft_wrap=True)
+
+
+def is_text(s: str) -> bool:
+    """Whether ``s`` reads as text: no control or unassigned characters (newline and tab aside) and
+    no U+FFFD (bytes that were not UTF-8)."""
+    return "\ufffd" not in s and all(c in "\n\t" or not unicodedata.category(c).startswith("C") for c in s)
 
 
 def all_rejected_error(summary: dict) -> str | None:

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TextIO
 
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
+from tqdm.autonotebook import tqdm as notebook_tqdm
+from tqdm.std import tqdm as std_tqdm
 
 from servelab.engine.engine import Engine, StepRecord
 from servelab.run.metrics import RequestStats, request_record
@@ -144,7 +148,45 @@ def drop_placeholder_tokens(rec: dict, seq) -> None:
     rec["output_token_ids"] = None
 
 
-def _progress_bar(total: int, enabled: bool):
+def _progress_bar(total: int, enabled: bool, stream: TextIO | None = None):
+    """The run's progress on ``stream`` (stderr): tqdm's bar on a terminal or in a notebook, else
+    (a log file, a pipe) :class:`LineProgress`, whose lines a file keeps apart."""
     if not enabled:
         return None
-    return tqdm(total=total, desc="requests", unit="req", dynamic_ncols=True, leave=False)
+    stream = stream or sys.stderr
+    if notebook_tqdm is std_tqdm and not stream.isatty():
+        return LineProgress(total, stream)
+    return tqdm(total=total, desc="requests", unit="req", dynamic_ncols=True, leave=False, file=stream)
+
+
+class LineProgress:
+    """Progress for a stream that is not a terminal: one line, ending in a newline, each time another
+    tenth of the requests has ended or ``every_s`` seconds have passed since the last line, and one at
+    the end (tqdm's bar redraws itself with carriage returns, which a file keeps as one long line)."""
+
+    FORMAT = "{desc}: {n_fmt}/{total_fmt} ({percentage:.0f}%) [{elapsed}<{remaining}, {rate_fmt}]"
+
+    def __init__(self, total: int, stream: TextIO, every_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.total, self.stream, self.every_s, self.clock = total, stream, every_s, clock
+        self.n = self._shown = 0
+        self._start = self._last = clock()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        now = self.clock()
+        if self._tenths(self.n) > self._tenths(self._shown) or now - self._last >= self.every_s:
+            self._print(now)
+
+    def _tenths(self, n: int) -> int:
+        return 10 * n // max(1, self.total)
+
+    def close(self) -> None:
+        if self.n != self._shown:
+            self._print(self.clock())
+
+    def _print(self, now: float) -> None:
+        line = tqdm.format_meter(self.n, self.total, now - self._start, prefix="requests", unit="req",
+                                 bar_format=self.FORMAT)
+        print(line, file=self.stream, flush=True)
+        self._shown, self._last = self.n, now

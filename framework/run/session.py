@@ -17,6 +17,7 @@ from servelab.run.fairness import DEFAULT_WEIGHTS, config_weights
 from servelab.run.loggers import make_logger
 from servelab.run.metrics import RequestStats, request_record, summarize
 from servelab.run.preflight import check_requests
+from servelab.core.errors import WorkloadError
 from servelab.core.request import Request
 from servelab.run.runner import run_workload
 from servelab.run.block_size import workload_requests
@@ -92,8 +93,12 @@ def run_job(cfg: DictConfig, output_dir: str | Path, requests: list[Request] | N
     Without ``stack`` the stack is built here and its executor shut down at the end (error or not);
     a given ``stack`` stays open (its owner shuts it down). ``banner``: print what runs and where
     its results go before the first step (the command line does). With ``block_size=auto`` the
-    workload's requests are built once, before the stack, for the choice and the run.
+    workload's requests are built once, before the stack, for the choice and the run. No requests
+    (``requests=[]``, or a workload that makes none) is a :class:`WorkloadError`, before any result file is written.
     """
+    if requests is not None and not len(requests):  # a run of nothing would report "completed", every figure n/a
+        raise WorkloadError("run_job(requests=[]): no requests to run; give at least one Request (or requests=None "
+                            "for the configured workload)")
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     if stack is None and is_cluster(cfg):

@@ -41,7 +41,23 @@ def build_requests(cfg, vocab_size: int, max_model_len: int, text=None) -> list[
              "prompts": lambda c, v, m: prompts_requests(c, text), "corpus": lambda c, v, m: corpus_requests(c, text)}
     if cfg.name not in kinds:
         raise WorkloadError(f"workload.name={cfg.name!r} is not one of {sorted(kinds)}")
-    return kinds[cfg.name](cfg, vocab_size, max_model_len)
+    requests = kinds[cfg.name](cfg, vocab_size, max_model_len)
+    if not len(requests):  # a run of nothing would report "completed" with every figure n/a
+        raise WorkloadError(no_requests_message(cfg, max_model_len))
+    return requests
+
+
+def no_requests_message(cfg, max_model_len: int) -> str:
+    """The one line refusing workload config ``cfg`` that made no request: the key or file to blame."""
+    for key in ("num_requests", "num_sessions"):
+        if cfg.get(key) == 0:
+            return f"workload.{key}=0: the workload has no requests; set workload.{key}>=1"
+    if cfg.get("path") is None:  # chat_sessions: every session ended before its first turn
+        return f"workload={cfg.name}: the workload has no requests that fit max_model_len={max_model_len}"
+    path = Path(cfg.path) if cfg.name == "jsonl" else trace_path(cfg.path)
+    if cfg.get("start_row"):
+        return f"{path}: no requests in this file from workload.start_row={cfg.start_row} on"
+    return f"{path}: no requests in this file"
 
 
 def _random_prompt(rng: np.random.Generator, length: int, vocab_size: int) -> tuple[int, ...]:
