@@ -131,9 +131,9 @@ def test_a_kind_from_a_package_reaches_run_help_check_plugin_and_new_plugin(toy_
 
     made = _servelab(toy_path, "new-plugin", "toy", "my_toy", "--dir", str(tmp_path))
     assert made.returncode == 0, made.stderr[-2000:]
-    module = (tmp_path / "my_toy" / "my_toy" / "__init__.py").read_text()
+    module = (tmp_path / "my_toy" / "servelab_my_toy" / "__init__.py").read_text()
     assert "from toykind import Toy" in module and "def servelab_register_toys():" in module
-    compile(module, "my_toy/__init__.py", "exec")
+    compile(module, "servelab_my_toy/__init__.py", "exec")
 
 
 def test_a_third_party_executor_runs_a_workload(toy_path, tmp_path):

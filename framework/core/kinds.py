@@ -113,7 +113,7 @@ BUILTIN_KINDS = (
              guide="docs/write-an-evictor.md", grade_reference="lru"),
     KindSpec("router", Router, "servelab_register_routers", RouterContext, "round_robin",
              "which replica of a cluster serves each request (cluster.replicas > 1)", scope="cluster",
-             checks=("router",), template="router", guide="docs/write-a-router.md"),
+             checks=("router",), template="router", guide="docs/write-a-router.md", grade_reference="round_robin"),
     KindSpec("executor", Executor, "servelab_register_executors", ExecutorContext, "torch",
              "what runs the steps: the model in this process, over N ranks, or the simulator",
              scope="executor", group="backend"),

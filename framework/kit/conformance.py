@@ -20,10 +20,12 @@ or ``servelab check-plugin scheduler=spf`` (exit code 0 only when it passes). Tw
    is checked before the allocator acts on it, and it also goes through its own checks
    (:mod:`servelab.kit.conformance_evictor`: scripted cache events, a fixed shared-prefix workload
    through pools from large to thrashing, every block reusable at the end).
-   A router needs no engine: it goes through synthetic clusters instead
-   (:mod:`servelab.kit.conformance_router`: mixed or prefill/decode pools of unequal replicas, each
-   answer checked; the same placements again with a fresh router, and without the later requests;
-   load spread over equal replicas), and has no real-model stage.
+   A router goes through synthetic clusters first, replica views the kit counts itself with no
+   engine behind them (:mod:`servelab.kit.conformance_router`: mixed or prefill/decode pools of
+   unequal replicas, each answer checked; the same placements again with a fresh router, and
+   without the later requests; load spread over equal replicas), then through two simulated
+   clusters, real engines on the simulator (``backend=sim``: 3 colocated replicas, then 2 prefill +
+   2 decode; every request ends once, no block held: ``cluster run``); it has no real-model stage.
 2. **A real model** (``model=tiny``, random weights): greedy tokens equal the default stack's.
 
 A failure prints the contract, the seed, and the smallest scenario (requests dropped one at a

@@ -4,7 +4,8 @@ Each is a seeded list of requests plus the engine settings it runs under, on the
 (``backend=sim``, the roofline time model, the virtual clock): the same numbers on every
 machine, a few hundred milliseconds a run. Changing one changes every grade: add, don't edit.
 A workload grades the kinds it names (``kinds``): an evictor is graded only where a prefix cache
-thrashes, the other kinds only where they were graded before evictors came.
+thrashes, a router only on a cluster (``cluster_chat``), the other kinds only where they were graded
+before evictors came.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Callable
 
 import numpy as np
 
+from servelab.core.kinds import KINDS
 from servelab.core.request import Request
 
 # Priced on a catalogue model and GPU: no weights, no device, the same on every machine.
@@ -119,6 +121,34 @@ def prefix_thrash() -> list[Request]:
     return sorted(out, key=lambda r: r.arrival_time)
 
 
+def cluster_chat() -> list[Request]:
+    """Multi-turn chat through 4 replicas, for routers. 200 conversations start at 20/s (Poisson);
+    each opens with one of 8 system prompts (512-2k tokens, Zipf(1) popularity) and has 2-5 turns an
+    exponential 1 s apart, each turn's prompt repeating the conversation so far (user turns 32-256
+    tokens, replies 64-256, the reply's length the turn's output); each request's ``client_id`` is
+    its conversation (``session-<k>``). The replicas are busy about 90% of the run and queue: placing
+    for cache hits (the conversation's replica) and placing for load pull apart. TTFT 1 s, TPOT 100 ms."""
+    rng = np.random.default_rng(6)
+
+    def tokens(n: int) -> tuple[int, ...]:
+        return tuple(int(t) for t in rng.integers(1, VOCAB, size=n))
+
+    popularity = 1.0 / np.arange(1, 9) ** 1.0
+    systems = [tokens(int(rng.integers(512, 2048))) for _ in range(8)]
+    starts = np.cumsum(rng.exponential(1 / 20.0, size=200))
+    out = []
+    for k, start in enumerate(starts):
+        history, arrival = systems[int(rng.choice(8, p=popularity / popularity.sum()))], float(start)
+        for turn in range(int(rng.integers(2, 6))):
+            history += tokens(int(rng.integers(32, 256)))
+            output = int(rng.integers(64, 256))
+            out.append(Request(f"s{k}-{turn}", history, output, arrival_time=arrival, ttft_slo_ms=1000.0,
+                               tpot_slo_ms=100.0, client_id=f"session-{k}"))
+            history += tokens(output)
+            arrival += float(rng.exponential(1.0))
+    return sorted(out, key=lambda r: r.arrival_time)
+
+
 WORKLOADS = (
     GradeWorkload("chat_burst", "bursty chat mix, two SLO classes", ("max_model_len=2048",), chat_burst),
     GradeWorkload("long_prompts", "long prompts, short answers", ("max_model_len=8192",), long_prompts),
@@ -129,9 +159,24 @@ WORKLOADS = (
     GradeWorkload("prefix_thrash", "shared prefixes and one-off long prompts through a 3,072-block prefix cache",
                   ("max_model_len=8192", "allocator.prefix_caching=true", "num_kv_blocks=3072"), prefix_thrash,
                   kinds=("evictor",)),
+    GradeWorkload("cluster_chat", "multi-turn chat with shared system prompts through 4 busy replicas",
+                  ("max_model_len=8192", "cluster.replicas=4", "allocator.prefix_caching=true"), cluster_chat,
+                  kinds=("router",)),
 )
 
 
 def workloads_for(kind: str) -> tuple[GradeWorkload, ...]:
     """The workloads that grade ``kind``."""
     return tuple(w for w in WORKLOADS if kind in w.kinds)
+
+
+def graded_kinds() -> dict[str, str]:
+    """kind -> the built-in a ``grade`` run scores it against, for every kind that can be graded: the
+    kinds table's ``grade_reference``, else, for a kind a workload here grades, the kind's default
+    (``router``: ``round_robin``). The other kinds are refused by ``grade``."""
+    graded = {}
+    for spec in KINDS.values():
+        reference = spec.grade_reference or (spec.default if workloads_for(spec.name) else None)
+        if reference:
+            graded[spec.name] = reference
+    return graded

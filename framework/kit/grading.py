@@ -11,7 +11,13 @@ scheduler that orders by predicted output length (``scheduler=sjf``) is graded w
 predictor (an upper bound). An evictor is graded on the workloads made for it (``prefix_thrash``:
 shared prefixes through a prefix cache that thrashes) against ``lru`` in the same grade run: its
 score is the geometric mean of its prefix-cache hit rate and its goodput, each relative to lru's
-(throughput is set by the open-loop arrivals there, so it would not tell evictors apart).
+(throughput is set by the open-loop arrivals there, so it would not tell evictors apart). A router
+is graded on a cluster (``cluster_chat``: 4 busy replicas, multi-turn chat sharing system prompts)
+against ``round_robin`` and the other built-in routers: its score is the geometric mean of its goodput
+relative to round_robin's and round_robin's TTFT p99 relative to its own (a lower tail scores higher);
+the table shows the prefix-cache hit rate, what placing for cache hits buys. Drafters, time models and
+length predictors are not graded: they change no simulated schedule worth scoring on their own (a
+length predictor shows through ``scheduler=sjf``).
 Deterministic: the same numbers on every machine and every run.
 The tables go to ``hydra.run.dir`` as ``grade.md`` and ``grade.csv`` (``--out FILE`` names one file
 instead; default ``outputs/grade/<date>/<time>/``).
@@ -23,6 +29,7 @@ import argparse
 import csv
 import io
 import math
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -32,12 +39,13 @@ from rich.table import Table
 from servelab.core.errors import ServelabError
 from servelab.core.kinds import KINDS
 from servelab.core.registry import Registry, default_registry
-from servelab.kit.grade_workloads import SIM, GradeWorkload, workloads_for
+from servelab.kit.grade_workloads import SIM, GradeWorkload, graded_kinds, workloads_for
 from servelab.run.config import register_configs
 from servelab.run.runner import run_workload
 
-# kind -> the built-in it is scored against (the kinds table's grade_reference)
-GRADED = {k.name: k.grade_reference for k in KINDS.values() if k.grade_reference}
+# kind -> the built-in it is scored against (the kinds table's grade_reference; a router: round_robin)
+GRADED = graded_kinds()
+HIT_RATE_KINDS = ("evictor", "router")  # the table shows their prefix-cache hit rate in Jain's place
 PREDICTOR = "length_predictor=oracle"  # what a scheduler that orders by predicted length is graded with
 
 
@@ -86,8 +94,8 @@ def grade(kind: str, name: str, registry: Registry | None = None,
     """Run ``kind=name`` and every built-in of that kind on ``workloads`` (default: those that
     grade ``kind``); ``registry``: one holding the plugin (default: the installed entry points)."""
     if kind not in GRADED:
-        raise ServelabError(f"grade: kind {kind!r} cannot be graded; kinds: {', '.join(GRADED)} "
-                            "(drafters and time models change no simulated schedule worth scoring)")
+        raise ServelabError(f"grade: kind {kind!r} cannot be graded; kinds: {', '.join(GRADED)} (drafters, time "
+                            "models and length predictors change no simulated schedule worth scoring: docs/plugins.md)")
     workloads = workloads_for(kind) if workloads is None else workloads
     registry = registry or default_registry()
     registry.get(kind, name)  # an unknown name fails here, listing the known ones
@@ -106,10 +114,15 @@ def grade(kind: str, name: str, registry: Registry | None = None,
 
 def score_of(kind: str, row: Row, reference: Row | None) -> float | None:
     """``row``'s goodput relative to ``reference``'s; an evictor's: the geometric mean of that and
-    its prefix-cache hit rate relative to the reference's. None when a reference value is 0."""
+    its prefix-cache hit rate relative to the reference's; a router's: the geometric mean of that and
+    the reference's TTFT p99 relative to its own. None when a reference value is 0 or missing."""
     if reference is None or not reference.goodput_req_s:
         return None
     goodput = row.goodput_req_s / reference.goodput_req_s
+    if kind == "router":
+        if not (reference.ttft_p99_ms and row.ttft_p99_ms):
+            return None
+        return math.sqrt(goodput * reference.ttft_p99_ms / row.ttft_p99_ms)
     if kind != "evictor":
         return goodput
     if not reference.prefix_hit_rate:
@@ -126,12 +139,15 @@ def _run(kind: str, policy: str, workload: GradeWorkload, requests, registry: Re
     if kind == "scheduler" and registry.get(kind, policy).needs_length_predictor:
         overrides.append(PREDICTOR)
     cfg = compose(overrides, logger="none", progress=False)
-    stack = build_stack(cfg, registry)
-    try:
-        run_workload(stack.engine, requests)
-        results = collect_results(stack.engine, 1.0)
-    finally:
-        stack.executor.shutdown()
+    if KINDS[kind].scope == "cluster":
+        results = _run_cluster(cfg, requests, registry)
+    else:
+        stack = build_stack(cfg, registry)
+        try:
+            run_workload(stack.engine, requests)
+            results = collect_results(stack.engine, 1.0)
+        finally:
+            stack.executor.shutdown()
     s = results.summary
     goodput = s["goodput_req_s"] or 0.0
     if workload.scored_clients is not None:
@@ -143,21 +159,31 @@ def _run(kind: str, policy: str, workload: GradeWorkload, requests, registry: Re
                s.get("max_service_gap_tokens"), prefix_hit_rate=s["prefix_cache_hit_rate"])
 
 
+def _run_cluster(cfg, requests, registry: Registry):
+    """``requests`` through the cluster ``cfg`` describes, its plugins (the router too) from
+    ``registry``; the result files go to a folder removed afterwards."""
+    from servelab.run.cluster_run import run_cluster_job  # noqa: PLC0415 - torch
+
+    with tempfile.TemporaryDirectory(prefix="servelab-grade-") as folder:
+        return run_cluster_job(cfg, Path(folder), requests, registry=registry)
+
+
 # ---- output ---------------------------------------------------------------------------------
 HEADER = ("workload", "policy", "finished", "tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms",
           "SLO met", "preemptions", "Jain", "score")
-EVICTOR_HEADER = HEADER[:-2] + ("prefix hit", "score")  # what an evictor changes, in Jain's place
+HIT_RATE_HEADER = HEADER[:-2] + ("prefix hit", "score")  # what an evictor or a router changes, in Jain's place
 
 
 def header(kind: str) -> tuple[str, ...]:
-    return EVICTOR_HEADER if kind == "evictor" else HEADER
+    return HIT_RATE_HEADER if kind in HIT_RATE_KINDS else HEADER
 
 
 def _cells(row: Row, kind: str = "scheduler") -> tuple[str, ...]:
     def num(v, fmt="{:.1f}"):
         return "-" if v is None else fmt.format(v)
 
-    last = num(100 * row.prefix_hit_rate, "{:.1f}%") if kind == "evictor" else num(row.jain_fairness_index, "{:.3f}")
+    last = (num(100 * row.prefix_hit_rate, "{:.1f}%") if kind in HIT_RATE_KINDS
+            else num(row.jain_fairness_index, "{:.3f}"))
     return (row.workload, row.policy, f"{row.finished}/{row.requests}", num(row.throughput_tok_s, "{:.0f}"),
             num(row.ttft_p50_ms), num(row.ttft_p99_ms), num(row.tpot_p50_ms), num(row.tpot_p99_ms),
             num(None if row.slo_attainment is None else 100 * row.slo_attainment, "{:.1f}%"),
@@ -166,7 +192,7 @@ def _cells(row: Row, kind: str = "scheduler") -> tuple[str, ...]:
 
 def title(g: Grade) -> str:
     overall = "-" if g.score is None else f"{g.score:.3f}"
-    measure = "prefix hit rate and goodput" if g.kind == "evictor" else "goodput"
+    measure = {"evictor": "prefix hit rate and goodput", "router": "goodput and TTFT p99"}.get(g.kind, "goodput")
     workloads = list(dict.fromkeys(r.workload for r in g.rows))
     over = f"geometric mean over {len(workloads)} workloads" if len(workloads) != 1 else f"on {workloads[0]}"
     return (f"{g.kind}={g.name}: score {overall} ({measure} vs {GRADED[g.kind]}, {over}; "

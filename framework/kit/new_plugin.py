@@ -1,11 +1,14 @@
 """``servelab new-plugin <kind> <name> [--dir PATH]``: write a plugin package skeleton.
 
-``PATH/<name>/`` gets ``pyproject.toml`` (the ``servelab`` entry point, servelab and torch
-pinned), ``<name>/__init__.py`` (a typed ``Config`` and a minimal working plugin of that kind
-with its hookimpl), ``tests/test_<name>.py`` (the conformance kit; a simulator run for time
-models) and a README. ``pip install -e . && pytest`` in that folder passes out of the box.
-Bad input (unknown kind, a name that is not an identifier or is taken, an existing folder)
-raises :class:`NewPluginError`: one line, exit code 2.
+``PATH/<name>/`` gets ``pyproject.toml`` (the ``servelab`` entry point ``<name> =
+"servelab_<name>"``; ``servelab>=`` this version, torch left to servelab's own bound so that a
+user's torch build is kept), ``servelab_<name>/__init__.py`` (a typed ``Config`` and a minimal
+working plugin of that kind with its hookimpl), ``tests/test_<name>.py`` (the conformance kit; a
+simulator run for time models) and a README. The module is namespaced (``servelab_<name>``, as
+``examples/servelab-spf``'s ``servelab_spf``) so that a plugin named like a user's own module
+(``utils``, ``router``) cannot shadow it. ``pip install -e . && pytest`` in that folder passes out
+of the box. Bad input (unknown kind, a name that is not an identifier or is taken, an existing
+folder) raises :class:`NewPluginError`: one line, exit code 2.
 """
 
 from __future__ import annotations
@@ -20,13 +23,11 @@ from servelab import __version__
 from servelab.core.errors import ServelabError
 from servelab.core.kinds import KINDS
 from servelab.core.registry import default_registry
+from servelab.kit.grade_workloads import graded_kinds
 from servelab.kit.plugin_templates import PYPROJECT, README, generated_test, module_template
 
-# what `servelab grade` scores: the kinds whose table row names a reference built-in
-GRADED_KINDS = tuple(k.name for k in KINDS.values() if k.grade_reference)
-# The torch scripts/dev.sh installs (pyproject.toml only bounds it from below, so that a user's
-# CUDA build is kept); a generated package pins it so its results are this version's.
-TORCH_VERSION = "2.13.0"
+# what `servelab grade` scores (servelab.kit.grading.GRADED)
+GRADED_KINDS = tuple(graded_kinds())
 
 
 class NewPluginError(ServelabError):
@@ -40,10 +41,17 @@ def servelab_version() -> str:
         return __version__
 
 
+def module_name(name: str) -> str:
+    """The generated package's top-level module: ``servelab_<name>`` (namespaced: a plugin called
+    ``utils`` must not shadow, or be shadowed by, a user's ``utils``)."""
+    return f"servelab_{name}"
+
+
 def check_name(kind: str, name: str) -> None:
-    """Raise :class:`NewPluginError` unless ``name`` can be a new ``kind`` plugin, its module and
-    its entry point: an identifier, not a keyword, not a registered plugin of that kind, not an
-    entry point or module that exists already (the package would shadow it or be skipped)."""
+    """Raise :class:`NewPluginError` unless ``name`` can be a new ``kind`` plugin and its entry
+    point, and ``servelab_<name>`` its module: an identifier, not a keyword, not a registered plugin
+    of that kind, not an entry point or module that exists already (the package would shadow it or
+    be skipped)."""
     if kind not in KINDS:
         raise NewPluginError(f"unknown kind {kind!r}; kinds: {', '.join(KINDS)}")
     if not name.isidentifier() or keyword.iskeyword(name):
@@ -55,8 +63,9 @@ def check_name(kind: str, name: str) -> None:
                              "pick another name")
     if any(ep.name == name for ep in importlib.metadata.entry_points(group="servelab")):
         raise NewPluginError(f"an installed package already has a servelab entry point named {name!r}; pick another name")
-    if importlib.util.find_spec(name) is not None:
-        raise NewPluginError(f"a module named {name!r} is importable already; the package would shadow it "
+    module = module_name(name)
+    if importlib.util.find_spec(module) is not None:
+        raise NewPluginError(f"a module named {module!r} is importable already; the package would shadow it "
                              "(or be shadowed): pick another name")
 
 
@@ -69,19 +78,20 @@ def render(kind: str, name: str) -> dict[str, str]:
     """The package's files: relative path -> text."""
     dist = "servelab-" + name.replace("_", "-").strip("-")
     spec = KINDS[kind]
-    values = {"kind": kind, "name": name, "Class": class_name(name), "dist": dist,
+    module = module_name(name)
+    values = {"kind": kind, "group": spec.group, "name": name, "module": module, "Class": class_name(name), "dist": dist,
               "guide": spec.guide or "docs/plugins.md", "hook": spec.hook,
               "base_module": spec.base.__module__, "base_name": spec.base.__name__,
-              "servelab_version": servelab_version(), "torch_version": TORCH_VERSION,
-              "doc": f"A servelab {kind} plugin ({kind}={name}), generated by `servelab new-plugin`.",
+              "servelab_version": servelab_version(),
+              "doc": f"A servelab {kind} plugin ({spec.group}={name}), generated by `servelab new-plugin`.",
               "test_what": ("the conformance kit (servelab.testing.check_plugin)" if kind != "time_model"
                             else "a deterministic simulator run"),
               "grade_line": (f"servelab grade {kind}={name}           # scored against the built-ins"
-                             if spec.grade_reference else "")}
+                             if kind in GRADED_KINDS else "")}
     return {
         "pyproject.toml": PYPROJECT.substitute(values),
         "README.md": README.substitute(values),
-        f"{name}/__init__.py": module_template(spec).substitute(values),
+        f"{module}/__init__.py": module_template(spec).substitute(values),
         f"tests/test_{name}.py": generated_test(kind).substitute(values),
     }
 
@@ -105,7 +115,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="servelab new-plugin",
                                      description="Write a pip package skeleton for a new servelab plugin.")
     parser.add_argument("kind", help=f"one of {', '.join(KINDS)}")
-    parser.add_argument("name", help="the plugin's name: a Python identifier (also its module and entry point)")
+    parser.add_argument("name", help="the plugin's name: a Python identifier (also its entry point; its module "
+                        "is servelab_<name>)")
     parser.add_argument("--dir", default=".", help="where to create the <name>/ folder (default: here)")
     args = parser.parse_args(argv)
     root = new_plugin(args.kind, args.name, args.dir)

@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from servelab.cluster.cluster import Cluster
 from servelab.cluster.figures import load_imbalance, replica_figures
+from servelab.core.registry import Registry
 from servelab.engine.step_totals import StepTotals
 from servelab.run.block_size import workload_requests
 from servelab.run.cluster_build import build_cluster
@@ -24,13 +25,15 @@ from servelab.run.stack import Stack, model_shape
 from servelab.workloads.text import checkpoint_text, text_decorator
 
 
-def run_cluster_job(cfg: DictConfig, output_dir: Path, requests=None, banner: bool = False) -> RunResult:
-    """Run ``cfg``'s workload (or ``requests``) on the cluster ``cfg.cluster`` describes."""
+def run_cluster_job(cfg: DictConfig, output_dir: Path, requests=None, banner: bool = False,
+                    registry: Registry | None = None) -> RunResult:
+    """Run ``cfg``'s workload (or ``requests``) on the cluster ``cfg.cluster`` describes, its plugins
+    (the router too) from ``registry`` (default: the installed ones)."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     if requests is None:
         requests = workload_requests(cfg, model_shape(cfg))  # once, for every replica and block_size=auto
-    cluster, stacks = build_cluster(cfg, requests)
+    cluster, stacks = build_cluster(cfg, requests, registry)
     try:
         return _run(cfg, output_dir, requests, cluster, stacks, banner)
     finally:
