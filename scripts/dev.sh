@@ -2,7 +2,7 @@
 # Set up ./.venv once (again when pyproject.toml changes), then run servelab or its tests.
 #
 #   bash scripts/dev.sh run [hydra overrides...]   # python run.py ...
-#   bash scripts/dev.sh test [pytest args...]      # python -m pytest ...
+#   bash scripts/dev.sh test [pytest args...]      # python -m pytest -m "not slow" ... (-m slow: the rest)
 #
 # Torch: if the Python running this script already has a CUDA-enabled torch, the venv sees it
 # (--system-site-packages) and nothing is reinstalled. Otherwise torch 2.13.0 is installed; on
@@ -39,7 +39,11 @@ shift || true
 case "$cmd" in
   run) exec "$VENV/bin/python" run.py "$@" ;;
   # one pytest-xdist worker per core (work stealing: the slow tests do not queue behind one another);
-  # SERVELAB_TEST_WORKERS=0 runs in this process, "-n N" in the arguments overrides it
-  test) exec "$VENV/bin/pytest" -n "${SERVELAB_TEST_WORKERS:-auto}" --dist worksteal "$@" ;;
+  # SERVELAB_TEST_WORKERS=0 runs in this process, "-n N" in the arguments overrides it. Without a -m of
+  # the caller's, the tests marked slow (each has a fast twin) are left out: -m slow runs them, -m "" all
+  test)
+    marker=(-m "not slow")
+    for arg in "$@"; do case "$arg" in -m|-m*) marker=() ;; esac; done
+    exec "$VENV/bin/pytest" -n "${SERVELAB_TEST_WORKERS:-auto}" --dist worksteal ${marker[@]+"${marker[@]}"} "$@" ;;
   *) echo "usage: bash scripts/dev.sh run|test [args...]" >&2; exit 2 ;;
 esac

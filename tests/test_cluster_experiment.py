@@ -20,6 +20,11 @@ def _finite(v) -> bool:
     return isinstance(v, (int, float)) and math.isfinite(v)
 
 
+# the experiment script end to end (about a minute): its parts have fast twins in test_cluster.py and
+# test_capacity_search.py
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def quick_results(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("cluster_serving")

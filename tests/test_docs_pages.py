@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import importlib
 import re
+import subprocess
 import shlex
 import warnings
 from pathlib import Path
@@ -78,6 +79,20 @@ def test_readme_keeps_the_quickstart_commands():
     for command in QUICKSTART:
         assert re.search(rf"^{re.escape(command)}(\s|$)", quickstart, flags=re.M), \
             f"the Quickstart lost `{command}` (CI runs it; keep it verbatim)"
+
+
+@pytest.mark.skipif(not (REPO / ".venv" / ".servelab-installed").is_file()
+                    or (REPO / "pyproject.toml").stat().st_mtime > (REPO / ".venv" / ".servelab-installed").stat().st_mtime,
+                    reason="scripts/dev.sh would set up .venv first (run it once)")
+@pytest.mark.parametrize("marker, slow_selected", [((), False), (("-m", "slow"), True)])
+def test_the_test_command_leaves_slow_tests_out_unless_asked(marker, slow_selected):
+    """CI's command (docs/testing.md): the slow tests, each with a fast twin, only when a -m asks."""
+    done = subprocess.run(["bash", "scripts/dev.sh", "test", "--co", "-q", "-n", "0", *marker,
+                           "tests/test_cluster_experiment.py", "tests/test_docs_pages.py"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert ("test_cluster_experiment.py::test_routers_section" in done.stdout) is slow_selected
+    assert ("test_docs_pages.py::test_readme_is_a_short_guide" in done.stdout) is not slow_selected
 
 
 def test_readme_indexes_every_docs_page():

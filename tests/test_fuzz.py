@@ -5,7 +5,7 @@ cache salts, invalid requests mixed in) x small pools, on the KV-checking fake e
 (or is rejected because it can never fit the pool), each invalid one is rejected with a reason,
 no block leaks, and the run ends within ``MAX_STEPS`` steps (a livelock fails, it cannot hang).
 
-CI runs 200 seeded cases (``SERVELAB_FUZZ_CASES=N`` for another number); the 1,000-case job is
+CI runs 100 seeded cases (``SERVELAB_FUZZ_CASES=N`` for another number); the 1,000-case job is
 
     SERVELAB_FUZZ_LONG=1 bash scripts/dev.sh test tests/test_fuzz.py -m slow
 
@@ -22,7 +22,7 @@ import pytest
 from fuzz_stacks import make_case, run_case
 
 BATCH = 50
-CI_CASES = int(os.environ.get("SERVELAB_FUZZ_CASES", 200))
+CI_CASES = int(os.environ.get("SERVELAB_FUZZ_CASES", 100))
 LONG_CASES, LONG_FIRST_SEED = 1000, 1_000_000  # seeds apart from CI's
 
 

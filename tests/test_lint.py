@@ -30,7 +30,6 @@ def test_ruff_check_is_clean():
     assert done.returncode == 0, f"ruff check found:\n{done.stdout}{done.stderr}"
 
 
-@pytest.mark.slow  # about 25 s on 2 cores without mypy's cache (a fresh clone), a few with it
 def test_mypy_is_clean():
     _need("mypy")
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "typecheck.py")],

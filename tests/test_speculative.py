@@ -240,7 +240,7 @@ def _batch(drafts, q, params, seeds):
                      draft_probs=[q])
 
 
-@pytest.mark.parametrize("draft_dist", ["one_hot", "model"])
+@pytest.mark.parametrize("draft_dist", ["one_hot", pytest.param("model", marks=pytest.mark.slow)])  # same test, twins
 def test_rejection_sampling_leaves_the_target_distribution(draft_dist):
     """Over 20,000 seeds the first token follows p0, and once draft 0 is kept the next follows p1
     (within 0.015 absolute: > 4 standard deviations at this sample size). Drafts are drawn from
@@ -321,6 +321,7 @@ def test_greedy_with_drafts_equals_hf_every_stack(heldout, drafter, scheduler, v
     assert result.summary["leaked_blocks"] == 0
 
 
+@pytest.mark.slow  # twins: drafts at TP 1 here, TP 2's tokens in test_tp.py and test_quantization.py
 def test_greedy_with_drafts_equals_hf_at_tp2(heldout):
     prompts, max_tokens, expected = heldout
     for drafter in ("drafter=draft_model", "drafter=ngram"):

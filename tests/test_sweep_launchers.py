@@ -75,6 +75,7 @@ def test_a_pip_installed_plugin_is_selectable_in_joblib_workers(tmp_path):
     assert flags == {True, False}
 
 
+@pytest.mark.slow  # its twin: the joblib grid above, through the same launcher plumbing
 def test_submitit_local_runs_the_grid(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the sweep extra: pip install 'servelab[sweep]'")
     proc = run_cli("-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=5", *SIM,
