@@ -21,12 +21,13 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from servelab.cli.main import SUBCOMMANDS
+from servelab.core.registry import default_registry
 
 BIN = Path(sys.executable).parent
 SIM = ["backend=sim", "model=llama3_8b", "logger=none", "workload.num_requests=4", "progress=false"]
-SCHEDULERS = "fcfs, lpm, mlfq, priority, sjf, slo_aware, static, vtc"
-COMMANDS = ("profile, profile-ops, eval-ppl, compare, check-plugin, new-plugin, grade, serve "
-            "(a run takes key=value overrides: servelab [key=value ...])")
+SCHEDULERS = ", ".join(sorted(default_registry().names("scheduler")))  # the installed ones, as the error lists
+COMMANDS = f"{', '.join(SUBCOMMANDS)} (a run takes key=value overrides: servelab [key=value ...])"
 HAS_CUDA = __import__("torch").cuda.is_available()
 
 # (id, argv after the program, env, exit code, first stderr line: exact, or a prefix when it ends in "...")
