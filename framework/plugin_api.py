@@ -17,7 +17,8 @@ Eager and light: importing it loads no torch, Hydra or OmegaConf (``tests/test_p
   :class:`KVConnector` by which KV enters or leaves an engine;
 - the data they exchange: :class:`Request`, :class:`SamplingParams`, :class:`Sequence`,
   :class:`Status`, :class:`SchedulePlan`, :class:`ScheduledSeq`, :class:`PreemptionDecision`,
-  :class:`Drafts`, :class:`EngineLimits`, :class:`StepWork`, :class:`DraftWork`, :class:`StepBatch`,
+  :class:`Drafts`, :class:`EngineLimits`, :class:`NextDecision` (with :data:`EVERY_STEP`,
+  :data:`UNTIL_ARRIVAL`: a scheduler's answer to the simulator's fast-forward), :class:`StepWork`, :class:`DraftWork`, :class:`StepBatch`,
   :class:`StepOutput`, :class:`NoConfig`;
   the policies' cost model (:class:`StepCostModel`, :class:`StepFeatures`); a time model's shapes
   (:class:`ModelShape`, :class:`HardwareProfile`, :data:`INT8_SCALE_BYTES`); a model-running
@@ -47,9 +48,9 @@ from servelab.core.errors import ConfigError
 from servelab.core.executor import Executor, StepOutput
 from servelab.core.hookspecs import hookimpl
 from servelab.core.interfaces import (BlockAllocator, CachedBlock, Drafts, EngineLimits, Evictor, EvictorError,
-                                      LengthPredictor, NoConfig, Plugin, PreemptionDecision, PreemptionPolicy,
-                                      ReplicaView, Router, RouterError, ScheduledSeq, SchedulePlan, Scheduler,
-                                      SpeculativeDrafter, TimeModel)
+                                      EVERY_STEP, UNTIL_ARRIVAL, LengthPredictor, NextDecision, NoConfig, Plugin,
+                                      PreemptionDecision, PreemptionPolicy, ReplicaView, Router, RouterError,
+                                      ScheduledSeq, SchedulePlan, Scheduler, SpeculativeDrafter, TimeModel)
 from servelab.core.kinds import KINDS, KindSpec, register_kind
 from servelab.core.kv_connector import KVConnector
 from servelab.core.packaged import PACKAGED_CHECKPOINTS
@@ -68,7 +69,7 @@ __all__ = [
     "Router", "RouterContext", "ReplicaView", "Executor", "ExecutorContext", "KVConnector",
     # the data they exchange
     "Request", "SamplingParams", "Sequence", "Status", "SchedulePlan", "ScheduledSeq", "PreemptionDecision",
-    "Drafts", "EngineLimits", "StepWork", "DraftWork", "StepBatch", "StepOutput", "NoConfig", "StepCostModel",
+    "Drafts", "EngineLimits", "NextDecision", "EVERY_STEP", "UNTIL_ARRIVAL", "StepWork", "DraftWork", "StepBatch", "StepOutput", "NoConfig", "StepCostModel",
     "StepFeatures", "ModelShape", "HardwareProfile", "INT8_SCALE_BYTES", "DraftBatch", "build_draft_batch",
     "MAX_DRAFT_TOKENS", "PACKAGED_CHECKPOINTS",
     # errors

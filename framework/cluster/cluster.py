@@ -70,6 +70,11 @@ class Cluster:
         self.request_listeners: list[Callable[[Sequence], None]] = []
         self.num_ended = 0
         self._events: list[tuple[float, int, Callable[[], None]]] = []
+        # What the loop is doing, as (time, 0 event | 1 arrival | 2 step, replica): the order it does
+        # things in. A request's end is told to the router and the listeners in this order, also when a
+        # replica fast-forwarded (sim.fast_forward) past other replicas' steps: held here until then.
+        self._doing: tuple[float, int, int] = (0.0, 0, 0)
+        self._told: list[tuple[tuple[float, int, int], int, Callable[[], None]]] = []
         self._order = itertools.count()
         self._origin: dict[str, Request] = {}  # request id -> the request as it arrived (while prefilling)
         self._in_flight: dict[str, Sequence] = {}  # decode-side sequences handed off and not yet ended
@@ -126,29 +131,35 @@ class Cluster:
             r.engine.reset_clock()
         upcoming = next(pending, None)
         reported = 0
-        while True:
-            t_arrival = upcoming.arrival_time * time_scale if upcoming is not None else INF
-            t_event = self._events[0][0] if self._events else INF
-            stepper, t_step = None, INF
-            for r in self.replicas:
-                if r.busy:
-                    t = r.engine.now()
-                    if t < t_step:
-                        stepper, t_step = r, t
-            if t_event <= t_arrival and t_event <= t_step:
-                if t_event == INF:
-                    break
-                heapq.heappop(self._events)[2]()
-            elif t_arrival <= t_step:
-                assert upcoming is not None  # t_arrival is finite
-                self._arrive(upcoming, t_arrival)
-                upcoming = next(pending, None)
-            else:
-                assert stepper is not None  # t_step is finite
-                self._step(stepper)
-            if on_progress and self.num_ended > reported:
-                on_progress(self.num_ended - reported)
-                reported = self.num_ended
+        try:
+            while True:
+                t_arrival = upcoming.arrival_time * time_scale if upcoming is not None else INF
+                t_event = self._events[0][0] if self._events else INF
+                stepper, t_step = None, INF
+                for r in self.replicas:
+                    if r.busy:
+                        t = r.engine.now()
+                        if t < t_step:
+                            stepper, t_step = r, t
+                if t_event <= t_arrival and t_event <= t_step:
+                    if t_event == INF:
+                        break
+                    self._now_doing((t_event, 0, 0))
+                    heapq.heappop(self._events)[2]()
+                elif t_arrival <= t_step:
+                    assert upcoming is not None  # t_arrival is finite
+                    self._now_doing((t_arrival, 1, 0))
+                    self._arrive(upcoming, t_arrival)
+                    upcoming = next(pending, None)
+                else:
+                    assert stepper is not None  # t_step is finite
+                    self._now_doing((t_step, 2, stepper.index))
+                    self._step(stepper, min(t_arrival, t_event))
+                if on_progress and self.num_ended > reported:
+                    on_progress(self.num_ended - reported)
+                    reported = self.num_ended
+        finally:  # ends held for the loop's order are told, also when a replica or the router raised
+            self._now_doing((INF, 0, 0))
         stuck = [r for r in self.replicas if r.engine.has_unfinished()]
         if stuck:
             r = stuck[0]
@@ -157,11 +168,30 @@ class Cluster:
                                f"{r.engine.scheduler.queue_lengths()}, KV transfers waiting for blocks: "
                                f"{self.kv.waiting_for(r.index)})")
 
-    def _step(self, r: Replica) -> None:
-        self.kv.now = r.engine.now()  # a transfer the step's scheduler starts is allocated now
-        r.mark_step_start()
+    def _step(self, r: Replica, until: float = INF) -> None:
+        """One step of ``r``, then (``sim.fast_forward``) the quiet steps of ``r`` that start
+        before ``until``, the cluster's next arrival or event: nothing else reaches ``r`` before."""
+        self._mark_step_start(r)
         if r.engine.step() is None:
             r.stalled = True  # nothing could run: wait for an arrival, a landing or freed blocks
+        else:
+            r.engine.fast_forward(until, functools.partial(self._mark_step_start, r))
+
+    def _mark_step_start(self, r: Replica) -> None:
+        self.kv.now = r.engine.now()  # a transfer the step's scheduler starts is allocated now
+        self._doing = (self.kv.now, 2, r.index)
+        r.mark_step_start()
+
+    def _now_doing(self, doing: tuple[float, int, int]) -> None:
+        """The loop turns to ``doing``: first tell what ended in everything done before it."""
+        told = self._told
+        while told and told[0][0] < doing:
+            heapq.heappop(told)[2]()
+        self._doing = doing
+
+    def _tell(self, action: Callable[[], None]) -> None:
+        """Tell of an end in the loop's order (:meth:`_now_doing`)."""
+        heapq.heappush(self._told, (self._doing, next(self._order), action))
 
     def _at(self, t: float, action: Callable[[], None]) -> None:
         heapq.heappush(self._events, (t, next(self._order), action))
@@ -217,7 +247,10 @@ class Cluster:
         if not transferred:
             r.prompt_tokens += seq.request.prompt_len
             r.cached_prompt_tokens += seq.num_cached_prompt_tokens
-        self.router.on_finish(seq.request, r.index)
+        self._tell(functools.partial(self._told_end, r.index, seq))
+
+    def _told_end(self, index: int, seq: Sequence) -> None:
+        self.router.on_finish(seq.request, index)
         self._request_ended(seq)
 
     def _request_ended(self, seq: Sequence) -> None:

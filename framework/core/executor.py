@@ -86,6 +86,10 @@ class Executor(Plugin):
     needs_batch: ClassVar[bool] = True
     #: False: the sampled tokens are placeholders (the simulator); text is never decoded from them.
     computes_tokens: ClassVar[bool] = True
+    #: Not None (the simulator): :meth:`execute_work` is a pure function that answers every
+    #: sampled row with this token and no measured time (``model_s = comm_s = 0``), so the
+    #: engine's fast-forward (``sim.fast_forward``) may skip calling it for quiet decode steps.
+    placeholder_token: ClassVar[int | None] = None
 
     spec: "ModelSpec"
     num_kv_blocks: int

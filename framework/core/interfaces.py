@@ -21,9 +21,11 @@ of typed parameters (what ``scheduler.<field>=...`` sets; OmegaConf checks the t
 
 from __future__ import annotations
 
+import sys
+
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Sequence as Seq
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Sequence as Seq
 
 from servelab.core.contexts import (LEGACY_CONTEXT, AllocatorContext, DrafterContext, EvictorContext, PredictorContext,
                                     PreemptionContext, RouterContext, SchedulerContext, TimeModelContext)
@@ -100,6 +102,21 @@ class SchedulePlan:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled and not self.swap_out and not self.swap_in
+
+
+class NextDecision(NamedTuple):
+    """When a scheduler next needs to be asked (:meth:`Scheduler.next_decision`): at the latest
+    after ``steps`` more steps, or at the first step that starts at or after ``at_s`` (engine
+    seconds), whichever comes first. ``NextDecision(0)``: ask every step."""
+
+    steps: int = 0
+    at_s: float = float("inf")
+
+
+#: ``next_decision``'s answer of a scheduler that nothing but an arrival can make decide differently.
+UNTIL_ARRIVAL = NextDecision(sys.maxsize)
+#: The default answer: ask every step (always correct).
+EVERY_STEP = NextDecision(0)
 
 
 class Plugin(ABC):
@@ -333,6 +350,27 @@ class BlockAllocator(Plugin):
         """Extra per-step gauges (e.g. ``{"kv_waste_fraction": ...}``); optional."""
         return {}
 
+    # ---- fast-forward (``sim.fast_forward``): optional, for speed only -------------------
+    def quiet_decode_tokens(self, seq: Sequence) -> int:
+        """How many of ``seq``'s coming one-token decode steps are *quiet* for this allocator: in
+        each, ``allocate_slots(seq, 1)`` takes no block and changes nothing but slot counts, and
+        ``on_tokens_computed(seq)`` changes nothing at all. The simulator's fast-forward then skips
+        both calls for those steps and reports the tokens through :meth:`count_quiet_decodes` (per
+        step, all sequences together) and :meth:`settle_quiet_decodes` (per sequence, later); at
+        the first step that is not quiet it calls both methods as usual, and ``allocate_slots``
+        may take at most one block there. ``seq`` is decoding (one uncomputed token). Default 0:
+        no step is quiet, so the fast-forward is not used with this allocator."""
+        return 0
+
+    def count_quiet_decodes(self, num_tokens: int) -> None:
+        """One step computed ``num_tokens`` quiet decode tokens (over all sequences): update the
+        pool-wide counts that :meth:`usage_stats` reads, as the skipped ``allocate_slots`` calls would."""
+
+    def settle_quiet_decodes(self, seq: Sequence, num_tokens: int) -> None:
+        """``seq`` computed ``num_tokens`` quiet decode tokens (already counted pool-wide by
+        :meth:`count_quiet_decodes`; ``seq.num_computed_tokens`` already includes them): update
+        its own slot count, as the skipped ``allocate_slots`` calls would."""
+
 
 class PreemptionPolicy(Plugin):
     """Chooses victims when the pool is exhausted, and whether each is swapped or recomputed."""
@@ -456,6 +494,22 @@ class Scheduler(Plugin):
         """Numbers behind the last :meth:`schedule` decision (e.g. a prefill cap), logged per
         step in ``steps.jsonl``. Default: none."""
         return {}
+
+    def next_decision(self, now: float) -> NextDecision:
+        """When this scheduler next needs to be asked, for the simulator's fast-forward
+        (``sim.fast_forward``). Called between steps, when every sequence the scheduler holds is
+        running and decodes next (the last plan ran them all and preempted nothing). Suppose that from now on no request arrives, every
+        running sequence decodes one token per step (some finish: :meth:`remove` is called) and
+        every allocation succeeds: for how many coming steps would :meth:`schedule` return
+        exactly that plan -- every running sequence, in the last plan's order, one decode token,
+        nothing else -- and leave this scheduler's state as if it had not been called (or as the
+        next call rebuilds it)? For those steps the engine does not call :meth:`schedule`.
+
+        A wrong answer changes results; ``servelab check-plugin`` runs a workload with the
+        fast-forward on and off and names the scheduler when they differ. Default
+        :data:`EVERY_STEP` (always correct); :data:`UNTIL_ARRIVAL` when only an arrival changes
+        a decision."""
+        return EVERY_STEP
 
 
 @dataclass

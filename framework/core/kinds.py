@@ -85,14 +85,17 @@ class KindSpec:
 
 
 _ENGINE_SCENARIOS = ("scenarios", "state", "real_model")
+_FAST_FORWARD = "servelab.kit.conformance_fast_forward:check_fast_forward"  # kinds that declare quiet steps
 BUILTIN_KINDS = (
     KindSpec("scheduler", Scheduler, "servelab_register_schedulers", SchedulerContext, "fcfs",
              "which requests run each step and how many tokens each computes",
              checks=("scenarios", "state", "starvation",
-                     "servelab.kit.conformance_disagg:check_disaggregated", "real_model"), template="scheduler",
+                     "servelab.kit.conformance_disagg:check_disaggregated", _FAST_FORWARD, "real_model"),
+             template="scheduler",
              guide="docs/write-a-scheduler.md", grade_reference="fcfs"),
     KindSpec("allocator", BlockAllocator, "servelab_register_allocators", AllocatorContext, "paged",
-             "how KV-cache memory is carved into blocks", checks=_ENGINE_SCENARIOS, template="allocator",
+             "how KV-cache memory is carved into blocks", checks=("scenarios", "state", _FAST_FORWARD, "real_model"),
+             template="allocator",
              guide="docs/write-an-allocator.md", grade_reference="paged"),
     KindSpec("preemption", PreemptionPolicy, "servelab_register_preemption_policies", PreemptionContext, "recompute",
              "victims when blocks run out, swapped or recomputed", checks=("scenarios", "real_model"),

@@ -209,6 +209,14 @@ class Sequence:
         self._token_ids.append(token_id)
         self.token_times.append(now)
 
+    def append_repeated(self, token_id: int, times: ReadOnlyList[float]) -> None:
+        """``append_token(token_id, t)`` for each ``t`` in ``times``, in one go (the simulator's
+        fast-forward: placeholder tokens)."""
+        block = [token_id] * len(times)
+        self.output_token_ids.extend(block)
+        self._token_ids.extend(block)
+        self.token_times.extend(times)
+
 
 _ENDED = frozenset({Status.FINISHED, Status.REJECTED, Status.ABORTED})
 _LIVE_MOVES = {status: allowed - _ENDED for status, allowed in ALLOWED_TRANSITIONS.items()}  # what move_to may do

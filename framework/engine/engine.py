@@ -32,6 +32,7 @@ from servelab.core.request import Request, Sequence, Status
 from servelab.core.step_work import DraftWork, StepWork
 from servelab.engine.batch import build_batch, step_work
 from servelab.engine.clock import Clock, WallClock
+from servelab.engine.fast_forward import fast_forward, may_precede_span
 from servelab.engine.step_totals import StepTotals
 
 
@@ -111,6 +112,11 @@ class Engine:
         # A finished sequence whose blocks it still reads is kept in _sending until it says sent.
         self.connector = connector
         self._sending: dict[str, Sequence] = {}
+        # sim.fast_forward: after a decodes-only step, the drivers may run the quiet steps that
+        # follow in one go (servelab.engine.fast_forward); off: every step is scheduled.
+        self.fast_forward_enabled = False
+        self._quiet_plan: SchedulePlan | None = None
+        self.num_fast_forwarded = 0  # steps run by fast_forward (of totals.num_steps)
 
     def now(self) -> float:
         """Seconds since the engine started."""
@@ -226,6 +232,7 @@ class Engine:
         if plan.is_empty:
             return None
         work = step_work(plan)  # before _apply: it reads the sequences as the plan saw them
+        self._quiet_plan = plan if self.fast_forward_enabled and may_precede_span(plan, work) else None
         output = self._execute(plan, work)
         self.clock.end_step(work)  # a virtual clock advances by the time model's prediction
         finished_at = self.now()
@@ -245,6 +252,27 @@ class Engine:
         for listener in self.step_listeners:
             listener(record)
         return record
+
+    def fast_forward(self, until: float = float("inf"), on_step_start: Callable[[], None] | None = None) -> int:
+        """Run, at once, the quiet decode steps that may follow the step just taken and start
+        before ``until`` (engine seconds: the next arrival), exactly as :meth:`step` would run them
+        (:mod:`servelab.engine.fast_forward`); returns how many (0 when fast-forward is off, a
+        sequence still has prompt to compute or waits, or this engine cannot: not the simulator on a virtual
+        clock, a drafter, a KV connector, an allocator without quiet steps, per-step details read).
+        ``on_step_start`` is called before each of those steps (a cluster keeps its router's gauges)."""
+        plan, self._quiet_plan = self._quiet_plan, None
+        if plan is None or not self._can_fast_forward():
+            return 0
+        steps = fast_forward(self, plan, until, on_step_start)
+        self.num_fast_forwarded += steps
+        return steps
+
+    def _can_fast_forward(self) -> bool:
+        token = self.executor.placeholder_token
+        return (token is not None and token not in self.eos_token_ids and getattr(self.clock, "kind", None) == "virtual"
+                and self.drafter is None and self.connector is None and not self.keep_steps
+                and type(self.allocator).quiet_decode_tokens is not BlockAllocator.quiet_decode_tokens
+                and not any(getattr(f, "reads_step_details", True) for f in self.step_listeners))
 
     def _execute(self, plan: SchedulePlan, work: StepWork) -> StepOutput:
         """Hand the step down: the features alone to an executor without tensors, else the batch

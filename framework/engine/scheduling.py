@@ -161,6 +161,13 @@ class QueueScheduler(Scheduler):
         after a recompute preemption: ``seq.num_preemptions > 0``; a swap-in is not an admission).
         For policies that account service at admission (fair sharing, quanta). Default: nothing."""
 
+    def running_sorted_by(self, key: Callable[[Sequence], Any]) -> bool:
+        """Whether :attr:`running` (the last plan's order) is already in ``key`` order, so that a
+        stable sort by ``key`` at the next step leaves it as it is: what the :meth:`next_decision`
+        of a policy whose :meth:`running_order` sorts checks first."""
+        keys = [key(seq) for seq in self.running]
+        return all(a <= b for a, b in zip(keys, keys[1:]))
+
     def step_stats(self) -> dict[str, float]:
         """Numbers about the last :meth:`schedule` call for the step log (``steps.jsonl``)."""
         return {"prefill_cap": self._prefill_cap}

@@ -218,7 +218,7 @@ class TraceWorkload:
     path: str = MISSING  # a file or a packaged trace's name
     # null = every row; default: 200 rows on the real engine, every row in the simulator
     num_requests: Optional[int] = "${backend.trace_rows}"  # type: ignore[assignment]
-    sample: str = "head"  # head | random
+    sample: str = "head"  # head | random | resample (num_requests drawn with replacement: lengths and arrival gaps)
     start_row: int = 0
     length_scale: float = 1.0
     output_scale: Optional[float] = None  # null = length_scale
@@ -364,6 +364,15 @@ class FairnessConfig:
 
 
 @dataclass
+class SimConfig:
+    """The simulator's own switches (``backend=sim`` on ``clock=virtual``)."""
+
+    # run the quiet decode steps between two decisions at once (servelab.engine.fast_forward);
+    # false: every step is scheduled (the results are identical: docs/simulator.md)
+    fast_forward: bool = True
+
+
+@dataclass
 class DebugConfig:
     log_steps: bool = False  # write steps.jsonl (per-step decisions)
 
@@ -429,6 +438,7 @@ class ServelabConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     fairness: FairnessConfig = field(default_factory=FairnessConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
+    sim: SimConfig = field(default_factory=SimConfig)
     eval_ppl: EvalPPLConfig = field(default_factory=EvalPPLConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
     progress: bool = True

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Callable, Iterable
 
 from servelab.engine.engine import Engine
 from servelab.core.request import Request
+
+INF = float("inf")
+log = logging.getLogger(__name__)
 
 
 def run_workload(engine: Engine, requests: Iterable[Request], time_scale: float = 1.0,
@@ -32,6 +36,8 @@ def run_workload(engine: Engine, requests: Iterable[Request], time_scale: float 
             engine.add_request(upcoming, upcoming.arrival_time * time_scale)
             upcoming = next(pending, None)
         record = engine.step() if engine.has_unfinished() else None
+        if record is not None:  # the quiet steps before the next arrival, at once (sim.fast_forward)
+            engine.fast_forward(upcoming.arrival_time * time_scale if upcoming is not None else INF)
         if on_progress and engine.num_ended > reported:
             on_progress(engine.num_ended - reported)
             reported = engine.num_ended
@@ -45,3 +51,6 @@ def run_workload(engine: Engine, requests: Iterable[Request], time_scale: float 
             raise RuntimeError(f"scheduler {type(engine.scheduler).name!r} made no progress with "
                                f"{engine.scheduler.num_unfinished()} requests unfinished and nothing running "
                                f"(queues: {engine.scheduler.queue_lengths()})")
+    if engine.num_fast_forwarded:
+        log.info("fast-forward: %d of %d steps run without asking the policies (sim.fast_forward)",
+                 engine.num_fast_forwarded, engine.totals.num_steps)

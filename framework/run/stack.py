@@ -302,6 +302,7 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
         clock_kind = "custom"
     engine = Engine(limits, plugins["scheduler"], plugins["allocator"], executor, cost_model, seed=cfg.seed,
                     clock=clock, drafter=drafter, **({"connector": connector} if connector is not None else {}))
+    engine.fast_forward_enabled = bool(cfg.sim.fast_forward)
     return Stack(engine, executor, limits, plugins["time_model"], clock_kind,
                  {"chosen": auto.chosen, "reason": auto.reason} if auto else None, plugins)
 

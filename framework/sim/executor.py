@@ -78,6 +78,7 @@ class SimExecutor(Executor):
     name = "sim"
     needs_batch = False
     computes_tokens = False
+    placeholder_token = PLACEHOLDER_TOKEN
 
     def __init__(self, config: BackendConfig, context: ExecutorContext) -> None:
         """``context``: the model's ``shape``, the ``hardware`` it is priced on, the ``memory`` plan

@@ -267,6 +267,8 @@ def trace_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
     total = len(rows)
     rng = np.random.default_rng(cfg.seed)
     rows = rows[cfg.start_row:]
+    if cfg.sample == "resample":
+        return _resampled_trace(cfg, rows, (a_col, p_col, o_col), path, rng, vocab_size, max_model_len)
     if cfg.num_requests is not None and cfg.num_requests < len(rows):
         if cfg.sample == "random":
             picked = np.sort(rng.choice(len(rows), size=cfg.num_requests, replace=False))
@@ -274,29 +276,69 @@ def trace_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
         elif cfg.sample == "head":
             rows = rows[:cfg.num_requests]
         else:
-            raise WorkloadError(f"workload.sample={cfg.sample!r} is not one of head, random")
+            raise WorkloadError(f"workload.sample={cfg.sample!r} is not one of head, random, resample")
     log.info("trace %s (%s format): using %d of %d rows (start_row=%d, sample=%s)", path.name, fmt, len(rows),
              total, cfg.start_row, cfg.sample)
     arrivals = _trace_arrivals(rows, a_col, path, rng, cfg.rate)
     out_scale = cfg.output_scale if cfg.output_scale is not None else cfg.length_scale
     ids = client_ids(clients, draw_clients(clients, len(rows), cfg.seed), len(rows))
     requests, clipped = [], 0
+    min_len, length_scale, start_row = cfg.min_len, cfg.length_scale, cfg.start_row  # not OmegaConf per row
     for i, row in enumerate(rows):
         try:
-            prompt_len = max(cfg.min_len, int(round(float(row[p_col]) * cfg.length_scale)))
+            prompt_len = max(min_len, int(round(float(row[p_col]) * length_scale)))
             output_len = max(1, int(round(float(row[o_col]) * out_scale)))
         except (TypeError, ValueError):
-            raise WorkloadError(f"{path}: row {cfg.start_row + i + 2}: bad length values {row}") from None
+            raise WorkloadError(f"{path}: row {start_row + i + 2}: bad length values {row}") from None
         if prompt_len + output_len > max_model_len:
             clipped += 1
             prompt_len = min(prompt_len, max_model_len - 1)
             output_len = max(1, min(output_len, max_model_len - prompt_len))
-        requests.append(Request(id=f"trace-{cfg.start_row + i}", prompt_token_ids=_random_prompt(rng, prompt_len, vocab_size),
+        requests.append(Request(id=f"trace-{start_row + i}", prompt_token_ids=_random_prompt(rng, prompt_len, vocab_size),
                                 max_tokens=output_len, arrival_time=float(arrivals[i]), ignore_eos=True,
                                 client_id=ids[i]))
     log.info("trace %s: lengths scaled x%g (prompt) x%g (output); %d requests clipped to max_model_len=%d; "
              "time compressed x%g", path.name, cfg.length_scale, out_scale, clipped, max_model_len, cfg.time_scale)
     return requests
+
+
+def _resampled_trace(cfg, rows: list[dict], cols: tuple, path: Path, rng: np.random.Generator, vocab_size: int,
+                     max_model_len: int) -> list[Request]:
+    """``workload.sample=resample``: ``num_requests`` requests (any number, more than the trace
+    has) whose (prompt, output) lengths are rows drawn with replacement and whose gaps between
+    arrivals are the trace's own gaps drawn with replacement (a bootstrap of its arrival pattern);
+    made lazily, in arrival order, like a long synthetic workload."""
+    a_col, p_col, o_col = cols
+    n = cfg.num_requests
+    if n is None or n < 1 or not rows:
+        raise WorkloadError(f"workload.sample=resample needs workload.num_requests >= 1 and a non-empty trace ({path})")
+    if cfg.get("clients"):
+        raise WorkloadError("workload.sample=resample does not assign clients: leave workload.clients out")
+    out_scale = cfg.output_scale if cfg.output_scale is not None else cfg.length_scale
+    try:
+        prompts = np.maximum(cfg.min_len, np.rint(np.array([float(r[p_col]) for r in rows]) * cfg.length_scale))
+        outputs = np.maximum(1, np.rint(np.array([float(r[o_col]) for r in rows]) * out_scale))
+    except (TypeError, ValueError):
+        raise WorkloadError(f"{path}: bad length values") from None
+    prompts = np.minimum(prompts, max_model_len - 1).astype(np.int64)
+    outputs = np.maximum(1, np.minimum(outputs, max_model_len - prompts)).astype(np.int64)
+    stamps = np.sort(_trace_arrivals(rows, a_col, path, rng, cfg.rate))
+    gaps = np.diff(stamps) if len(stamps) > 1 else np.full(1, 1.0 / cfg.rate)
+    picked = rng.integers(0, len(rows), size=n)
+    arrivals = np.concatenate([[0.0], np.cumsum(rng.choice(gaps, size=n - 1))])
+    state = rng.bit_generator.state
+    log.info("trace %s: %d requests resampled from %d rows (lengths and inter-arrival gaps drawn with replacement)",
+             path.name, n, len(rows))
+
+    def generate():
+        prompt_rng = np.random.default_rng()
+        prompt_rng.bit_generator.state = state
+        for i in range(n):
+            row = int(picked[i])
+            yield Request(id=f"trace-r{i}", prompt_token_ids=_random_prompt(prompt_rng, int(prompts[row]), vocab_size),
+                          max_tokens=int(outputs[row]), arrival_time=float(arrivals[i]), ignore_eos=True)
+
+    return cast("list[Request]", InArrivalOrder(n, generate))
 
 
 def _trace_arrivals(rows, col, path, rng, rate) -> np.ndarray:

@@ -44,6 +44,7 @@ class ContiguousAllocator(BlockAllocator):
         self.reserved: dict[str, tuple[int, int]] = {}  # seq id -> (start, length)
         self.slots_used: dict[str, int] = {}
         self._num_free = num_blocks
+        self._used_slots = 0  # sum of slots_used (usage_stats runs every step)
 
     def _reservation_blocks(self, num_tokens: int) -> int:
         if getattr(self.config.reserve, "value", self.config.reserve) == "max_model_len":
@@ -68,6 +69,7 @@ class ContiguousAllocator(BlockAllocator):
         if total > self.reserved[seq.id][1] * self.block_size:
             raise RuntimeError(f"request {seq.id!r} grew to {total} tokens beyond its contiguous reservation of "
                                f"{self.reserved[seq.id][1] * self.block_size} slots")
+        self._used_slots += total - self.slots_used.get(seq.id, 0)
         self.slots_used[seq.id] = total
         return True
 
@@ -79,11 +81,12 @@ class ContiguousAllocator(BlockAllocator):
 
     def release_slots(self, seq: Sequence, num_tokens: int) -> None:
         if seq.id in self.slots_used:  # the reservation itself stays: that is this policy
+            self._used_slots += num_tokens - self.slots_used[seq.id]
             self.slots_used[seq.id] = num_tokens
 
     def free(self, seq: Sequence) -> None:
         run = self.reserved.pop(seq.id, None)
-        self.slots_used.pop(seq.id, None)
+        self._used_slots -= self.slots_used.pop(seq.id, 0)
         if run is None:
             return
         self._num_free += run[1]
@@ -106,9 +109,20 @@ class ContiguousAllocator(BlockAllocator):
     def can_ever_fit(self, num_tokens: int) -> bool:
         return self._reservation_blocks(num_tokens) <= self.num_blocks
 
+    def quiet_decode_tokens(self, seq: Sequence) -> int:
+        """Every decode step inside the reservation is quiet."""
+        run = self.reserved.get(seq.id)
+        return max(0, run[1] * self.block_size - seq.num_computed_tokens) if run else 0
+
+    def count_quiet_decodes(self, num_tokens: int) -> None:
+        self._used_slots += num_tokens
+
+    def settle_quiet_decodes(self, seq: Sequence, num_tokens: int) -> None:
+        self.slots_used[seq.id] += num_tokens
+
     def usage_stats(self) -> dict[str, float]:
-        reserved = sum(n for _, n in self.reserved.values()) * self.block_size
-        used = sum(self.slots_used.values())
+        reserved = (self.num_blocks - self._num_free) * self.block_size
+        used = self._used_slots
         largest = max((n for _, n in self.free_runs), default=0)
         return {
             "kv_waste_fraction": 1.0 - used / reserved if reserved else 0.0,

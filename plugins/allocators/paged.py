@@ -88,10 +88,18 @@ class PagedAllocator(BlockAllocator):
         total = seq.num_computed_tokens + num_new_tokens
         need = -(-total // self.block_size) - len(table)
         if need > 0:  # most decode steps need no new block: keep that path short
-            if need > len(self.free_plain) + len(self.evictable):
+            free = self.free_plain
+            if need > len(free) + len(self.evictable):
                 return False
-            for _ in range(need):
-                table.append(self._take_block())
+            if need <= len(free):  # no eviction: a prompt's blocks in one go
+                take, refs = free.popleft, self.ref_counts
+                blocks = [take() for _ in range(need)]
+                for block in blocks:
+                    refs[block] = 1
+                table.extend(blocks)
+            else:
+                for _ in range(need):
+                    table.append(self._take_block())
             self._table_blocks += need
         used = self.slots_used
         self._total_slots_used += total - used.get(seq_id, 0)
@@ -108,8 +116,13 @@ class PagedAllocator(BlockAllocator):
         if seq.status is not Status.WAITING:  # a failed admission retries next step: keep its digests
             self.prompt_digests.pop(seq.id, None)
         self._total_slots_used -= self.slots_used.pop(seq.id, 0)
+        refs, hashed, free = self.ref_counts, self.block_hash, self.free_plain
         for block in reversed(table or ()):  # tail blocks end up evicted first
-            self._release(block)
+            if refs[block] == 1 and hashed[block] is None:  # _release's common case, inlined
+                refs[block] = 0
+                free.append(block)
+            else:
+                self._release(block)
 
     def release_slots(self, seq: Sequence, num_tokens: int) -> None:
         table = self.tables.get(seq.id)
@@ -206,6 +219,25 @@ class PagedAllocator(BlockAllocator):
             if self.block_hash[block] is None and h not in self.cached:
                 self._cache(block, h, parent, j)
             parent = h
+
+    # ---- fast-forward ---------------------------------------------------------------------
+    def quiet_decode_tokens(self, seq: Sequence) -> int:
+        """Decode steps until ``seq`` needs a new block, or (prefix caching) fills one: it is hashed."""
+        computed, bs = seq.num_computed_tokens, self.block_size
+        room = len(self.tables.get(seq.request.id, ())) * bs - computed
+        if room <= 0:
+            return 0
+        if self.config.prefix_caching:
+            if len(self.hashes.get(seq.request.id, ())) != computed // bs:
+                return 0
+            return min(room, bs - 1 - computed % bs)
+        return room
+
+    def count_quiet_decodes(self, num_tokens: int) -> None:
+        self._total_slots_used += num_tokens
+
+    def settle_quiet_decodes(self, seq: Sequence, num_tokens: int) -> None:
+        self.slots_used[seq.request.id] += num_tokens
 
     def leaked_blocks(self) -> int:
         """Device blocks still referenced plus host blocks still held."""

@@ -46,7 +46,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
-from servelab.plugin_api import ConfigError, QueueScheduler, Sequence
+from servelab.plugin_api import UNTIL_ARRIVAL, ConfigError, NextDecision, QueueScheduler, Sequence
 
 
 @dataclass
@@ -195,6 +195,9 @@ class LPMScheduler(QueueScheduler):
                 parent = hash((parent, tuple(tokens[j * size:(j + 1) * size])))
                 keys.append(parent)
         return keys[:n]
+
+    def next_decision(self, now: float) -> NextDecision:
+        return UNTIL_ARRIVAL  # it ranks only the waiting; the running keep their order
 
     def on_admit(self, seq: Sequence, now: float) -> None:
         if self.config.group_by_prefix:

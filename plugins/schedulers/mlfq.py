@@ -29,7 +29,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from servelab.plugin_api import ConfigError, QueueScheduler, Sequence, StepFeatures
+import sys
+
+from servelab.plugin_api import ConfigError, NextDecision, QueueScheduler, Sequence, StepFeatures
 
 
 @dataclass
@@ -134,6 +136,19 @@ class MLFQScheduler(QueueScheduler):
         level = self.level
         running.sort(key=lambda seq: (level[seq.id], seq.arrival_s))
         return running
+
+    def next_decision(self, now: float) -> NextDecision:
+        """The running order changes when a running sequence uses up its quantum: ask then (and
+        at once when a newly admitted one belongs further up)."""
+        levels = self.level
+        if not self.running_sorted_by(lambda seq: (levels[seq.id], seq.arrival_s)):
+            return NextDecision(0)
+        last, steps = len(self.quanta) - 1, sys.maxsize
+        for seq in self.running:
+            level = self.level[seq.id]
+            if level < last:
+                steps = min(steps, self.quanta[level] - (seq.num_output_tokens - self._level_start[seq.id]))
+        return NextDecision(max(0, steps))
 
     def may_preempt_for(self, seq: Sequence, victim: Sequence) -> bool:
         if victim.num_computed_tokens < victim.num_tokens - 1:  # mid-prefill or mid-recompute: keep its work

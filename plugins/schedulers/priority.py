@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from servelab.plugin_api import ConfigError, QueueScheduler
+from servelab.plugin_api import EVERY_STEP, UNTIL_ARRIVAL, ConfigError, NextDecision, QueueScheduler
 
 
 def urgency(seq) -> tuple[int, float]:
@@ -63,6 +63,10 @@ class PriorityScheduler(QueueScheduler):
         else:
             running.sort(key=lambda seq: (self.effective_priority(seq, now), seq.arrival_s))
         return running
+
+    def next_decision(self, now: float) -> NextDecision:
+        # without aging the running order is fixed; with it a running sequence's level changes with time
+        return UNTIL_ARRIVAL if self.config.aging_s is None and self.running_sorted_by(urgency) else EVERY_STEP
 
     def may_preempt_for(self, seq, victim) -> bool:
         return self.effective_priority(victim, self.now) > self.effective_priority(seq, self.now)

@@ -23,7 +23,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servelab.plugin_api import ConfigError, QueueScheduler, Sequence
+import math
+import sys
+
+from servelab.plugin_api import ConfigError, NextDecision, QueueScheduler, Sequence
 
 
 @dataclass
@@ -72,6 +75,18 @@ class SJFScheduler(QueueScheduler):
     def running_order(self, running: list[Sequence], now: float) -> list[Sequence]:
         running.sort(key=lambda seq: (self.predicted_remaining(seq), seq.arrival_s))
         return running
+
+    def next_decision(self, now: float) -> NextDecision:
+        """Every remaining prediction falls by one per step, so the running order holds until one
+        still above zero reaches zero (ties at zero go by arrival)."""
+        if not self.running_sorted_by(lambda seq: (self.predicted_remaining(seq), seq.arrival_s)):
+            return NextDecision(0)
+        steps = sys.maxsize
+        for seq in self.running:
+            left = self.predicted_remaining(seq)  # clamped at 0: only those above it can reach it
+            if left > 0:
+                steps = min(steps, math.ceil(left))
+        return NextDecision(steps)
 
     def may_preempt_for(self, seq: Sequence, victim: Sequence) -> bool:
         if not self.config.preemptive:

@@ -39,7 +39,7 @@ import heapq
 import itertools
 from dataclasses import dataclass
 
-from servelab.plugin_api import ConfigError, QueueScheduler, StepFeatures
+from servelab.plugin_api import EVERY_STEP, UNTIL_ARRIVAL, ConfigError, NextDecision, QueueScheduler, StepFeatures
 
 INF = float("inf")
 
@@ -163,6 +163,15 @@ class SLOAwareScheduler(QueueScheduler):
         self._cap = self._prefill_cap_now()
         self.waiting.demote_late(lambda seq: self._is_late_waiting(seq, now))
         return super().schedule(now)
+
+    def next_decision(self, now: float) -> NextDecision:
+        """Nothing changes while no running request can turn late (rule 2): each is late already or
+        has no TPOT target. Otherwise whether one turns late depends on every step's prediction."""
+        late, targets = self.late, self.targets
+        if all(seq in late or targets(seq)[1] == INF for seq in self.running) and \
+                self.running_sorted_by(self._rank.__getitem__):
+            return UNTIL_ARRIVAL
+        return EVERY_STEP
 
     def running_order(self, running, now):
         running.sort(key=self._rank.__getitem__)  # every running seq went through targets()

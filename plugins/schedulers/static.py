@@ -9,7 +9,7 @@ It exists so the gain of continuous batching can be measured inside the framewor
 
 from itertools import islice
 
-from servelab.plugin_api import QueueScheduler
+from servelab.plugin_api import UNTIL_ARRIVAL, NextDecision, QueueScheduler
 
 
 class StaticBatchScheduler(QueueScheduler):
@@ -36,6 +36,9 @@ class StaticBatchScheduler(QueueScheduler):
     def remove(self, seq) -> None:
         super().remove(seq)
         self.batch.discard(seq.id)
+
+    def next_decision(self, now: float) -> NextDecision:
+        return UNTIL_ARRIVAL  # the batch drains in arrival order; a new batch needs someone waiting
 
     def step_stats(self) -> dict[str, float]:
         return {**super().step_stats(), "batch_members_left": len(self.batch)}

@@ -29,7 +29,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterator
 
-from servelab.plugin_api import ConfigError, QueueScheduler, Sequence
+from servelab.plugin_api import EVERY_STEP, UNTIL_ARRIVAL, ConfigError, NextDecision, QueueScheduler, Sequence
 
 ANONYMOUS = ""  # the client of requests without a client_id
 
@@ -139,6 +139,16 @@ class VTCScheduler(QueueScheduler):
         for seq in self.running:  # the tokens the last step generated
             self._charge_outputs(seq)
         return super().schedule(now)
+
+    def next_decision(self, now: float) -> NextDecision:
+        """One client running: its counter moves but no order does, and with whole-number weights a
+        late charge of k tokens equals k charges of one. Several clients: their counters race and
+        the running order can change at any step."""
+        cfg = self.config
+        one_client = len({client_of(seq) for seq in self.running}) <= 1
+        whole = float(cfg.input_weight).is_integer() and float(cfg.output_weight).is_integer()
+        in_order = self.running_sorted_by(lambda seq: seq.arrival_s)  # one counter: the sort goes by arrival
+        return UNTIL_ARRIVAL if one_client and whole and in_order else EVERY_STEP
 
     def remove(self, seq: Sequence) -> None:
         self._charge_outputs(seq)

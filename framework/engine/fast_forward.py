@@ -1,0 +1,182 @@
+"""Fast-forward (``sim.fast_forward``): a span of quiet decode steps run without asking the
+policies at every step, leaving exactly the state, step totals and results the step-by-step
+path leaves.
+
+A span may start after a step that verified no drafts and preempted nothing, once every sequence
+the scheduler holds is running and has exactly one token to compute (it decodes next), on an engine whose executor answers with placeholder tokens (the simulator) on a virtual clock,
+with no drafter, no KV connector and nobody reading per-step details. Then:
+
+- the scheduler says for how many steps (or until when) it need not be asked
+  (:meth:`~servelab.core.interfaces.Scheduler.next_decision`);
+- the allocator says, per sequence, how many of its coming decode steps are quiet
+  (:meth:`~servelab.core.interfaces.BlockAllocator.quiet_decode_tokens`);
+- a sequence's next *event* is the first span step that is not quiet for it: the allocator must
+  act (a new block, a full block to hash) or the sequence finishes there.
+
+Each span step is priced by the clock's time model from the step's features (which change only
+by the context growing and finished sequences leaving), is recorded as the step-by-step path
+records it (totals, the policies' cost model, step listeners), and handles only that step's
+events, in plan order: their allocations before the step, as ``schedule()`` makes them, then
+their tokens and finishes after it, as ``Engine._apply`` does. Every other sequence gets its
+tokens in bulk when it next has an event or the span ends (the allocator is told the counts).
+
+A span stops before a step that would start at or after ``until`` (the next arrival: the driver
+adds it before that step), when the scheduler's declared steps or time run out, before a step
+whose allocations could outnumber the free blocks (the step-by-step path then preempts), or
+when no sequence is left.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import TYPE_CHECKING, Callable
+
+from servelab.core.cost_model import StepFeatures
+from servelab.core.interfaces import NextDecision, SchedulePlan
+from servelab.core.request import Sequence, Status
+from servelab.core.step_work import StepWork
+
+if TYPE_CHECKING:
+    from servelab.engine.engine import Engine
+
+INF = float("inf")
+
+
+def may_precede_span(plan: SchedulePlan, work: StepWork) -> bool:
+    """Whether a span may follow ``plan``: it verified no drafts and preempted and moved nothing
+    (whether its sequences all decode next is checked after it ran)."""
+    return not work.draft_tokens and not plan.preempted and not plan.swap_out and not plan.swap_in \
+        and not plan.copy_blocks
+
+
+def next_decision(engine: Engine, now: float) -> NextDecision:
+    """The scheduler's answer, checked (a malformed one names the plugin)."""
+    scheduler = engine.scheduler
+    answer = engine._call_plugin("scheduler", lambda: scheduler.next_decision(now))
+    steps, at_s = answer if isinstance(answer, tuple) and len(answer) == 2 else (None, None)
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0 or not isinstance(at_s, (int, float)):
+        raise TypeError(f"scheduler plugin {type(scheduler).name!r}: next_decision() returned {answer!r}; "
+                        "expected NextDecision(steps >= 0, at_s)")
+    return NextDecision(steps, float(at_s))
+
+
+def fast_forward(engine: Engine, plan: SchedulePlan, until: float,
+                 on_step_start: Callable[[], None] | None = None) -> int:
+    """Run the quiet steps that may follow ``plan`` (the step just taken, decodes only) and come
+    before ``until``; returns how many were run (0: none could be)."""
+    seqs = [e.seq for e in plan.scheduled if e.seq.status is Status.RUNNING]
+    if not seqs or len(seqs) != engine.scheduler.num_unfinished():
+        return 0  # someone waits (or is swapped, or loading): the scheduler decides every step
+    for seq in seqs:
+        if seq.num_tokens - seq.num_computed_tokens != 1 or seq.num_computed_tokens < seq.request.prompt_len:
+            return 0  # a prompt chunk is still to come
+    now = engine.now()
+    if now >= until:
+        return 0
+    steps, at_s = next_decision(engine, now)
+    limit = min(until, at_s)
+    if steps == 0 or now >= limit:
+        return 0
+    return _Span(engine, seqs).run(steps, limit, on_step_start)
+
+
+class _Span:
+    """The sequences of one span (in plan order) and how far each has been brought up to date."""
+
+    def __init__(self, engine: Engine, seqs: list[Sequence]) -> None:
+        self.engine = engine
+        self.seqs = seqs
+        token = engine.executor.placeholder_token
+        assert token is not None  # Engine._can_fast_forward checked
+        self.token: int = token
+        self.synced = [0] * len(seqs)  # span steps whose tokens seqs[i] has been given
+        self.ends: list[float] = []  # each span step's end time (its tokens' timestamps)
+        quiet, max_len = engine.allocator.quiet_decode_tokens, engine.limits.max_model_len
+        events = []  # (span step, plan index): each sequence's next event, as _next_event says
+        for i, seq in enumerate(seqs):  # once per span per sequence: _next_event inlined
+            left = min(seq.request.max_tokens - len(seq.output_token_ids), max_len - seq.num_tokens)
+            q = quiet(seq)
+            events.append((q if q < left else left - 1, i))
+        heapq.heapify(events)
+        self.events = events
+
+    def _next_event(self, seq: Sequence, step: int) -> int:
+        """The first span step from ``step`` on that is not quiet for ``seq`` (it is up to date):
+        the allocator must act, or its ``left``-th token ends it."""
+        quiet = self.engine.allocator.quiet_decode_tokens(seq)
+        left = min(seq.request.max_tokens - len(seq.output_token_ids), self.engine.limits.max_model_len - seq.num_tokens)
+        return step + (quiet if quiet < left else left - 1)
+
+    def _sync(self, i: int, step: int) -> None:
+        """Give ``seqs[i]`` the tokens of the quiet span steps before ``step``."""
+        done = self.synced[i]
+        if step > done:
+            seq, n = self.seqs[i], step - done
+            seq.num_computed_tokens += n
+            seq.append_repeated(self.token, self.ends[done:step])
+            self.engine.allocator.settle_quiet_decodes(seq, n)
+            self.synced[i] = step
+
+    def run(self, max_steps: int, limit: float, on_step_start: Callable[[], None] | None) -> int:
+        engine, seqs, events, ends, synced = self.engine, self.seqs, self.events, self.ends, self.synced
+        allocator, clock, token, totals = engine.allocator, engine.clock, self.token, engine.totals
+        count_quiet, step_listeners, observe = allocator.count_quiet_decodes, engine.step_listeners, engine.cost_model.observe
+        num_blocks = max(1, allocator.num_blocks)
+        no_plan = SchedulePlan()  # a quiet step preempts and moves nothing
+        active = len(seqs)
+        context = sum(seq.num_tokens for seq in seqs)  # each decode attends to its whole context
+        step = 0
+        while step < max_steps and active:
+            start = engine.now()
+            if start >= limit:
+                break
+            due: list[int] = []
+            while events and events[0][0] == step:
+                due.append(heapq.heappop(events)[1])
+            if due and len(due) > allocator.num_free_blocks():  # each may need a block: the scheduler decides
+                for i in due:
+                    heapq.heappush(events, (step, i))
+                break
+            if on_step_start is not None:
+                on_step_start()
+            for i in due:  # their allocations, in plan order, as schedule() makes them
+                self._sync(i, step)
+                if not allocator.allocate_slots(seqs[i], 1):
+                    raise RuntimeError(f"allocator plugin {type(allocator).name!r} refused one decode slot for "
+                                       f"{seqs[i].id!r} with {allocator.num_free_blocks()} free blocks: its "
+                                       "quiet_decode_tokens() contract says such a step takes at most one block")
+            n = active
+            if n > len(due):
+                count_quiet(n - len(due))
+            work = StepWork(n, n, 0, n, n, context, context)
+            clock.end_step(work)
+            end = engine.now()
+            ends.append(end)
+            left_tokens = 0
+            for i in due:  # their tokens and finishes, in plan order, as Engine._apply does
+                seq = seqs[i]
+                seq.num_computed_tokens += 1
+                allocator.on_tokens_computed(seq)
+                seq.append_token(token, end)
+                synced[i] = step + 1
+                reason = engine._finish_reason(seq, token)
+                if reason:
+                    engine._finish(seq, reason, end)
+                    active -= 1
+                    left_tokens += seq.num_tokens
+                else:
+                    heapq.heappush(events, (self._next_event(seq, step + 1), i))
+            context += n - left_tokens
+            if step_listeners:
+                record = engine._record(no_plan, work, start, end, 0.0, 0.0)
+                for listener in step_listeners:
+                    listener(record)
+            else:  # Engine._record's sums without its record
+                observe(StepFeatures(0, n, work.attended), end - start)
+                totals.add_decode_step(end, end - start, n, allocator.num_used_blocks() / num_blocks,
+                                       allocator.usage_stats())
+            step += 1
+        for i, seq in enumerate(seqs):
+            if seq.status is Status.RUNNING:
+                self._sync(i, step)
+        return step
