@@ -8,12 +8,12 @@ never see which executor runs.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from servelab.core.contexts import ExecutorContext
+from servelab.exec.worker_config import WorkerConfig
 from servelab.core.executor import BackendConfig, Executor, StepOutput
 from servelab.core.shapes import ModelShape
 from servelab.core.batch import StepBatch
@@ -30,28 +30,6 @@ from servelab.exec.quant import kv_cache_storage_dtype, linear_kernel, quantize_
 from servelab.exec.sampler import sample_and_verify, sample_from, seeded_uniforms, target_probs_batch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    """Everything a worker needs to build itself (picklable, so TP workers get the same)."""
-
-    model_path: str
-    dtype: str
-    device: str
-    attention_backend: str
-    block_size: int
-    max_model_len: int
-    num_kv_blocks: int | None
-    kv_cache_memory_gb: float
-    gpu_memory_utilization: float
-    num_swap_blocks: int
-    seed: int
-    swap_space_gb: float | None = None  # host pool in GiB; overrides num_swap_blocks when set
-    draft_model_path: str | None = None  # drafter=draft_model: a second checkpoint run beside the target
-    draft_scratch_blocks: int = 0  # draft KV blocks past the pool, for positions a draft runs ahead into
-    quantization: str = "none"  # model.quantization: none | int8 (weight-only, the target model's decoder linears)
-    kv_cache_dtype: str = "auto"  # auto | int8 | fp8_e4m3 (target and draft KV alike)
 
 
 class ModelWorker:

@@ -33,7 +33,6 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 from omegaconf import DictConfig, read_write
 
 from servelab.core.errors import ConfigError
@@ -98,7 +97,7 @@ def supported_sizes(cfg: DictConfig, head_dim: int) -> tuple[str, tuple[int, ...
     name = getattr(cfg.attention_backend, "value", cfg.attention_backend)
     if name == "auto":
         device = str(cfg.backend.device)
-        cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+        cuda = device.startswith("cuda") or (device == "auto" and _cuda_available())
         name = "triton" if cuda and importlib.util.find_spec("triton") is not None else "torch"
     if name == "torch":
         return "attention_backend=torch", SIZE_RANGE
@@ -221,3 +220,9 @@ def prefix_loss(profile: LengthProfile, bs: int) -> float:
     if profile.shared is None or not profile.prompt.sum():
         return 0.0
     return float((profile.shared % bs).sum() / profile.prompt.sum())
+
+
+def _cuda_available() -> bool:
+    import torch  # noqa: PLC0415 - only for the real model's attention backend: the simulator never loads torch here
+
+    return torch.cuda.is_available()

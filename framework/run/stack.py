@@ -8,7 +8,6 @@ import platform
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from servelab.engine.clock import ModelledClock, WallClock
@@ -20,7 +19,7 @@ from servelab.core.contexts import ExecutorContext, PredictorContext, TimeModelC
 from servelab.core.executor import Executor
 from servelab.core.interfaces import EngineLimits, TimeModel
 from servelab.core.kinds import KINDS, KindSpec, build_context, build_order, instantiate
-from servelab.exec.executor import WorkerConfig
+from servelab.exec.worker_config import WorkerConfig
 from servelab.core.packaged import PACKAGED_CHECKPOINTS, PACKAGED_MODELS
 from servelab.exec.model.random_checkpoint import cached_random_checkpoint
 from servelab.core.registry import Registry, default_registry
@@ -241,6 +240,8 @@ def build_executor(cfg: DictConfig, draft_model_path: str | None = None, registr
     spec = next(k for k in KINDS.values() if k.scope == "executor")
     cls = registry.get(spec.name, cfg[spec.group].name)
     if cfg.backend.num_threads and cls.computes_tokens:
+        import torch  # noqa: PLC0415 - a backend that computes tokens loads it anyway; the simulator never does
+
         torch.set_num_threads(cfg.backend.num_threads)
     return instantiate(spec, cls, _plugin_config(cfg[spec.group]), executor_context(cfg, registry, draft_model_path))
 
