@@ -53,6 +53,21 @@ class Request:
     def prompt_len(self) -> int:
         return len(self.prompt_token_ids)
 
+    @functools.cached_property
+    def token_id_bounds(self) -> tuple[int, int]:
+        """``(low, high)`` with every prompt token id in ``[low, high]``: the smallest and largest id,
+        or, for ids a workload drew from a vocabulary, that vocabulary's range (:func:`drawn_from`;
+        the engine checks the bounds against its model's vocabulary on arrival)."""
+        ids = self.prompt_token_ids
+        return (min(ids), max(ids)) if ids else (0, 0)
+
+
+def drawn_from(request: Request, vocab_size: int) -> Request:
+    """``request``, known to hold only token ids drawn from ``[0, vocab_size)``: its
+    :attr:`~Request.token_id_bounds` are set without a pass over a long prompt."""
+    request.__dict__["token_id_bounds"] = (0, vocab_size - 1)  # where the cached_property keeps its value
+    return request
+
 
 class Status(enum.Enum):
     WAITING = "waiting"

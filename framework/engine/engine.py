@@ -161,7 +161,8 @@ class Engine:
             return (f"prompt of {request.prompt_len} tokens leaves no room to generate within "
                     f"max_model_len={self.limits.max_model_len}")
         vocab = self.executor.spec.vocab_size
-        if min(request.prompt_token_ids) < 0 or max(request.prompt_token_ids) >= vocab:
+        low, high = request.token_id_bounds
+        if low < 0 or high >= vocab:
             return f"prompt token id outside the vocabulary [0, {vocab})"
         needed = min(request.prompt_len + request.max_tokens, self.limits.max_model_len)
         if not self.allocator.can_ever_fit(needed):

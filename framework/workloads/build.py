@@ -20,7 +20,7 @@ import numpy as np
 
 from servelab.core.errors import ServelabError, WorkloadError  # WorkloadError: also importable from here, as before
 from servelab.core.packaged import trace_path
-from servelab.core.request import Request, SamplingParams
+from servelab.core.request import Request, SamplingParams, drawn_from
 from servelab.workloads.clients import (client_ids, client_rng, draw_clients, parse_clients,
                                         rates_unless_all_at_once, summed_rate)
 from servelab.workloads.chat_sessions import chat_session_requests
@@ -109,8 +109,8 @@ def synthetic_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request
                 k = int(owners[i])
                 own_rng = own_rngs.setdefault(k, client_rng(cfg.seed, k, 1))
                 prompt = _random_prompt(own_rng, int(own_prompt[i]), vocab_size)
-            yield Request(id=f"req-{i}", prompt_token_ids=prompt, max_tokens=int(outputs[i]),
-                          arrival_time=float(arrivals[i]), ignore_eos=True, client_id=ids[i])
+            yield drawn_from(Request(id=f"req-{i}", prompt_token_ids=prompt, max_tokens=int(outputs[i]),
+                                     arrival_time=float(arrivals[i]), ignore_eos=True, client_id=ids[i]), vocab_size)
 
     return cast("list[Request]", InArrivalOrder(n, generate))  # sized, iterable and indexable like the list
 
@@ -294,9 +294,9 @@ def trace_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
             clipped += 1
             prompt_len = min(prompt_len, max_model_len - 1)
             output_len = max(1, min(output_len, max_model_len - prompt_len))
-        requests.append(Request(id=f"trace-{start_row + i}", prompt_token_ids=_random_prompt(rng, prompt_len, vocab_size),
-                                max_tokens=output_len, arrival_time=float(arrivals[i]), ignore_eos=True,
-                                client_id=ids[i]))
+        requests.append(drawn_from(Request(
+            id=f"trace-{start_row + i}", prompt_token_ids=_random_prompt(rng, prompt_len, vocab_size),
+            max_tokens=output_len, arrival_time=float(arrivals[i]), ignore_eos=True, client_id=ids[i]), vocab_size))
     log.info("trace %s: lengths scaled x%g (prompt) x%g (output); %d requests clipped to max_model_len=%d; "
              "time compressed x%g", path.name, cfg.length_scale, out_scale, clipped, max_model_len, cfg.time_scale)
     return requests
@@ -335,8 +335,9 @@ def _resampled_trace(cfg, rows: list[dict], cols: tuple, path: Path, rng: np.ran
         prompt_rng.bit_generator.state = state
         for i in range(n):
             row = int(picked[i])
-            yield Request(id=f"trace-r{i}", prompt_token_ids=_random_prompt(prompt_rng, int(prompts[row]), vocab_size),
-                          max_tokens=int(outputs[row]), arrival_time=float(arrivals[i]), ignore_eos=True)
+            yield drawn_from(Request(
+                id=f"trace-r{i}", prompt_token_ids=_random_prompt(prompt_rng, int(prompts[row]), vocab_size),
+                max_tokens=int(outputs[row]), arrival_time=float(arrivals[i]), ignore_eos=True), vocab_size)
 
     return cast("list[Request]", InArrivalOrder(n, generate))
 
