@@ -107,18 +107,19 @@ def row(r: dict, label: str = "") -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("cases", nargs="*", default=[c for c in CASES if c != "azure_1m"])
+    ap.add_argument("cases", nargs="*", default=[])
     ap.add_argument("--both", type=int, metavar="PAIRS", default=0,
                     help="run each case PAIRS times with fast-forward on and off, interleaved")
     ap.add_argument("--startup", action="store_true", help="time the start-up of the first case instead")
     ap.add_argument("--profile", metavar="CASE", help="run CASE in this process under cProfile")
     ap.add_argument("--one", metavar="CASE", help=argparse.SUPPRESS)  # a child process
     args, extra = ap.parse_known_args()
-    if args.one or args.profile:
-        print(json.dumps(run_case(args.one or args.profile, bool(args.profile), extra)))
+    if args.one or args.profile:  # the positional arguments are overrides here (sim.fast_forward=false)
+        print(json.dumps(run_case(args.one or args.profile, bool(args.profile), [*args.cases, *extra])))
         return
+    args.cases = args.cases or [c for c in CASES if c != "azure_1m"]
     if args.startup:
-        name = (args.cases or ["trace"])[0]
+        name = args.cases[0]
         out = subprocess.run([sys.executable, "-c", f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
                               f"import sim_speed; print(json.dumps(sim_speed.startup({name!r})))"],
                              capture_output=True, text=True, check=True)

@@ -170,12 +170,16 @@ class Cluster:
 
     def _step(self, r: Replica, until: float = INF) -> None:
         """One step of ``r``, then (``sim.fast_forward``) the quiet steps of ``r`` that start
-        before ``until``, the cluster's next arrival or event: nothing else reaches ``r`` before."""
-        self._mark_step_start(r)
+        before ``until``, the cluster's next arrival or event: nothing else reaches ``r`` before.
+        When nothing reached ``r`` since its last span stopped, the span goes on instead."""
+        mark = functools.partial(self._mark_step_start, r)
+        if r.engine.fast_forward(until, mark):  # a span cut short by an arrival that went elsewhere goes on
+            return
+        mark()
         if r.engine.step() is None:
             r.stalled = True  # nothing could run: wait for an arrival, a landing or freed blocks
         else:
-            r.engine.fast_forward(until, functools.partial(self._mark_step_start, r))
+            r.engine.fast_forward(until, mark)
 
     def _mark_step_start(self, r: Replica) -> None:
         self.kv.now = r.engine.now()  # a transfer the step's scheduler starts is allocated now

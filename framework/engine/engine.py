@@ -117,6 +117,7 @@ class Engine:
         self.fast_forward_enabled = False
         self._quiet_plan: SchedulePlan | None = None
         self.num_fast_forwarded = 0  # steps run by fast_forward (of totals.num_steps)
+        self.last_step_s = 0.0  # the duration of the last step on this engine's clock
 
     def now(self) -> float:
         """Seconds since the engine started."""
@@ -140,6 +141,7 @@ class Engine:
             raise ValueError(f"duplicate request id {request.id!r}")
         seq = Sequence(request, arrival_s=request.arrival_time if arrival_s is None else arrival_s)
         self.sequences[request.id] = seq
+        self._quiet_plan = None
         reason = self._rejection_reason(request)
         if reason:
             seq.reject(reason, self.now())
@@ -179,6 +181,7 @@ class Engine:
         if seq.id in self.sequences or seq.id in self._forgotten:
             raise ValueError(f"duplicate request id {seq.id!r}")
         self.sequences[seq.id] = seq
+        self._quiet_plan = None
         self._call_plugin("scheduler", lambda: self.scheduler.add(seq))
 
     def poll_connector(self) -> None:
@@ -214,6 +217,7 @@ class Engine:
         seq = self.sequences.get(request_id)
         if seq is None or seq.is_finished:
             return False
+        self._quiet_plan = None
         before = self.scheduler.num_unfinished()
         self._call_plugin("scheduler", lambda: self.scheduler.abort(seq))
         if self.scheduler.num_unfinished() != before - 1:
@@ -247,6 +251,7 @@ class Engine:
             end = self.now()
         record = self._record(plan, work, start, end, output.model_s, output.comm_s)
         record.draft_s = end - finished_at
+        self.last_step_s = end - start
         if output.accepted is not None:
             record.draft_tokens = sum(len(e.draft_token_ids) for e in plan.scheduled)
             record.accepted_tokens = sum(output.accepted)
@@ -260,8 +265,10 @@ class Engine:
         (:mod:`servelab.engine.fast_forward`); returns how many (0 when fast-forward is off, a
         sequence still has prompt to compute or waits, or this engine cannot: not the simulator on a virtual
         clock, a drafter, a KV connector, an allocator without quiet steps, per-step details read).
-        ``on_step_start`` is called before each of those steps (a cluster keeps its router's gauges)."""
-        plan, self._quiet_plan = self._quiet_plan, None
+        ``on_step_start`` is called before each of those steps (a cluster keeps its router's gauges).
+        It may be called again without a step in between while nothing reached this engine: it goes
+        on from where it stopped (a request added or aborted since makes it decline)."""
+        plan = self._quiet_plan  # kept: a span cut short by an arrival elsewhere may go on (a cluster)
         if plan is None or not self._can_fast_forward():
             return 0
         steps = fast_forward(self, plan, until, on_step_start)

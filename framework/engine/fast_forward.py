@@ -40,6 +40,11 @@ if TYPE_CHECKING:
     from servelab.engine.engine import Engine
 
 INF = float("inf")
+#: A span is tried only when about this many steps (each as long as the last) fit before the next
+#: arrival: a shorter one costs more (passes over every sequence) than the steps it skips. Declining
+#: never changes a result; on the 8-replica trace case (every arrival ends every replica's span)
+#: 1 measured best: 37 s against 48 s with 3 and 49 s step by step.
+MIN_SPAN_STEPS = 1
 
 
 def may_precede_span(plan: SchedulePlan, work: StepWork) -> bool:
@@ -71,8 +76,8 @@ def fast_forward(engine: Engine, plan: SchedulePlan, until: float,
         if seq.num_tokens - seq.num_computed_tokens != 1 or seq.num_computed_tokens < seq.request.prompt_len:
             return 0  # a prompt chunk is still to come
     now = engine.now()
-    if now >= until:
-        return 0
+    if now + MIN_SPAN_STEPS * engine.last_step_s >= until:
+        return 0  # no room for a span worth its set-up
     steps, at_s = next_decision(engine, now)
     limit = min(until, at_s)
     if steps == 0 or now >= limit:
