@@ -88,18 +88,10 @@ class PagedAllocator(BlockAllocator):
         total = seq.num_computed_tokens + num_new_tokens
         need = -(-total // self.block_size) - len(table)
         if need > 0:  # most decode steps need no new block: keep that path short
-            free = self.free_plain
-            if need > len(free) + len(self.evictable):
+            if need > len(self.free_plain) + len(self.evictable):
                 return False
-            if need <= len(free):  # no eviction: a prompt's blocks in one go
-                take, refs = free.popleft, self.ref_counts
-                blocks = [take() for _ in range(need)]
-                for block in blocks:
-                    refs[block] = 1
-                table.extend(blocks)
-            else:
-                for _ in range(need):
-                    table.append(self._take_block())
+            for _ in range(need):  # one by one through _take_block: a subclass may take them otherwise
+                table.append(self._take_block())
             self._table_blocks += need
         used = self.slots_used
         self._total_slots_used += total - used.get(seq_id, 0)
@@ -116,13 +108,8 @@ class PagedAllocator(BlockAllocator):
         if seq.status is not Status.WAITING:  # a failed admission retries next step: keep its digests
             self.prompt_digests.pop(seq.id, None)
         self._total_slots_used -= self.slots_used.pop(seq.id, 0)
-        refs, hashed, free = self.ref_counts, self.block_hash, self.free_plain
         for block in reversed(table or ()):  # tail blocks end up evicted first
-            if refs[block] == 1 and hashed[block] is None:  # _release's common case, inlined
-                refs[block] = 0
-                free.append(block)
-            else:
-                self._release(block)
+            self._release(block)
 
     def release_slots(self, seq: Sequence, num_tokens: int) -> None:
         table = self.tables.get(seq.id)
