@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import functools
+import heapq
+import itertools
 import os
 from datetime import datetime
 from importlib import resources
@@ -108,6 +110,9 @@ class LLM:
             self.stack = build_stack(self.cfg)
         self.text = checkpoint_text(self.cfg)  # the checkpoint's tokenizer (loaded on first use)
         self._counter = 0
+        # requests added with an arrival still to come: (arrival, order, request), earliest first
+        self._pending: list[tuple[float, int, Request]] = []
+        self._pending_order = itertools.count()
 
     @property
     def engine(self) -> Engine:
@@ -125,8 +130,14 @@ class LLM:
                     seed: int | None = None, ignore_eos: bool | None = None, priority: int = 0,
                     ttft_slo_ms: float | None = None, tpot_slo_ms: float | None = None,
                     cache_salt: str | None = None, client_id: str | None = None) -> str:
-        """Add one request now (it is rejected, with a reason in its result, if it can never run).
+        """Add one request (it is rejected, with a reason in its result, if it can never run).
         ``client_id``: who sent it (``scheduler=vtc`` shares service between clients).
+
+        ``arrival_time`` is in seconds on the engine's clock (0 = when the LLM was built). A request
+        whose arrival is still to come is held here and reaches the engine at its arrival:
+        :meth:`step` hands over every request that has arrived, and when nothing else is left to
+        run it waits for the next arrival first (the simulator's virtual clock jumps there; the
+        wall clock sleeps), so no request runs before it arrives and no latency is negative.
 
         ``prompt`` is token ids, or a string tokenized with the checkpoint's tokenizer. Token ids
         ignore EOS unless ``ignore_eos=False``; a string stops at EOS unless ``ignore_eos=True``."""
@@ -140,22 +151,37 @@ class LLM:
         else:
             prompt_token_ids = prompt
             ignore_eos = True if ignore_eos is None else ignore_eos
-        engine.add_request(Request(rid, tuple(prompt_token_ids), max_tokens, arrival_time,
-                                   SamplingParams(temperature, top_p, top_k, seed), ignore_eos, priority,
-                                   ttft_slo_ms, tpot_slo_ms, cache_salt, client_id))
+        request = Request(rid, tuple(prompt_token_ids), max_tokens, arrival_time,
+                          SamplingParams(temperature, top_p, top_k, seed), ignore_eos, priority,
+                          ttft_slo_ms, tpot_slo_ms, cache_salt, client_id)
+        if arrival_time > engine.now():
+            if rid in engine.sequences or any(r.id == rid for _, _, r in self._pending):
+                raise ValueError(f"duplicate request id {rid!r}")
+            heapq.heappush(self._pending, (arrival_time, next(self._pending_order), request))
+        else:
+            engine.add_request(request)
         return rid
 
     def step(self):
-        """Run one engine step; returns its StepRecord (None if nothing could run)."""
-        return self.engine.step()
+        """Run one engine step; returns its StepRecord (None if nothing could run). Requests that
+        have arrived join first; with nothing left to run, it first waits (virtual clock: jumps)
+        for the next request still to arrive."""
+        engine, pending = self.engine, self._pending
+        if pending and not engine.has_unfinished():
+            while (wait := pending[0][0] - engine.now()) > 0:  # the wall clock naps in slices
+                engine.sleep(wait)
+        while pending and pending[0][0] <= engine.now():
+            engine.add_request(heapq.heappop(pending)[2])
+        return engine.step() if engine.has_unfinished() else None
 
     def has_unfinished(self) -> bool:
-        return self.engine.has_unfinished()
+        """Whether a request added is still to arrive, waiting, or running."""
+        return bool(self._pending) or self.engine.has_unfinished()
 
     def results(self) -> RunResult:
         """Results of every request added so far (the objects the CLI writes)."""
         engine = self.engine
-        result = collect_results(engine, 1.0, "completed" if not engine.has_unfinished() else "partial")
+        result = collect_results(engine, 1.0, "completed" if not self.has_unfinished() else "partial")
         attach_text(result.requests, engine.sequences, self.text)
         return result
 

@@ -70,3 +70,42 @@ def test_seeded_sampling_does_not_depend_on_the_batch():
             lab.step()
         outs.append(lab.results().by_id()[rid]["output_token_ids"])
     assert outs[0] == outs[1] and len(set(outs[0])) > 1
+
+
+# ---- arrival times in step mode (issue 35 item 6) --------------------------------------------
+
+SIM_8B = ["backend=sim", "model=llama3_8b", "hardware=h100"]
+
+
+def test_step_mode_honours_arrival_times_on_the_virtual_clock():
+    """Five requests 10 s apart, stepped until done: each waits for its arrival (the clock jumps
+    there), so every TTFT is one short prefill step, not minus the time still to come."""
+    lab = LLM(SIM_8B, logger="none", progress=False)
+    for i in range(5):
+        lab.add_request(list(range(1, 200)), max_tokens=32, arrival_time=10.0 * i, id=f"r{i}")
+    assert lab.has_unfinished() and lab.engine.scheduler.num_unfinished() == 1  # r0 arrived; r1-r4 are held
+    while lab.has_unfinished():
+        lab.step()
+    result = lab.results()
+    assert result.summary["num_finished"] == 5
+    for rec in result.requests:
+        assert 0 < rec["ttft_ms"] < 100 and rec["queue_ms"] >= 0 and rec["e2e_ms"] >= rec["ttft_ms"]
+    first_token = {r.id: r.token_times[0] for r in lab.engine.sequences.values()}
+    assert all(first_token[f"r{i}"] >= 10.0 * i for i in range(5))
+
+
+def test_step_mode_refuses_a_duplicate_id_still_to_arrive():
+    lab = LLM(SIM_8B, logger="none", progress=False)
+    lab.add_request([1, 2, 3], max_tokens=2, arrival_time=5.0, id="x")
+    with pytest.raises(ValueError, match="duplicate request id 'x'"):
+        lab.add_request([1, 2, 3], max_tokens=2, arrival_time=6.0, id="x")
+
+
+def test_a_negative_latency_is_an_error_naming_the_request():
+    from servelab.core.request import Request, Sequence
+    from servelab.run.metrics import NegativeLatencyError, request_record
+
+    seq = Sequence(Request("early", (1, 2, 3), 2, 10.0), arrival_s=10.0)
+    seq.append_token(5, 0.2)  # a token 9.8 s before the request arrived
+    with pytest.raises(NegativeLatencyError, match="'early': ttft_ms=-9800"):
+        request_record(seq, 1.0, None, None)

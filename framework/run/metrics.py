@@ -22,9 +22,21 @@ from servelab.engine.step_totals import StepTotals
 from servelab.run.fairness import DEFAULT_WEIGHTS, ServiceLog, fairness_figures
 
 
+#: Seconds a latency may fall below zero by float rounding before it is an error.
+NEGATIVE_TOLERANCE_S = 1e-9
+
+
+class NegativeLatencyError(RuntimeError):
+    """A request's TTFT, E2E or queueing delay came out negative: a token or a scheduling time
+    before its arrival. Always a bug in whatever drove the engine (a request run before it
+    arrived), never bad input; an error rather than a clamp to 0, which would hide the bug inside
+    the percentiles."""
+
+
 def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
                    tpot_slo_ms: float | None) -> dict:
-    """One line of ``requests.jsonl``."""
+    """One line of ``requests.jsonl``. Raises :class:`NegativeLatencyError`, naming the request,
+    if its first token, last token or first scheduling came before its arrival."""
     req = seq.request
     arrival = req.arrival_time * time_scale
     rec: dict[str, Any] = {
@@ -60,6 +72,10 @@ def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
         rec["itl_ms"] = np.round(np.diff(seq.token_times) * 1e3, 3).tolist()
     if seq.first_scheduled_time is not None:
         rec["queue_ms"] = (seq.first_scheduled_time - arrival) * 1e3
+    for key in ("ttft_ms", "e2e_ms", "queue_ms"):
+        if rec[key] is not None and rec[key] < -NEGATIVE_TOLERANCE_S * 1e3:
+            raise NegativeLatencyError(f"request {req.id!r}: {key}={rec[key]:.3f} < 0 (arrival at {arrival:.6f} s, "
+                                       "yet it ran before then: the engine was stepped ahead of its arrival)")
     ttft_target = req.ttft_slo_ms if req.ttft_slo_ms is not None else ttft_slo_ms
     tpot_target = req.tpot_slo_ms if req.tpot_slo_ms is not None else tpot_slo_ms
     finished = seq.status == Status.FINISHED
