@@ -43,7 +43,12 @@ BUILTIN_STACKS = {
     "lfu": ("evictor=lfu", *CHAT),
     "arc": ("evictor=arc", *CHAT),
     "cost_aware": ("evictor=cost_aware", *CHAT),
-    "chunked-off": ("chunked_prefill=false", "max_num_batched_tokens=2048", *LOAD),
+    "chunked-off": ("chunked_prefill=false", "max_num_batched_tokens=2048", *LOAD),  # prefill_first
+    "chunked-off-tight": ("chunked_prefill=false", "max_num_batched_tokens=2048", *TIGHT),
+    "chunked-off-static": ("scheduler=static", "max_num_seqs=8", "chunked_prefill=false",
+                           "max_num_batched_tokens=2048", *LOAD),
+    "chunked-off-decode-first": ("chunked_prefill=false", "non_chunked_schedule=decode_first",
+                                 "max_num_batched_tokens=2048", *LOAD),
 }
 
 
@@ -51,7 +56,7 @@ BUILTIN_STACKS = {
 def test_builtin_stacks_identical_with_and_without(name):
     difference, forwarded, steps = run_both_ways(BASE + BUILTIN_STACKS[name], default_registry())
     assert difference is None, difference
-    if name in ("fcfs", "slo_aware", "contiguous", "chunked-off"):  # a stack that has quiet steps uses them
+    if name in ("fcfs", "slo_aware", "contiguous", "chunked-off", "chunked-off-decode-first"):  # a stack that has quiet steps uses them
         assert forwarded > steps // 4, (forwarded, steps)
 
 

@@ -51,6 +51,14 @@ class EngineLimits:
     chunked_prefill: bool
     ttft_slo_ms: float | None = None
     tpot_slo_ms: float | None = None
+    #: With ``chunked_prefill`` off, how a step is filled: ``"prefill_first"`` (vLLM v0's default
+    #: scheduler, SGLang without a mixed chunk: waiting prompts whole in a prompt-only step when any
+    #: fits, else the running decodes) or ``"decode_first"`` (running sequences first, whole prompts
+    #: into the budget left). Ignored with chunked prefill on.
+    non_chunked_schedule: str = "prefill_first"
+    #: Decode steps the engine runs per scheduler call (vLLM's ``--num-scheduler-steps``); 1 = every
+    #: step is scheduled (:mod:`servelab.engine.multi_step`).
+    num_scheduler_steps: int = 1
 
 
 @dataclass(slots=True)

@@ -33,6 +33,7 @@ from servelab.core.step_work import DraftWork, StepWork
 from servelab.engine.batch import build_batch, step_work
 from servelab.engine.clock import Clock, WallClock
 from servelab.engine.fast_forward import fast_forward, may_precede_span
+from servelab.engine.multi_step import run_window, starts_window
 from servelab.engine.step_totals import StepTotals
 
 
@@ -229,13 +230,19 @@ class Engine:
 
     # ---- the step -----------------------------------------------------------------------
     def step(self) -> StepRecord | None:
-        """One iteration: schedule -> execute -> apply. Returns None if nothing could run."""
+        """One iteration: schedule -> execute -> apply. Returns None if nothing could run. With
+        ``num_scheduler_steps`` N > 1 a decode-only plan opens a window of up to N decode steps
+        run without the scheduler, its tokens delivered at its end
+        (:mod:`servelab.engine.multi_step`); the last step's record is returned."""
         start = self.now()
         if self.connector is not None:
             self.poll_connector()
         plan = self._call_plugin("scheduler", lambda: self.scheduler.schedule(start))
         if plan.is_empty:
             return None
+        if self.limits.num_scheduler_steps > 1 and self.drafter is None and starts_window(plan):
+            self._quiet_plan = None  # fast-forward is off with multi-step (_can_fast_forward)
+            return run_window(self, plan, start, self.limits.num_scheduler_steps)
         work = step_work(plan)  # before _apply: it reads the sequences as the plan saw them
         self._quiet_plan = plan if self.fast_forward_enabled and may_precede_span(plan, work) else None
         output = self._execute(plan, work)
@@ -264,7 +271,7 @@ class Engine:
         before ``until`` (engine seconds: the next arrival), exactly as :meth:`step` would run them
         (:mod:`servelab.engine.fast_forward`); returns how many (0 when fast-forward is off, a
         sequence still has prompt to compute or waits, or this engine cannot: not the simulator on a virtual
-        clock, a drafter, a KV connector, an allocator without quiet steps, per-step details read).
+        clock, ``num_scheduler_steps`` > 1, a drafter, a KV connector, an allocator without quiet steps, per-step details read).
         ``on_step_start`` is called before each of those steps (a cluster keeps its router's gauges).
         It may be called again without a step in between while nothing reached this engine: it goes
         on from where it stopped (a request added or aborted since makes it decline)."""
@@ -278,6 +285,7 @@ class Engine:
     def _can_fast_forward(self) -> bool:
         token = self.executor.placeholder_token
         return (token is not None and token not in self.eos_token_ids and getattr(self.clock, "kind", None) == "virtual"
+                and self.limits.num_scheduler_steps == 1
                 and self.drafter is None and self.connector is None and not self.keep_steps
                 and type(self.allocator).quiet_decode_tokens is not BlockAllocator.quiet_decode_tokens
                 and not any(getattr(f, "reads_step_details", True) for f in self.step_listeners))

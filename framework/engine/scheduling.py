@@ -19,6 +19,13 @@ back-pressure), starts the load, and once the connector reports it landed
 (:meth:`on_kv_loaded`) is seated before anyone new. Admission never touches the pool to find
 out whether a request fits: :meth:`BlockAllocator.can_allocate` answers without side effects.
 
+With chunked prefill off, ``EngineLimits.non_chunked_schedule`` picks the order of the phases:
+``prefill_first`` (default; vLLM v0 before chunked prefill, SGLang without a mixed chunk) admits
+waiting prompts first, whole, in a prompt-only step when any fits — no decode runs in that step,
+and nobody is preempted for a prompt unless :meth:`may_preempt_for` allows it — and otherwise runs
+the running sequences and swap-ins without admitting anyone; ``decode_first`` runs the running
+sequences first and admits whole prompts into the budget left, as with chunked prefill.
+
 A chunk is a *decode* when it is the one last token of a sequence whose prompt is computed
 (speculative decoding: plus the sequence's drafts, a *verify*, bounded by :meth:`draft_token_cap`);
 everything else (prompt chunks, recomputation after preemption) is *prefill* and counts against
@@ -219,7 +226,12 @@ class QueueScheduler(Scheduler):
         return queues
 
     def schedule(self, now: float) -> SchedulePlan:
-        """Three phases: running sequences keep going, swapped ones come back, waiting ones are admitted."""
+        """Three phases: running sequences keep going, swapped ones come back, waiting ones are
+        admitted. With chunked prefill off and ``non_chunked_schedule=prefill_first`` (vLLM v0's
+        ``_schedule_default``) admission comes first instead: when prompts wait and nothing is
+        swapped, waiting prompts are admitted whole into the full budget and, if any was, the step
+        is prompt-only (running decodes pause for it); otherwise the step runs the running
+        sequences, then swap-ins, and admits nobody."""
         self.now = now
         if self.kv_waiting:
             self._start_kv_loads()
@@ -230,12 +242,17 @@ class QueueScheduler(Scheduler):
         self._drafts_left = max(0, self.draft_token_cap(now))
         self.running = self.running_order(self.running, now)
         scheduled: list[Sequence] = []
+        prefill_first = not self.limits.chunked_prefill and self.limits.non_chunked_schedule == "prefill_first"
+        if prefill_first and self.waiting and not self.swapped:
+            self._admit(plan, scheduled, self.limits.max_num_batched_tokens, now)
+            if plan.scheduled:
+                return plan
         budget = self._schedule_running(plan, scheduled, self.limits.max_num_batched_tokens)
         if not plan.preempted:
             self._swap_in(plan)
         if self.kv_ready:
             budget = self._seat_loaded(plan, scheduled, budget, now)
-        if not self.swapped:
+        if not self.swapped and not prefill_first:
             self._admit(plan, scheduled, budget, now)
         return plan
 

@@ -47,6 +47,9 @@ def banner_lines(cfg: DictConfig, stack, output_dir: Path, logger_where: str) ->
                      + (f", evictor={cfg.evictor.name})" if prefix else ")") if prefix is not None else "")
                   + f" preemption={cfg.preemption.name} drafter={cfg.drafter.name}"
                   + f" chunked_prefill={str(cfg.chunked_prefill).lower()}"
+                  + ("" if cfg.chunked_prefill else
+                     f" ({getattr(cfg.get('non_chunked_schedule'), 'value', cfg.get('non_chunked_schedule'))})")
+                  + (f" num_scheduler_steps={cfg.num_scheduler_steps}" if cfg.get("num_scheduler_steps", 1) > 1 else "")
                   + f" {_clock_text(cfg, stack.clock_kind)} time_model="
                   + getattr(stack.time_model, "label", cfg.time_model.name))
     model = cfg.model.name + (f" ({cfg.model.path})" if cfg.model.path else "")

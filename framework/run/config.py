@@ -68,6 +68,15 @@ class KVCacheDType(enum.Enum):
     fp8_e4m3 = "fp8_e4m3"
 
 
+class NonChunkedSchedule(enum.Enum):
+    """``non_chunked_schedule`` (only with ``chunked_prefill=false``): ``prefill_first`` = waiting
+    prompts whole in prompt-only steps when any fits (vLLM v0, SGLang without a mixed chunk);
+    ``decode_first`` = running sequences first, whole prompts into the budget left."""
+
+    prefill_first = "prefill_first"
+    decode_first = "decode_first"
+
+
 class Clock(enum.Enum):
     auto = "auto"  # virtual for backend=sim, wall otherwise
     wall = "wall"
@@ -430,6 +439,8 @@ class ServelabConfig:
     num_kv_blocks: Optional[int] = None
     max_model_len: int = 2048
     chunked_prefill: bool = True
+    non_chunked_schedule: NonChunkedSchedule = NonChunkedSchedule.prefill_first
+    num_scheduler_steps: int = 1
     kv_cache_dtype: KVCacheDType = KVCacheDType.auto
     attention_backend: AttentionBackend = AttentionBackend.auto
     tensor_parallel_size: int = 1

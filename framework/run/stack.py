@@ -71,6 +71,12 @@ def validate(cfg: DictConfig) -> None:
     if not cfg.chunked_prefill and cfg.max_num_batched_tokens < cfg.max_model_len:
         raise ConfigError(f"chunked_prefill=false needs max_num_batched_tokens ({cfg.max_num_batched_tokens}) >= "
                           f"max_model_len ({cfg.max_model_len}) so any prompt fits one step")
+    steps = cfg.get("num_scheduler_steps", 1)
+    if steps < 1:
+        raise ConfigError(f"num_scheduler_steps={steps} must be >= 1 (1 = schedule every step)")
+    if steps > 1 and cfg.drafter.name != "none":
+        raise ConfigError(f"num_scheduler_steps={steps} with drafter={cfg.drafter.name}: multi-step windows run "
+                          "plain decodes only (vLLM refuses the pair too); use num_scheduler_steps=1")
     if cfg.num_kv_blocks is not None and cfg.num_kv_blocks < 1:
         raise ConfigError(f"num_kv_blocks={cfg.num_kv_blocks} must be >= 1 (or null to size from memory)")
     if cfg.tensor_parallel_size < 1:
@@ -274,6 +280,8 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
     limits = EngineLimits(
         block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
         max_model_len=max_model_len, chunked_prefill=cfg.chunked_prefill,
+        non_chunked_schedule=_value(cfg.get("non_chunked_schedule", "prefill_first")),
+        num_scheduler_steps=cfg.get("num_scheduler_steps", 1),
         ttft_slo_ms=cfg.slo.ttft_ms, tpot_slo_ms=cfg.slo.tpot_ms)
     cost_model = StepCostModel(bytes_per_block=executor.bytes_per_block)
     available: dict = {
