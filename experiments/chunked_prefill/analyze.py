@@ -17,7 +17,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from common import load_runs, machine_note, open_sweep, plt, save_figure, table, write_page  # noqa: E402
 
-ORDER = ["whole", "chunk512", "chunk256", "chunk128"]
+ORDER = ["whole", "whole_decode_first", "chunk512", "chunk256", "chunk128"]
+LABELS = {"whole": "off, prefill_first (default)", "whole_decode_first": "off, decode_first"}
 
 
 def pct(values, q):
@@ -29,7 +30,7 @@ def main() -> None:
     sweep, out = open_sweep(HERE, "chunked_prefill")
     runs = {r.overrides["experiment/prefill"]: r for r in load_runs(sweep)}
     modes = [m for m in ORDER if m in runs]
-    label = {m: ("off (whole prompts)" if m == "whole" else f"on, {m[5:]}-token budget") for m in modes}
+    label = {m: LABELS.get(m, f"on, {m[5:]}-token budget") for m in modes}
     ref_tokens = {r["id"]: r["output_token_ids"] for r in runs[modes[0]].requests}
     same = all({r["id"]: r["output_token_ids"] for r in runs[m].requests} == ref_tokens for m in modes)
 
@@ -60,7 +61,7 @@ def main() -> None:
     axes[1].bar(x + 0.2, [stats[m]["ttft_doc_p99"] for m in modes], 0.4, label="long-doc TTFT p99")
     axes[1].set(ylabel="ms", title="Time to first token")
     for ax in axes:
-        ax.set_xticks(x, [m if m != "whole" else "off" for m in modes])
+        ax.set_xticks(x, [{"whole": "off", "whole_decode_first": "off, d-first"}.get(m, m) for m in modes], fontsize=8)
         ax.legend(fontsize=8)
     save_figure(fig, out / "latency.png")
 
@@ -81,6 +82,25 @@ def main() -> None:
     else:
         doc_note = ("The long documents pay for it: their p99 TTFT rises from "
                     f"{off['ttft_doc_p99']:.0f} ms to {on['ttft_doc_p99']:.0f} ms at a 256-token budget.")
+    schedule_note = ""
+    if "whole_decode_first" in stats:
+        pf, df = stats["whole"], stats["whole_decode_first"]
+        schedule_note = f"""
+Off has two schedules (`non_chunked_schedule`, [docs/policies.md](../../docs/policies.md#chunked-prefill)):
+`prefill_first`, the default since issue 35 (vLLM v0's `_schedule_default` and SGLang without a mixed
+chunk: waiting prompts run whole in prompt-only steps, the running decodes pause for them), and
+`decode_first`, the only schedule before it (running decodes first, a whole prompt only into the
+budget they leave; this page's "off" row until then, reproduced here to the digit). Here the 2,048-token
+budget always has room for a prompt next to the decodes, so the two differ only in whether a prompt's
+step also carries the decodes: prefill_first lowers chat TTFT p50 ({df['ttft_chat_p50']:.1f} ->
+{pf['ttft_chat_p50']:.1f} ms) and doc TTFT p99 ({df['ttft_doc_p99']:.0f} -> {pf['ttft_doc_p99']:.0f} ms), and the
+decodes pay with a longer stall (chat ITL p99 {df['itl_p99']:.0f} -> {pf['itl_p99']:.0f} ms, worst gap
+{df['itl_max']:.0f} -> {pf['itl_max']:.0f} ms: a prompt-only step followed by the decode step it delayed).
+Where decodes fill the budget the gap is of another order: on the first 2,000 requests of the Azure
+conversation trace at Llama-2-70B TP 4 on simulated H100s (4,096-token budget, 256 seats) median TTFT is
+185.9 s with decode_first and 0.108 s with prefill_first (issue 35 item 2; the command is in
+docs/policies.md).
+"""
     text = f"""# Chunked prefill on / off
 
 {machine_note(sweep)}
@@ -92,7 +112,8 @@ def main() -> None:
 Workload (`workload.jsonl`): 32 chat requests (prompts 32-64 tokens, 96-128 output tokens, Poisson
 at 6 req/s) that are decoding when 8 long documents arrive (prompts 1,024-1,536 tokens, 8-16 output
 tokens, one every 0.6 s). Default tiny model (256 wide, 4 layers), fcfs, 1 torch thread. Off:
-`chunked_prefill=false max_num_batched_tokens=2048` (a prompt runs whole in one step); on:
+`chunked_prefill=false max_num_batched_tokens=2048` (a prompt runs whole in one step), with
+`non_chunked_schedule=prefill_first` (default) or `decode_first`; on:
 `chunked_prefill=true` with a step budget of 512 / 256 / 128 tokens (decodes first, then a chunk
 that fills the rest).
 
@@ -104,7 +125,7 @@ budget); worst gap {off['itl_max']:.0f} -> {on['itl_max']:.0f} ms. Long-document
         "chat TTFT p50 ms", "chat TTFT p99 ms", "doc TTFT p50 ms", "doc TTFT p99 ms", "output tok/s", "steps"], rows)}
 
 ![latency](latency.png) ![ITL tail](itl_cdf.png)
-
+{schedule_note}
 Reading: without chunking a long prompt occupies a whole step, and every running request waits
 for it: those steps are the ITL tail. Chunking bounds each step to the token budget, so the stall
 a decode sees shrinks with the budget, at the price of spreading a long prompt's prefill over
