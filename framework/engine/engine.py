@@ -303,10 +303,12 @@ class Engine:
         tables = [block_table(e.seq.id) for e in plan.scheduled]
         return self.executor.execute(build_batch(plan, tables, self.limits.block_size, self.seed))
 
-    def _apply(self, plan: SchedulePlan, sampled: list[int], now: float,
-               accepted: list[int] | None = None) -> list[Sequence]:
+    def _apply(self, plan: SchedulePlan, sampled: list[int], now: float, accepted: list[int] | None = None,
+               ended: list[tuple[Sequence, str]] | None = None) -> list[Sequence]:
         """Append each sampled sequence's new tokens and finish those that are done; returns the
-        sequences that got tokens and still run (the next step's decode candidates)."""
+        sequences that got tokens and still run (the next step's decode candidates). With
+        ``ended`` (a multi-step window, plain decodes only) a sequence that is done is put there
+        with its reason instead, to be finished when the window delivers."""
         tokens = iter(sampled)
         counts = iter(accepted) if accepted is not None else None
         on_tokens_computed = self.allocator.on_tokens_computed
@@ -329,7 +331,9 @@ class Engine:
             token = next(tokens)
             seq.append_token(token, now)
             reason = self._finish_reason(seq, token)
-            if reason:
+            if reason and ended is not None:
+                ended.append((seq, reason))
+            elif reason:
                 self._finish(seq, reason, now)
             elif drafting:
                 grew.append(seq)

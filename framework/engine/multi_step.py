@@ -56,7 +56,7 @@ def run_window(engine: Engine, plan: SchedulePlan, start: float, num_steps: int)
         output = engine._execute(plan, work)
         engine.clock.end_step(work)
         end = engine.now()
-        _apply(engine, plan, output.sampled, end, ended)
+        engine._apply(plan, output.sampled, end, ended=ended)  # finishes wait for the window's end
         record = engine._record(plan, work, start, end, output.model_s, output.comm_s)
         engine.last_step_s = end - start
         for listener in engine.step_listeners:
@@ -86,17 +86,3 @@ def _next_plan(engine: Engine, plan: SchedulePlan, ended: list[tuple[Sequence, s
         if not allocate(seq, 1):
             return None
     return SchedulePlan(scheduled=[ScheduledSeq(seq, 1, seq.num_computed_tokens) for seq in seqs])
-
-
-def _apply(engine: Engine, plan: SchedulePlan, sampled: list[int], now: float,
-           ended: list[tuple[Sequence, str]]) -> None:
-    """:meth:`Engine._apply` for plain decodes, with the finishes deferred to the window's end."""
-    on_tokens_computed = engine.allocator.on_tokens_computed
-    for entry, token in zip(plan.scheduled, sampled):
-        seq = entry.seq
-        seq.num_computed_tokens += 1
-        on_tokens_computed(seq)
-        seq.append_token(token, now)
-        reason = engine._finish_reason(seq, token)
-        if reason:
-            ended.append((seq, reason))
