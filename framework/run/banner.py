@@ -70,7 +70,7 @@ def cluster_line(cfg: DictConfig, cluster) -> tuple[str, str]:
     text = ", ".join(parts) + f"; router={cfg.router.name}"
     if cluster.links:
         kinds = sorted({link.kind for link in cluster.links.values()})
-        overlap = "overlapped with prefill" if cluster.overlap else "after prefill"
+        overlap = "overlapped with prefill" if cluster.kv.overlap else "after prefill"
         text += f"; KV moves over {'/'.join(kinds)} links, {overlap}"
     return "cluster", text
 
