@@ -77,6 +77,12 @@ class Clock(enum.Enum):
 class Arrival(enum.Enum):
     poisson = "poisson"
     all_at_once = "all_at_once"
+    closed_loop = "closed_loop"  # workload.concurrency clients, each sends when its last request ended
+
+
+class ThinkTimeDist(enum.Enum):
+    constant = "constant"
+    exponential = "exponential"  # seeded draws of mean workload.think_time_s
 
 
 class LengthDist(enum.Enum):
@@ -146,6 +152,9 @@ class SyntheticWorkload:
     num_requests: int = 256
     arrival: Arrival = Arrival.poisson
     rate: float = 8.0  # requests per second (poisson)
+    concurrency: Optional[int] = None  # closed_loop: the number of clients (servelab.workloads.arrivals)
+    think_time_s: float = 0.0  # closed_loop: a client's pause between its request ending and its next
+    think_time_dist: ThinkTimeDist = ThinkTimeDist.constant
     prompt_len: LengthConfig = field(default_factory=lambda: LengthConfig(LengthDist.uniform, 16, 256))
     output_len: LengthConfig = field(default_factory=lambda: LengthConfig(LengthDist.uniform, 8, 128))
     seed: int = "${seed}"  # type: ignore[assignment]
@@ -175,6 +184,9 @@ class TextRequestsConfig:
     ignore_eos: bool = False
     arrival: Arrival = Arrival.poisson
     rate: float = 1.0  # requests per second (poisson)
+    concurrency: Optional[int] = None  # closed_loop: the number of clients (servelab.workloads.arrivals)
+    think_time_s: float = 0.0  # closed_loop: a client's pause between its request ending and its next
+    think_time_dist: ThinkTimeDist = ThinkTimeDist.constant
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
