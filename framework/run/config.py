@@ -403,6 +403,20 @@ class EvalPPLConfig:
 
 
 @dataclass
+class BenchConfig:
+    """``servelab bench`` (docs/bench.md): one run per load point, Poisson ``rates`` (req/s) or
+    closed-loop ``concurrencies`` (clients), exactly one of them; the knee is the highest load
+    before the first point where the ``percentile``-th TTFT / TPOT exceeds ``slo.ttft_ms`` /
+    ``slo.tpot_ms`` (or a request did not finish). ``output_dir``: an alias of ``hydra.run.dir``
+    (which wins); null = ``outputs/bench/<date>/<time>``."""
+
+    rates: Optional[list[float]] = None
+    concurrencies: Optional[list[int]] = None
+    percentile: float = 90.0
+    output_dir: Optional[str] = None
+
+
+@dataclass
 class ServeConfig:
     """``servelab serve``: the OpenAI-compatible server (flags ``--host``/``--port``/``--api-key``
     set the first three). ``api_key`` null = no authentication. Bounds: request bodies over
@@ -453,6 +467,7 @@ class ServelabConfig:
     sim: SimConfig = field(default_factory=SimConfig)
     eval_ppl: EvalPPLConfig = field(default_factory=EvalPPLConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    bench: BenchConfig = field(default_factory=BenchConfig)
     progress: bool = True
     strict_requests: bool = False  # a request the engine would reject is a start-up error (not a rejection)
 
