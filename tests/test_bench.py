@@ -94,3 +94,12 @@ def test_bad_bench_settings_are_one_line_before_any_point(tmp_path, args, messag
         bench.main([*SIM[:3], "logger=none", *args, f"hydra.run.dir={out}"])
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
     assert not out.exists()
+
+
+def test_usage_lists_bench_and_its_keys():
+    from servelab.cli.main import SUBCOMMANDS
+    from servelab.cli.usage import usage_text
+
+    text = usage_text()
+    assert "bench" in SUBCOMMANDS and "serve|bench|compare" in text
+    assert "rates: list[float] | None = null" in text and "concurrencies: list[int] | None = null" in text

@@ -136,3 +136,13 @@ def test_bad_closed_loop_settings_are_one_line(tmp_path, overrides, message):
         run_job(cfg, tmp_path)
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_llm_generate_sends_closed_loop_requests_as_clients_free_up():
+    from servelab.api import LLM
+
+    llm = LLM([*SIM, "workload.arrival=closed_loop", "workload.concurrency=2"], logger="none", progress=False)
+    requests = [Request(f"r{i}", tuple(range(1, 40)), 20, arrival_time=5.0) for i in range(5)]  # times ignored
+    records = llm.generate(requests).requests
+    assert sorted(r["arrival_s"] for r in records)[:2] == [0.0, 0.0]
+    assert _max_in_flight(records) == 2
