@@ -69,11 +69,11 @@ def test_exponential_think_times_are_seeded_draws():
     assert len(gaps) == 3 and (gaps > 0).all() and len(set(gaps)) == 3
 
 
-def test_fast_forward_on_and_off_give_identical_closed_loop_results(tmp_path):
-    on, records_on = _sim_closed_loop(tmp_path, "on", "workload.concurrency=4", "workload.think_time_s=0.05",
-                                      "sim.fast_forward=true")
-    off, records_off = _sim_closed_loop(tmp_path, "off", "workload.concurrency=4", "workload.think_time_s=0.05",
-                                        "sim.fast_forward=false")
+@pytest.mark.parametrize("think", [("workload.think_time_s=0",), ("workload.think_time_s=0.05",),
+                                   ("workload.think_time_s=0.05", "workload.think_time_dist=exponential")])
+def test_fast_forward_on_and_off_give_identical_closed_loop_results(tmp_path, think):
+    on, records_on = _sim_closed_loop(tmp_path, "on", "workload.concurrency=4", *think, "sim.fast_forward=true")
+    off, records_off = _sim_closed_loop(tmp_path, "off", "workload.concurrency=4", *think, "sim.fast_forward=false")
     assert records_on == records_off
     assert on == off
 
