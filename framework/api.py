@@ -33,6 +33,7 @@ from servelab.core.request import Request, SamplingParams
 from servelab.engine.engine import Engine
 from servelab.run.cluster_build import is_cluster, validate_cluster
 from servelab.run.runner import run_workload
+from servelab.workloads.arrivals import arrival_source
 from servelab.run.session import RunResult, collect_results, run_job
 from servelab.run.stack import Stack, build_stack, validate
 from servelab.workloads.text import attach_text, checkpoint_text
@@ -186,8 +187,10 @@ class LLM:
         return result
 
     def generate(self, requests: Seq[Request]) -> RunResult:
-        """Run ``requests`` to completion, honouring their arrival times."""
-        run_workload(self.engine, requests, self.cfg.workload.time_scale)
+        """Run ``requests`` to completion, honouring their arrival times (or, with
+        ``workload.arrival=closed_loop``, sent by ``workload.concurrency`` clients in their order)."""
+        run_workload(self.engine, requests, self.cfg.workload.time_scale,
+                     arrivals=arrival_source(self.cfg.workload, requests))
         return self.results()
 
     def run(self, output_dir: str | Path | None = None, requests: Seq[Request] | None = None) -> RunResult:

@@ -106,6 +106,7 @@ SUBCOMMANDS: dict[str, str] = {
     "profile": "cli.profile:profile_main",  # fit a step-time profile of the real engine on this machine
     "profile-ops": "cli.profile_ops:main",  # operator tables (docs/op-tables.md) measured on this machine
     "eval-ppl": "cli.eval_ppl:main",  # held-out perplexity of the configured checkpoint (ppl.json)
+    "bench": "cli.bench:main",  # a load sweep (rates or concurrencies) of any stack: curve.csv/png, the SLO knee
     "compare": "cli.compare:main",  # runs side by side: a table of metrics and the keys that differ, a plot
     "check-plugin": "kit.conformance:main",  # a plugin through the conformance kit: exit 0 only when it passes
     "new-plugin": "kit.new_plugin:main",  # a plugin package skeleton: entry point, typed Config, a passing test

@@ -93,7 +93,7 @@ def usage_text() -> str:
         "usage: servelab [key=value ...]            run one job (python run.py is the same)",
         "       servelab -m key=a,b [key=c,d ...]   a Hydra multirun (every combination)",
         "       servelab --cfg job [key=value ...]  print the composed config",
-        "       servelab serve|compare|profile|profile-ops|eval-ppl|check-plugin|new-plugin|grade ...  subcommands (servelab compare --help)",
+        "       servelab serve|bench|compare|profile|profile-ops|eval-ppl|check-plugin|new-plugin|grade ...  subcommands (servelab compare --help)",
         "       servelab --hydra-help               Hydra's own flags",
         "",
         "Select an option with group=option; set its fields with group.field=value. Fields are typed:",

@@ -266,19 +266,22 @@ class Engine:
             listener(record)
         return record
 
-    def fast_forward(self, until: float = float("inf"), on_step_start: Callable[[], None] | None = None) -> int:
+    def fast_forward(self, until: float = float("inf"), on_step_start: Callable[[], None] | None = None,
+                     stop_after_end: bool = False) -> int:
         """Run, at once, the quiet decode steps that may follow the step just taken and start
         before ``until`` (engine seconds: the next arrival), exactly as :meth:`step` would run them
         (:mod:`servelab.engine.fast_forward`); returns how many (0 when fast-forward is off, a
         sequence still has prompt to compute or waits, or this engine cannot: not the simulator on a virtual
         clock, ``num_scheduler_steps`` > 1, a drafter, a KV connector, an allocator without quiet steps, per-step details read).
         ``on_step_start`` is called before each of those steps (a cluster keeps its router's gauges).
+        ``stop_after_end``: stop after a step in which a request ended (a closed-loop client's next
+        arrival becomes known only then).
         It may be called again without a step in between while nothing reached this engine: it goes
         on from where it stopped (a request added or aborted since makes it decline)."""
         plan = self._quiet_plan  # kept: a span cut short by an arrival elsewhere may go on (a cluster)
         if plan is None or not self._can_fast_forward():
             return 0
-        steps = fast_forward(self, plan, until, on_step_start)
+        steps = fast_forward(self, plan, until, on_step_start, stop_after_end)
         self.num_fast_forwarded += steps
         return steps
 

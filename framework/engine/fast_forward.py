@@ -23,7 +23,8 @@ tokens in bulk when it next has an event or the span ends (the allocator is told
 A span stops before a step that would start at or after ``until`` (the next arrival: the driver
 adds it before that step), when the scheduler's declared steps or time run out, before a step
 whose allocations could outnumber the free blocks (the step-by-step path then preempts), or
-when no sequence is left.
+when no sequence is left; with ``stop_after_end`` (closed-loop arrivals, which become known only
+when a request ends), also after a step in which a sequence finished.
 """
 
 from __future__ import annotations
@@ -66,9 +67,10 @@ def next_decision(engine: Engine, now: float) -> NextDecision:
 
 
 def fast_forward(engine: Engine, plan: SchedulePlan, until: float,
-                 on_step_start: Callable[[], None] | None = None) -> int:
+                 on_step_start: Callable[[], None] | None = None, stop_after_end: bool = False) -> int:
     """Run the quiet steps that may follow ``plan`` (the step just taken, decodes only) and come
-    before ``until``; returns how many were run (0: none could be)."""
+    before ``until`` (with ``stop_after_end``: up to the first step in which a sequence finished);
+    returns how many were run (0: none could be)."""
     seqs = [e.seq for e in plan.scheduled if e.seq.status is Status.RUNNING]
     if not seqs or len(seqs) != engine.scheduler.num_unfinished():
         return 0  # someone waits (or is swapped, or loading): the scheduler decides every step
@@ -82,7 +84,7 @@ def fast_forward(engine: Engine, plan: SchedulePlan, until: float,
     limit = min(until, at_s)
     if steps == 0 or now >= limit:
         return 0
-    return _Span(engine, seqs).run(steps, limit, on_step_start)
+    return _Span(engine, seqs).run(steps, limit, on_step_start, stop_after_end)
 
 
 class _Span:
@@ -122,7 +124,8 @@ class _Span:
             self.engine.allocator.settle_quiet_decodes(seq, n)
             self.synced[i] = step
 
-    def run(self, max_steps: int, limit: float, on_step_start: Callable[[], None] | None) -> int:
+    def run(self, max_steps: int, limit: float, on_step_start: Callable[[], None] | None,
+            stop_after_end: bool = False) -> int:
         engine, seqs, events, ends, synced = self.engine, self.seqs, self.events, self.ends, self.synced
         allocator, clock, token, totals = engine.allocator, engine.clock, self.token, engine.totals
         count_quiet, step_listeners, observe = allocator.count_quiet_decodes, engine.step_listeners, engine.cost_model.observe
@@ -181,6 +184,8 @@ class _Span:
                 totals.add_decode_step(end, end - start, n, allocator.num_used_blocks() / num_blocks,
                                        allocator.usage_stats())
             step += 1
+            if stop_after_end and left_tokens:
+                break
         for i, seq in enumerate(seqs):
             if seq.status is Status.RUNNING:
                 self._sync(i, step)

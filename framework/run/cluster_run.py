@@ -82,6 +82,7 @@ def collect_cluster_results(cfg: DictConfig, cluster: Cluster, stacks: list[Stac
     bytes_per_block = engines[0].executor.bytes_per_block
     summary = summarize(requests, totals, duration, leaked, {
         "status": status,
+        "concurrency": None,  # closed-loop arrivals run on one engine (cluster_build refuses them here)
         "prefix_cache_hit_rate": (requests.cached_prompt_tokens / requests.prompt_tokens
                                   if requests.prompt_tokens else 0.0),
         "prefill_tokens_computed": totals.prefill_tokens,

@@ -86,6 +86,12 @@ class Clock(enum.Enum):
 class Arrival(enum.Enum):
     poisson = "poisson"
     all_at_once = "all_at_once"
+    closed_loop = "closed_loop"  # workload.concurrency clients, each sends when its last request ended
+
+
+class ThinkTimeDist(enum.Enum):
+    constant = "constant"
+    exponential = "exponential"  # seeded draws of mean workload.think_time_s
 
 
 class LengthDist(enum.Enum):
@@ -155,6 +161,9 @@ class SyntheticWorkload:
     num_requests: int = 256
     arrival: Arrival = Arrival.poisson
     rate: float = 8.0  # requests per second (poisson)
+    concurrency: Optional[int] = None  # closed_loop: the number of clients (servelab.workloads.arrivals)
+    think_time_s: float = 0.0  # closed_loop: a client's pause between its request ending and its next
+    think_time_dist: ThinkTimeDist = ThinkTimeDist.constant
     prompt_len: LengthConfig = field(default_factory=lambda: LengthConfig(LengthDist.uniform, 16, 256))
     output_len: LengthConfig = field(default_factory=lambda: LengthConfig(LengthDist.uniform, 8, 128))
     seed: int = "${seed}"  # type: ignore[assignment]
@@ -184,6 +193,9 @@ class TextRequestsConfig:
     ignore_eos: bool = False
     arrival: Arrival = Arrival.poisson
     rate: float = 1.0  # requests per second (poisson)
+    concurrency: Optional[int] = None  # closed_loop: the number of clients (servelab.workloads.arrivals)
+    think_time_s: float = 0.0  # closed_loop: a client's pause between its request ending and its next
+    think_time_dist: ThinkTimeDist = ThinkTimeDist.constant
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -400,6 +412,20 @@ class EvalPPLConfig:
 
 
 @dataclass
+class BenchConfig:
+    """``servelab bench`` (docs/bench.md): one run per load point, Poisson ``rates`` (req/s) or
+    closed-loop ``concurrencies`` (clients), exactly one of them; the knee is the highest load
+    before the first point where the ``percentile``-th TTFT / TPOT exceeds ``slo.ttft_ms`` /
+    ``slo.tpot_ms`` (or a request did not finish). ``output_dir``: an alias of ``hydra.run.dir``
+    (which wins); null = ``outputs/bench/<date>/<time>``."""
+
+    rates: Optional[list[float]] = None
+    concurrencies: Optional[list[int]] = None
+    percentile: float = 90.0
+    output_dir: Optional[str] = None
+
+
+@dataclass
 class ServeConfig:
     """``servelab serve``: the OpenAI-compatible server (flags ``--host``/``--port``/``--api-key``
     set the first three). ``api_key`` null = no authentication. Bounds: request bodies over
@@ -452,6 +478,7 @@ class ServelabConfig:
     sim: SimConfig = field(default_factory=SimConfig)
     eval_ppl: EvalPPLConfig = field(default_factory=EvalPPLConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    bench: BenchConfig = field(default_factory=BenchConfig)
     progress: bool = True
     strict_requests: bool = False  # a request the engine would reject is a start-up error (not a rejection)
 

@@ -28,6 +28,7 @@ from servelab.run.results import (RequestWriter, RunResult, drop_placeholder_tok
                                   run_and_write)
 from servelab.run.stack import Stack, build_stack, model_shape, validate
 from servelab.workloads.text import checkpoint_text, text_decorator
+from servelab.workloads.arrivals import arrival_source, workload_concurrency
 from servelab.workloads.build import build_requests
 
 log = logging.getLogger(__name__)
@@ -141,7 +142,8 @@ def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | N
 
     def collect(status: str) -> RunResult:  # after the run: the executor's and time model's figures are final
         return collect_results(engine, cfg.workload.time_scale, status,
-                               {"tensor_parallel_size": cfg.tensor_parallel_size, **stack.describe_time(),
+                               {"concurrency": workload_concurrency(cfg.workload),
+                                "tensor_parallel_size": cfg.tensor_parallel_size, **stack.describe_time(),
                                 **({"block_size_auto": stack.block_size_auto} if stack.block_size_auto else {}),
                                 **stack.executor.summary(),
                                 "per_replica": [single_replica_figures(stack, cfg, writer.stats)]},
@@ -149,7 +151,8 @@ def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | N
 
     return run_and_write(
         cfg, output_dir, writer, logger, len(requests),
-        lambda on_progress: run_workload(engine, requests, cfg.workload.time_scale, on_progress=on_progress),
+        lambda on_progress: run_workload(engine, requests, cfg.workload.time_scale, on_progress=on_progress,
+                                         arrivals=arrival_source(cfg.workload, requests)),
         collect)
 
 

@@ -29,6 +29,7 @@ from servelab.run.block_size import resolve_block_size
 from servelab.run.config import check_known_keys
 from servelab.run.preflight import check_device
 from servelab.run.swap_pool import swap_pool_config
+from servelab.workloads.arrivals import check_closed_loop
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ def validate(cfg: DictConfig) -> None:
     check_known_keys(cfg)  # a Python API config too: the CLI's composer already said it in one line
     check_device(cfg)
     check_packaged_model(cfg)
+    check_closed_loop(cfg.workload)
     bs = check_block_size(cfg.block_size)
     if cfg.max_num_seqs < 1:
         raise ConfigError(f"max_num_seqs={cfg.max_num_seqs} must be >= 1")

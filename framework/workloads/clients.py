@@ -72,9 +72,10 @@ def parse_clients(cfg, no_rates: str | None = None, lengths: bool = False) -> li
 
 def rates_unless_all_at_once(cfg) -> str | None:
     """``parse_clients``' ``no_rates`` for a workload with ``workload.arrival``."""
-    if getattr(cfg.arrival, "value", cfg.arrival) == "poisson":
+    arrival = getattr(cfg.arrival, "value", cfg.arrival)
+    if arrival == "poisson":
         return None
-    return "workload.arrival=all_at_once has no rate to split into per-client streams"
+    return f"workload.arrival={arrival} has no rate to split into per-client streams"
 
 
 def _positive(value, key: str) -> float | None:
