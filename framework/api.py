@@ -33,9 +33,8 @@ from servelab.core.request import Request, SamplingParams
 from servelab.engine.engine import Engine
 from servelab.run.cluster_build import is_cluster, validate_cluster
 from servelab.run.runner import run_workload
-from servelab.workloads.arrivals import arrival_source
 from servelab.run.session import RunResult, collect_results, run_job
-from servelab.run.stack import Stack, build_stack, validate
+from servelab.run.stack import Stack, build_stack, run_arrivals, validate
 from servelab.workloads.text import attach_text, checkpoint_text
 
 
@@ -190,7 +189,7 @@ class LLM:
         """Run ``requests`` to completion, honouring their arrival times (or, with
         ``workload.arrival=closed_loop``, sent by ``workload.concurrency`` clients in their order)."""
         run_workload(self.engine, requests, self.cfg.workload.time_scale,
-                     arrivals=arrival_source(self.cfg.workload, requests))
+                     arrivals=run_arrivals(self.cfg, requests))
         return self.results()
 
     def run(self, output_dir: str | Path | None = None, requests: Seq[Request] | None = None) -> RunResult:

@@ -232,6 +232,10 @@ def main() -> None:
                       "(kernel time from the profiler: no host launch cost).",
                       "Rows with workers spread over nodes are left out: tensor parallelism stays in one node.",
                       DTYPE_NOTE]}
+        old = folder / "manifest.json"
+        if old.is_file():  # tables from other sources (custom_all_reduce: docs/op-tables.md) stay
+            kept = {k: v for k, v in json.loads(old.read_text())["tables"].items() if k != "all_reduce"}
+            manifest["tables"].update(kept)
         (folder / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
         print(f"{hw}/network: all_reduce tp {sorted(tps)}, {len(tps[min(tps)][0])} sizes")
 

@@ -120,6 +120,10 @@ class TimeModelContext:
     linear_weight_bytes: float | None = None  # model.quantization=int8: 1 per decoder-linear weight (None = dtype)
     kv_scale_bytes: float = 0.0  # kv_cache_dtype=int8|fp8_e4m3: one float32 scale per (token, KV head)
     draft_shape: "ModelShape | None" = None  # drafter=draft_model: the draft model's shape (it runs on rank 0)
+    # The engine's timing features (``sim.*``, docs/simulator.md "Engine timing features"); the
+    # defaults price every step eagerly with the NCCL all-reduce tables, as before they existed.
+    cuda_graph_sizes: tuple[int, ...] = ()  # sim.cuda_graphs: decode batch sizes run as captured CUDA graphs
+    all_reduce: str = "nccl"  # sim.all_reduce: nccl | custom | auto
 
     @property
     def kv_bytes_per_token(self) -> float:

@@ -48,6 +48,9 @@ class Request:
     tpot_slo_ms: float | None = None
     cache_salt: str | None = None
     client_id: str | None = None  # who sent it; None: the anonymous client
+    # when the client sent it, where a front end (``frontend``) delayed its arrival at the engine
+    # (``arrival_time``); its TTFT and E2E count from here. None: sent at ``arrival_time``.
+    sent_time: float | None = None
 
     @functools.cached_property  # read per running sequence per step by schedulers
     def prompt_len(self) -> int:

@@ -56,12 +56,17 @@ class ModelledClock:
 
     kind = "virtual"
 
-    def __init__(self, time_model: TimeModel) -> None:
+    def __init__(self, time_model: TimeModel, per_sampled_s: float = 0.0) -> None:
+        """``per_sampled_s``: seconds each sampled token adds to its step (a front end in the
+        engine's process, ``frontend.in_engine_process``: :mod:`servelab.engine.frontend`)."""
         if time_model.measured:
             raise ValueError(f"clock=virtual needs a time model that predicts; time_model={time_model.name!r} "
                              "only measures (use time_model=roofline or time_model=profile)")
         self.time_model = time_model
         self.t = 0.0
+        self.per_sampled_s = per_sampled_s
+        if per_sampled_s:
+            self.end_step = self._end_step_with_token_work  # type: ignore[method-assign]  # the default path unchanged
 
     def now(self) -> float:
         return self.t
@@ -72,6 +77,9 @@ class ModelledClock:
 
     def end_step(self, work: StepWork) -> None:
         self.t += self.time_model.predict(work)
+
+    def _end_step_with_token_work(self, work: StepWork) -> None:
+        self.t += self.time_model.predict(work) + self.per_sampled_s * work.num_sampled
 
     def end_draft(self, draft: DraftWork) -> None:
         self.t += self.time_model.predict_draft(draft)

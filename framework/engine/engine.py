@@ -33,6 +33,7 @@ from servelab.core.step_work import DraftWork, StepWork
 from servelab.engine.batch import build_batch, step_work
 from servelab.engine.clock import Clock, WallClock
 from servelab.engine.fast_forward import fast_forward, may_precede_span
+from servelab.engine.frontend import FrontEnd
 from servelab.engine.multi_step import run_window, starts_window
 from servelab.engine.step_totals import StepTotals
 
@@ -116,6 +117,7 @@ class Engine:
         # sim.fast_forward: after a decodes-only step, the drivers may run the quiet steps that
         # follow in one go (servelab.engine.fast_forward); off: every step is scheduled.
         self.fast_forward_enabled = False
+        self.frontend: FrontEnd | None = None  # frontend=...: token timestamps as the client gets them
         self._quiet_plan: SchedulePlan | None = None
         self.num_fast_forwarded = 0  # steps run by fast_forward (of totals.num_steps)
         self.last_step_s = 0.0  # the duration of the last step on this engine's clock
@@ -248,7 +250,8 @@ class Engine:
         output = self._execute(plan, work)
         self.clock.end_step(work)  # a virtual clock advances by the time model's prediction
         finished_at = self.now()
-        grew = self._apply(plan, output.sampled, finished_at, output.accepted)
+        stamp = finished_at if self.frontend is None else self.frontend.deliver(finished_at, len(output.sampled))
+        grew = self._apply(plan, output.sampled, finished_at, output.accepted, stamp=stamp)
         if self.connector is not None:
             self.connector.save_kv()  # sends of the sequences that just ended and were kept
         end = finished_at
@@ -307,11 +310,13 @@ class Engine:
         return self.executor.execute(build_batch(plan, tables, self.limits.block_size, self.seed))
 
     def _apply(self, plan: SchedulePlan, sampled: list[int], now: float, accepted: list[int] | None = None,
-               ended: list[tuple[Sequence, str]] | None = None) -> list[Sequence]:
+               ended: list[tuple[Sequence, str]] | None = None, stamp: float | None = None) -> list[Sequence]:
         """Append each sampled sequence's new tokens and finish those that are done; returns the
         sequences that got tokens and still run (the next step's decode candidates). With
         ``ended`` (a multi-step window, plain decodes only) a sequence that is done is put there
-        with its reason instead, to be finished when the window delivers."""
+        with its reason instead, to be finished when the window delivers. Tokens are stamped
+        ``stamp`` (when the client gets them: :mod:`servelab.engine.frontend`), default ``now``."""
+        stamp = now if stamp is None else stamp
         tokens = iter(sampled)
         counts = iter(accepted) if accepted is not None else None
         on_tokens_computed = self.allocator.on_tokens_computed
@@ -321,7 +326,7 @@ class Engine:
             seq = entry.seq
             if entry.draft_token_ids:
                 assert counts is not None  # a step that verified drafts reports what it accepted
-                self._apply_verified(entry, next(counts), tokens, now)
+                self._apply_verified(entry, next(counts), tokens, now, stamp)
                 if seq.status is Status.RUNNING:
                     grew.append(seq)
                 continue
@@ -332,7 +337,7 @@ class Engine:
             if counts is not None:
                 next(counts)  # a plain decode in a verifying step: 0 drafts accepted
             token = next(tokens)
-            seq.append_token(token, now)
+            seq.append_token(token, stamp)
             reason = self._finish_reason(seq, token)
             if reason and ended is not None:
                 ended.append((seq, reason))
@@ -342,7 +347,8 @@ class Engine:
                 grew.append(seq)
         return grew
 
-    def _apply_verified(self, entry: ScheduledSeq, num_accepted: int, tokens: Iterator[int], now: float) -> None:
+    def _apply_verified(self, entry: ScheduledSeq, num_accepted: int, tokens: Iterator[int], now: float,
+                        stamp: float) -> None:
         """A verify entry: keep the accepted drafts and the target's token; roll the rest back
         (the KV of rejected drafts is never read: the slots are released, or overwritten later)."""
         seq, drafts = entry.seq, entry.draft_token_ids
@@ -362,7 +368,7 @@ class Engine:
         seq.num_computed_tokens = entry.start + 1 + num_accepted  # the last token + accepted drafts
         self.allocator.release_slots(seq, seq.num_computed_tokens)
         for token in new:
-            seq.append_token(token, now)
+            seq.append_token(token, stamp)
             reason = self._finish_reason(seq, token)
             if reason:
                 self._finish(seq, reason, now)

@@ -97,7 +97,7 @@ class _Span:
         assert token is not None  # Engine._can_fast_forward checked
         self.token: int = token
         self.synced = [0] * len(seqs)  # span steps whose tokens seqs[i] has been given
-        self.ends: list[float] = []  # each span step's end time (its tokens' timestamps)
+        self.ends: list[float] = []  # each span step's tokens' timestamps (its end, or when a front end delivers them)
         quiet, max_len = engine.allocator.quiet_decode_tokens, engine.limits.max_model_len
         events = []  # (span step, plan index): each sequence's next event, as _next_event says
         for i, seq in enumerate(seqs):  # once per span per sequence: _next_event inlined
@@ -128,6 +128,7 @@ class _Span:
             stop_after_end: bool = False) -> int:
         engine, seqs, events, ends, synced = self.engine, self.seqs, self.events, self.ends, self.synced
         allocator, clock, token, totals = engine.allocator, engine.clock, self.token, engine.totals
+        frontend = engine.frontend
         count_quiet, step_listeners, observe = allocator.count_quiet_decodes, engine.step_listeners, engine.cost_model.observe
         num_blocks = max(1, allocator.num_blocks)
         no_plan = SchedulePlan()  # a quiet step preempts and moves nothing
@@ -159,13 +160,14 @@ class _Span:
             work = StepWork(n, n, 0, n, n, context, context)
             clock.end_step(work)
             end = engine.now()
-            ends.append(end)
+            stamp = end if frontend is None else frontend.deliver(end, n)  # when the client gets the tokens
+            ends.append(stamp)
             left_tokens = 0
             for i in due:  # their tokens and finishes, in plan order, as Engine._apply does
                 seq = seqs[i]
                 seq.num_computed_tokens += 1
                 allocator.on_tokens_computed(seq)
-                seq.append_token(token, end)
+                seq.append_token(token, stamp)
                 synced[i] = step + 1
                 reason = engine._finish_reason(seq, token)
                 if reason:

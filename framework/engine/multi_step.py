@@ -11,7 +11,8 @@ the scheduler — a *window* of at most N steps.
 - Delivery: the tokens of a window reach the client at the window's end (vLLM 0.6.0 streams
   multi-step output in chunks of N): every token a window computed is time-stamped with the
   window's end, and a sequence that finished inside it ends then (its TTFT, ITL and E2E count
-  from there). Its blocks are freed at that moment too.
+  from there). Its blocks are freed at that moment too. With a front end (``frontend=...``) the
+  window's tokens go through it as one output batch (:meth:`FrontEnd.deliver`).
 - Prefill steps stay single steps: a plan with any prompt chunk, recomputation or draft verify is
   no window. Every step is priced and recorded as a step of its own (``steps.jsonl``, totals).
 
@@ -63,10 +64,12 @@ def run_window(engine: Engine, plan: SchedulePlan, start: float, num_steps: int)
             listener(record)
     assert record is not None  # the first step always runs
     delivered = engine.now()
+    new_tokens = sum(len(seq.token_times) - before for seq, before in window.values())
+    stamp = delivered if engine.frontend is None else engine.frontend.deliver(delivered, new_tokens)
     for seq, before in window.values():
         times = seq.token_times
         for i in range(before, len(times)):
-            times[i] = delivered
+            times[i] = stamp
     for seq, reason in ended:
         engine._finish(seq, reason, delivered)
     if engine.connector is not None:

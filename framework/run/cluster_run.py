@@ -21,7 +21,7 @@ from servelab.run.metrics import summarize
 from servelab.run.preflight import check_requests
 from servelab.run.results import (RequestWriter, RunResult, drop_placeholder_tokens, kv_pool_metrics,
                                   run_and_write)
-from servelab.run.stack import Stack, model_shape
+from servelab.run.stack import Stack, engine_arrivals, model_shape
 from servelab.workloads.text import checkpoint_text, text_decorator
 
 
@@ -62,7 +62,8 @@ def _run(cfg: DictConfig, output_dir: Path, requests, cluster: Cluster, stacks: 
         r.engine.forget_ended = True
     return run_and_write(
         cfg, output_dir, writer, logger, len(requests),
-        lambda on_progress: cluster.run(requests, cfg.workload.time_scale, on_progress=on_progress),
+        lambda on_progress: cluster.run(engine_arrivals(cfg, requests), cfg.workload.time_scale,
+                                        on_progress=on_progress),
         lambda status: collect_cluster_results(cfg, cluster, stacks, status, writer, weights))
 
 

@@ -83,6 +83,20 @@ class Clock(enum.Enum):
     virtual = "virtual"
 
 
+class AllReduceImpl(enum.Enum):
+    """``sim.all_reduce``: how the simulator prices a tensor-parallel all-reduce (docs/simulator.md)."""
+
+    nccl = "nccl"  # the hardware's NCCL table (or the calibrated roofline's formula)
+    custom = "custom"  # vLLM's / SGLang's custom one-shot / two-shot all-reduce, every message
+    auto = "auto"  # custom where vLLM 0.6 uses it (TP 2/4/6/8 on NVLink, message < 8 MiB), NCCL otherwise
+
+
+# vLLM's CUDA-graph capture sizes for decode: ``_BATCH_SIZES_TO_CAPTURE = [1, 2, 4] +
+# [_BATCH_SIZE_ALIGNMENT * i for i in range(1, 33)]`` with ``_BATCH_SIZE_ALIGNMENT = 8`` in
+# vllm/worker/model_runner.py (v0.5/v0.6 era; v0.6.x: the default max_seq_len_to_capture path)
+VLLM_CUDA_GRAPH_SIZES = [1, 2, 4] + list(range(8, 257, 8))
+
+
 class Arrival(enum.Enum):
     poisson = "poisson"
     all_at_once = "all_at_once"
@@ -391,6 +405,28 @@ class SimConfig:
     # run the quiet decode steps between two decisions at once (servelab.engine.fast_forward);
     # false: every step is scheduled (the results are identical: docs/simulator.md)
     fast_forward: bool = True
+    # price a decode-only step of B sequences as the next captured size >= B (eager above the
+    # largest): vLLM's CUDA graphs pad the batch; prompt and mixed steps run eagerly
+    cuda_graphs: bool = False
+    cuda_graph_sizes: List[int] = field(default_factory=lambda: list(VLLM_CUDA_GRAPH_SIZES))
+    all_reduce: AllReduceImpl = AllReduceImpl.nccl
+
+
+@dataclass
+class FrontendConfig:
+    """``frontend``: the API server in front of the engine (HTTP, tokenisation, detokenisation),
+    priced on the virtual clock (docs/simulator.md "Engine timing features"). A request reaches the
+    engine ``per_request_s + per_prompt_token_s x prompt_len`` after the client sent it; each step's
+    tokens reach the client after one serial front end has spent ``per_output_token_s`` on each;
+    ``in_engine_process``: that token work is the engine's (vLLM <= 0.5), added to the step's time.
+    All zero (``frontend=none``): requests and tokens pass at once, as before."""
+
+    name: str = "none"
+    per_request_s: float = 0.0
+    per_prompt_token_s: float = 0.0
+    per_output_token_s: float = 0.0
+    in_engine_process: bool = False
+    source: Optional[str] = None  # where a preset's figures come from (a command, a URL and its quote)
 
 
 @dataclass
@@ -476,6 +512,7 @@ class ServelabConfig:
     fairness: FairnessConfig = field(default_factory=FairnessConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     sim: SimConfig = field(default_factory=SimConfig)
+    frontend: FrontendConfig = MISSING
     eval_ppl: EvalPPLConfig = field(default_factory=EvalPPLConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)

@@ -38,7 +38,7 @@ def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
     """One line of ``requests.jsonl``. Raises :class:`NegativeLatencyError`, naming the request,
     if its first token, last token or first scheduling came before its arrival."""
     req = seq.request
-    arrival = req.arrival_time * time_scale
+    arrival = (req.arrival_time if req.sent_time is None else req.sent_time) * time_scale  # the client's send
     rec: dict[str, Any] = {
         "id": req.id,
         "prompt_len": req.prompt_len,

@@ -26,9 +26,9 @@ from servelab.run.cluster_run import run_cluster_job
 # RunResult and RequestWriter: also importable from here, as before
 from servelab.run.results import (RequestWriter, RunResult, drop_placeholder_tokens, kv_pool_metrics,
                                   run_and_write)
-from servelab.run.stack import Stack, build_stack, model_shape, validate
+from servelab.run.stack import Stack, build_stack, model_shape, run_arrivals, validate
 from servelab.workloads.text import checkpoint_text, text_decorator
-from servelab.workloads.arrivals import arrival_source, workload_concurrency
+from servelab.workloads.arrivals import workload_concurrency
 from servelab.workloads.build import build_requests
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,7 @@ def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | N
     return run_and_write(
         cfg, output_dir, writer, logger, len(requests),
         lambda on_progress: run_workload(engine, requests, cfg.workload.time_scale, on_progress=on_progress,
-                                         arrivals=arrival_source(cfg.workload, requests)),
+                                         arrivals=run_arrivals(cfg, requests)),
         collect)
 
 

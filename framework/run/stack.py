@@ -15,6 +15,7 @@ from servelab.core.cost_model import StepCostModel
 from servelab.engine.drafting import MAX_DRAFT_TOKENS, scratch_blocks_per_seq
 from servelab.core.errors import ConfigError
 from servelab.engine.engine import Engine
+from servelab.engine.frontend import DelayedArrivals, FrontEnd
 from servelab.core.contexts import ExecutorContext, PredictorContext, TimeModelContext
 from servelab.core.executor import Executor
 from servelab.core.interfaces import EngineLimits, TimeModel
@@ -29,7 +30,7 @@ from servelab.run.block_size import resolve_block_size
 from servelab.run.config import check_known_keys
 from servelab.run.preflight import check_device
 from servelab.run.swap_pool import swap_pool_config
-from servelab.workloads.arrivals import check_closed_loop
+from servelab.workloads.arrivals import OpenLoop, arrival_source, check_closed_loop, is_closed_loop
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,9 @@ class Stack:
             hardware = getattr(self.time_model, "hardware_label", None) or self.time_model.context.hardware.name
         else:
             hardware = f"this machine ({platform.machine()}, {self.executor.__class__.__name__})"
+        timing = getattr(self.time_model, "timing_summary", None) if self.clock_kind == "virtual" else None
         return {"clock": self.clock_kind, "time_model": self.time_model.describe() if self.time_model else None,
-                "hardware": hardware}
+                "hardware": hardware, **(timing() if timing is not None else {})}
 
 
 def validate(cfg: DictConfig) -> None:
@@ -103,6 +105,28 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"backend.activation_reserve_gb={cfg.backend.activation_reserve_gb} must be >= 0")
     if cfg.backend.kv_cache_memory_gb <= 0:
         raise ConfigError(f"backend.kv_cache_memory_gb={cfg.backend.kv_cache_memory_gb} must be > 0")
+    check_engine_timing(cfg)
+
+
+def check_engine_timing(cfg: DictConfig) -> None:
+    """``sim.cuda_graphs`` / ``sim.cuda_graph_sizes`` / ``sim.all_reduce`` and ``frontend.*``: valid
+    values, and only where they are priced (the virtual clock; the real model is measured as it is)."""
+    sizes = list(cfg.sim.cuda_graph_sizes)
+    if cfg.sim.cuda_graphs and (not sizes or min(sizes) < 1):
+        raise ConfigError(f"sim.cuda_graph_sizes={sizes} must list batch sizes >= 1 (sim.cuda_graphs=true)")
+    fe = cfg.frontend
+    for key in ("per_request_s", "per_prompt_token_s", "per_output_token_s"):
+        if fe[key] < 0:
+            raise ConfigError(f"frontend.{key}={fe[key]} must be >= 0")
+    if cfg.backend.name == "sim" or _value(cfg.clock) == "virtual":
+        return
+    if cfg.sim.cuda_graphs or _value(cfg.sim.all_reduce) != "nccl":
+        raise ConfigError(f"sim.cuda_graphs / sim.all_reduce price steps on the virtual clock; backend="
+                          f"{cfg.backend.name} on the wall clock is measured as it runs: drop them or use backend=sim")
+    if any(fe[k] for k in ("per_request_s", "per_prompt_token_s", "per_output_token_s")) or fe.in_engine_process:
+        raise ConfigError(f"frontend={fe.name}: the front-end model prices the virtual clock; backend="
+                          f"{cfg.backend.name} on the wall clock is measured as it runs (servelab serve measures "
+                          "the real server): use frontend=none or backend=sim")
 
 
 def explicit_block_size(cfg: DictConfig, command: str) -> int:
@@ -307,15 +331,54 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
     if drafter.num_speculative_tokens and not executor.computes_tokens:
         raise ConfigError(f"drafter={cfg.drafter.name}: backend={cfg.backend.name} computes no tokens, so there is "
                           "nothing to verify drafts against; use drafter=none with backend=sim")
+    _check_timing_priced(cfg, plugins["time_model"], clock_kind)
+    frontend = frontend_model(cfg)
     if clock is None:
-        clock = ModelledClock(plugins["time_model"]) if clock_kind == "virtual" else WallClock()
+        clock = (ModelledClock(plugins["time_model"], frontend.step_cost_s(1)) if clock_kind == "virtual"
+                 else WallClock())
     else:
         clock_kind = "custom"
     engine = Engine(limits, plugins["scheduler"], plugins["allocator"], executor, cost_model, seed=cfg.seed,
                     clock=clock, drafter=drafter, **({"connector": connector} if connector is not None else {}))
     engine.fast_forward_enabled = bool(cfg.sim.fast_forward)
+    if frontend.delays_tokens:
+        engine.frontend = frontend
     return Stack(engine, executor, limits, plugins["time_model"], clock_kind,
                  {"chosen": auto.chosen, "reason": auto.reason} if auto else None, plugins)
+
+
+def frontend_model(cfg: DictConfig) -> FrontEnd:
+    """The ``frontend`` config as a :class:`~servelab.engine.frontend.FrontEnd` (all zero: ``frontend=none``)."""
+    fe = cfg.frontend
+    return FrontEnd(float(fe.per_request_s), float(fe.per_prompt_token_s), float(fe.per_output_token_s),
+                    bool(fe.in_engine_process))
+
+
+def run_arrivals(cfg: DictConfig, requests):
+    """The arrival source :func:`~servelab.run.runner.run_workload` feeds from: the workload's
+    (open loop at its times, or ``workload.arrival=closed_loop`` clients) as requests reach the
+    engine behind ``cfg.frontend``."""
+    if not is_closed_loop(cfg.workload):
+        return OpenLoop(engine_arrivals(cfg, requests), cfg.workload.time_scale)
+    source = arrival_source(cfg.workload, requests)
+    frontend = frontend_model(cfg)
+    return DelayedArrivals(source, frontend) if frontend.delays_requests else source
+
+
+def engine_arrivals(cfg: DictConfig, requests):
+    """``requests`` as they reach the engine behind ``cfg.frontend`` (unchanged without request costs)."""
+    frontend = frontend_model(cfg)
+    return frontend.arrivals(requests, cfg.workload.time_scale) if frontend.delays_requests else requests
+
+
+def _check_timing_priced(cfg: DictConfig, time_model: TimeModel, clock_kind: str) -> None:
+    """``sim.cuda_graphs`` / ``sim.all_reduce`` are priced operator by operator: refuse a time model that cannot."""
+    if clock_kind != "virtual" or not (cfg.sim.cuda_graphs or _value(cfg.sim.all_reduce) != "nccl"):
+        return
+    if getattr(time_model, "timing_summary", None) is None:
+        raise ConfigError(f"sim.cuda_graphs / sim.all_reduce price a step operator by operator; time_model="
+                          f"{cfg.time_model.name} prices whole steps: use time_model=auto, op_profile or "
+                          "calibrated_roofline")
 
 
 def _build(kind: KindSpec, cls: type, config, context, cfg: DictConfig):
@@ -325,7 +388,7 @@ def _build(kind: KindSpec, cls: type, config, context, cfg: DictConfig):
         return instantiate(kind, cls, config, context)
     except ValueError as exc:  # ConfigError too: it gets the option's name unless it says it
         where = f"{kind.group}={cfg[kind.group].name}"
-        raise ConfigError(str(exc) if str(exc).startswith(f"{kind.group}=") else f"{where}: {exc}") from None
+        raise ConfigError(str(exc) if str(exc).startswith((f"{kind.group}=", "sim.")) else f"{where}: {exc}") from None
 
 
 def _check_length_predictor(cfg: DictConfig, classes: dict) -> None:
@@ -375,7 +438,9 @@ def time_model_context(cfg: DictConfig, executor: Executor) -> TimeModelContext:
     return TimeModelContext(shape=shape, hardware=hardware_profile(cfg), tensor_parallel_size=cfg.tensor_parallel_size,
                             dtype=dtype, weight_dtype_bytes=sizes.weight, kv_dtype_bytes=sizes.kv,
                             block_size=cfg.block_size, model_name=name, linear_weight_bytes=sizes.linear,
-                            kv_scale_bytes=sizes.kv_scale, draft_shape=_draft_shape(executor))
+                            kv_scale_bytes=sizes.kv_scale, draft_shape=_draft_shape(executor),
+                            cuda_graph_sizes=tuple(cfg.sim.cuda_graph_sizes) if cfg.sim.cuda_graphs else (),
+                            all_reduce=_value(cfg.sim.all_reduce))
 
 
 def _draft_shape(executor: Executor) -> ModelShape | None:

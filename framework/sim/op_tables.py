@@ -511,3 +511,43 @@ def describe_available(root: str | Path | None = None) -> str:
                      f"heads {s['num_heads']}/{s['num_kv_heads']}, {r['dtype']} [{', '.join(r['serves_dtypes'])}], "
                      f"tp {'/'.join(map(str, r['tp_degrees']))})")
     return "; ".join(parts)
+
+
+def _files_stamp(folder: Path) -> tuple:
+    return tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(folder.iterdir()) if p.is_file())
+
+
+@functools.lru_cache(maxsize=16)
+def _custom_allreduce(folder: str, stamp: tuple) -> tuple[dict, Path, dict] | None:
+    path = Path(folder) / "manifest.json"
+    if not path.is_file():
+        return None
+    manifest = _manifest(path)
+    spec = manifest["tables"].get("custom_all_reduce")
+    if spec is None:
+        return None
+    unit = manifest["time_unit"]
+    file = Path(folder) / spec["file"]
+    table = _read_table(file, spec["x"], spec["columns"][:1], TIME_UNITS[unit], unit,
+                        float(manifest.get("max_drop", MAX_DROP)))
+    return table, file, spec
+
+
+def custom_allreduce_curve(hardware: str, tp: int, root: str | Path | None = None) -> Curve | None:
+    """Seconds of one custom (one-shot / two-shot, vLLM's) all-reduce across ``tp`` ranks of
+    ``hardware`` against the message bytes, from the published figures in
+    ``<hardware>/network/custom_all_reduce.csv`` (docs/op-tables.md); None where none were published."""
+    folder = (Path(root) if root is not None else PACKAGED_OP_TABLES) / hardware / "network"
+    found = _custom_allreduce(str(folder), _files_stamp(folder)) if folder.is_dir() else None
+    if found is None or tp not in found[0]:
+        return None
+    table, file, spec = found
+    x, ys, _ = table[tp]
+    return Curve(x, ys[spec["columns"][0]], source=str(file), label=f"custom_all_reduce tp={tp}", x_name="bytes")
+
+
+def custom_allreduce_degrees(hardware: str, root: str | Path | None = None) -> list[int]:
+    """The TP degrees with published custom all-reduce figures on ``hardware`` (for error messages)."""
+    folder = (Path(root) if root is not None else PACKAGED_OP_TABLES) / hardware / "network"
+    found = _custom_allreduce(str(folder), _files_stamp(folder)) if folder.is_dir() else None
+    return sorted(found[0]) if found else []

@@ -10,6 +10,13 @@ A step on one rank of ``tp`` (all ranks work in parallel) costs
   + host(sequences)                         scheduling, input preparation, sampling, output processing
   + swap and copy traffic                   the host link and HBM
 
+The engine's timing features (``sim.*`` in the context) change two terms. With CUDA graphs
+(``context.cuda_graph_sizes``) a decode-only step of B sequences runs the captured graph of the
+next size >= B: its layers and all-reduces are priced at that padded token count (attention, the
+LM head's sampled rows and the host at the real B); above the largest size, and for any step with
+a prompt chunk or drafts, the step runs eagerly. ``context.all_reduce`` picks the all-reduce's
+price (:mod:`servelab.sim.all_reduce`).
+
 Every term that depends on one count is looked up in a table of its value at every integer count
 (built once, extended by doubling when a step is larger), so a simulated step costs a few list
 lookups and one attention expression: the simulator's speed does not depend on the time model.
@@ -23,6 +30,7 @@ import numpy as np
 
 from servelab.core.contexts import TimeModelContext
 from servelab.core.step_work import StepWork
+from servelab.sim.all_reduce import choose_all_reduce
 from servelab.sim.gpu_ops import GpuOps
 
 ArrayFn = Callable[[np.ndarray], np.ndarray]
@@ -55,8 +63,17 @@ class StepPricer:
         self.num_layers = s.num_layers
         self._layers = _Dense(lambda m: s.num_layers * layer(m))
         hidden_bytes = s.hidden_size * act_bytes
+        self.all_reduce_impl = "none (tp 1)" if tp <= 1 else "nccl"
+        if allreduce is not None and tp > 1:
+            allreduce, self.all_reduce_impl = choose_all_reduce(context, allreduce)
         self._allreduce = (_Dense(lambda m: allreduces_per_layer * s.num_layers * allreduce(m * hidden_bytes))
                            if allreduce is not None and tp > 1 else None)
+        self._graph_size = graph_sizes(context.cuda_graph_sizes)
+        self.graph_steps = 0  # decode steps priced as a captured CUDA graph, and the tokens they padded
+        self.graph_padding_tokens = 0
+        self.graph_tokens = 0
+        if self._graph_size:
+            self.predict = self._predict_with_graphs  # type: ignore[method-assign]  # the default path stays as it was
         # the final norm and the LM head (column-parallel over the vocabulary) for the sampled rows
         self._lm_head = _Dense(lambda m: ops.tokenwise(m, 2 * s.hidden_size * act_bytes, "input_norm")
                                + ops.gemm(m, s.hidden_size, s.vocab_size / tp, act_bytes, context.weight_dtype_bytes),
@@ -74,18 +91,38 @@ class StepPricer:
         """Prices drafting for this step pricer's world (see :class:`DraftPricer`)."""
         return DraftPricer(context, self._ops, self._host, layer=layer)
 
+    def dense_tokens(self, work) -> int:
+        """The tokens the step's layers and all-reduces run at: the captured graph's batch size for a
+        decode-only step that fits one (CUDA graphs on), else the step's own token count."""
+        n = work.num_tokens
+        if n == work.decode_seqs and n < len(self._graph_size):
+            return self._graph_size[n]
+        return n
+
+    def timing_summary(self) -> dict:
+        """The engine timing features' figures for ``summary.json`` (empty with the defaults)."""
+        out: dict = {}
+        if self._graph_size:
+            padded = self.graph_tokens + self.graph_padding_tokens
+            out.update(cuda_graph_steps=self.graph_steps, cuda_graph_padding_tokens=self.graph_padding_tokens,
+                       cuda_graph_padding_share=self.graph_padding_tokens / padded if padded else 0.0)
+        if self.all_reduce_impl not in ("nccl", "none (tp 1)"):
+            out["all_reduce_impl"] = self.all_reduce_impl
+        return out
+
     def breakdown(self, work) -> dict[str, float]:
         """Seconds per component of the step described by ``work``."""
         n = work.num_tokens
+        m = self.dense_tokens(work) if self._graph_size else n
         out = {"layers": 0.0, "attention": 0.0, "communication": 0.0, "lm_head": 0.0,
                "host": self._host[work.num_seqs] if work.num_seqs else 0.0,
                "swap": work.swap_blocks * self._block / self._host_link,
                "copy": 2 * work.copy_blocks * self._block / self._hbm}
         if n:
-            out["layers"] = self._layers[n]
+            out["layers"] = self._layers[m]
             out["lm_head"] = self._lm_head[work.num_sampled]
             if self._allreduce is not None:
-                out["communication"] = self._allreduce[n]
+                out["communication"] = self._allreduce[m]
             flops = work.attended * self._attn_flops_per_attended
             nbytes = (work.context_tokens + n) * self._kv_per_token + n * self._qo_per_token
             out["attention"] = self.num_layers * self._ops.attention(flops, nbytes)
@@ -105,6 +142,42 @@ class StepPricer:
             t += (work.swap_out_blocks + work.swap_in_blocks) * self._block / self._host_link
             t += 2 * work.copy_blocks * self._block / self._hbm
         return t
+
+    def _predict_with_graphs(self, work) -> float:
+        """:meth:`predict` with CUDA graphs: a decode-only step that fits a captured size is priced
+        at it (layers, all-reduces); counted for :meth:`timing_summary` (the clock prices each
+        step once)."""
+        n = work.num_tokens
+        if not n or n != work.decode_seqs or n >= len(self._graph_size):
+            return StepPricer.predict(self, work)
+        m = self._graph_size[n]
+        self.graph_steps += 1
+        self.graph_tokens += n
+        self.graph_padding_tokens += m - n
+        t = self._host[work.num_seqs] + self._layers[m] + self._lm_head[work.num_sampled]
+        if self._allreduce is not None:
+            t += self._allreduce[m]
+        nbytes = (work.context_tokens + n) * self._kv_per_token + n * self._qo_per_token
+        t += self.num_layers * self._ops.attention(work.attended * self._attn_flops_per_attended, nbytes)
+        if work.swap_out_blocks or work.swap_in_blocks or work.copy_blocks:
+            t += (work.swap_out_blocks + work.swap_in_blocks) * self._block / self._host_link
+            t += 2 * work.copy_blocks * self._block / self._hbm
+        return t
+
+
+def graph_sizes(sizes) -> list[int]:
+    """``[b] -> the smallest captured size >= b`` for every batch 0..max(sizes) (``[]``: no graphs)."""
+    sizes = sorted(set(int(s) for s in sizes))
+    if not sizes:
+        return []
+    if sizes[0] < 1:
+        raise ValueError(f"sim.cuda_graph_sizes={sizes}: every capture size must be >= 1")
+    out, j = [0], 0
+    for b in range(1, sizes[-1] + 1):
+        while sizes[j] < b:
+            j += 1
+        out.append(sizes[j])
+    return out
 
 
 class DraftPricer:

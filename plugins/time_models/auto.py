@@ -46,6 +46,9 @@ class AutoTime(TimeModel):
     def breakdown(self, work) -> dict[str, float]:
         return self.chosen.breakdown(work)
 
+    def timing_summary(self) -> dict:
+        return self.chosen.timing_summary()
+
     def swap_bytes_per_s(self) -> float | None:
         return self.chosen.swap_bytes_per_s()
 

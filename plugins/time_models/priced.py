@@ -27,5 +27,9 @@ class PricedTime(TimeModel):
         """Seconds per component of the step (layers, attention, communication, lm_head, host, swap, copy)."""
         return self.pricer.breakdown(work)
 
+    def timing_summary(self) -> dict:
+        """The engine timing features' figures (``sim.cuda_graphs``, ``sim.all_reduce``) for ``summary.json``."""
+        return self.pricer.timing_summary()
+
     def swap_bytes_per_s(self) -> float:
         return self.context.hardware.host_link_gb_s * 1e9
