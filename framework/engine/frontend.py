@@ -23,9 +23,9 @@ from __future__ import annotations
 import dataclasses
 import heapq
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Protocol
 
-from servelab.core.request import Request
+from servelab.core.request import Request, Sequence
 
 
 @dataclass
@@ -97,13 +97,29 @@ def _arriving(request: Request, at: float) -> Request:
     return moved
 
 
+class ArrivalSource(Protocol):
+    """What :class:`DelayedArrivals` wraps: the shape of :mod:`servelab.workloads.arrivals`' sources."""
+
+    stops_spans_at_ends: bool
+    concurrency: int | None
+
+    @property
+    def exhausted(self) -> bool: ...
+
+    def next_time(self) -> float: ...
+
+    def pop_due(self, now: float) -> tuple[Request, float] | None: ...
+
+    def on_end(self, seq: Sequence) -> None: ...
+
+
 class DelayedArrivals:
     """An arrival source (:mod:`servelab.workloads.arrivals`: closed-loop clients, whose sends are
     known only as requests end) behind the front end: a request the source sends at ``t`` reaches
     the engine at ``t + request_delay_s`` (engine seconds: closed loop runs at a time scale of 1),
     with ``sent_time`` = ``t``. Ends go to the source, which decides the clients' next sends."""
 
-    def __init__(self, source, frontend: FrontEnd) -> None:
+    def __init__(self, source: ArrivalSource, frontend: FrontEnd) -> None:
         self.source, self.frontend = source, frontend
         self.stops_spans_at_ends = source.stops_spans_at_ends
         self.concurrency = source.concurrency
@@ -115,7 +131,8 @@ class DelayedArrivals:
         return self.source.exhausted and not self._held
 
     def next_time(self) -> float:
-        return min(self._held[0][0] if self._held else float("inf"), self.source.next_time())
+        held = self._held[0][0] if self._held else float("inf")
+        return min(held, float(self.source.next_time()))
 
     def pop_due(self, now: float) -> tuple[Request, float] | None:
         due = self.source.pop_due(now)
@@ -130,5 +147,5 @@ class DelayedArrivals:
             return request, at
         return None
 
-    def on_end(self, seq) -> None:
+    def on_end(self, seq: Sequence) -> None:
         self.source.on_end(seq)
