@@ -100,8 +100,11 @@ def _arriving(request: Request, at: float) -> Request:
 class ArrivalSource(Protocol):
     """What :class:`DelayedArrivals` wraps: the shape of :mod:`servelab.workloads.arrivals`' sources."""
 
-    stops_spans_at_ends: bool
-    concurrency: int | None
+    @property
+    def stops_spans_at_ends(self) -> bool: ...
+
+    @property
+    def concurrency(self) -> int | None: ...
 
     @property
     def exhausted(self) -> bool: ...
