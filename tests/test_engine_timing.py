@@ -92,6 +92,15 @@ def test_graphs_reported_in_the_summary_and_slow_small_decodes(tmp_path):
     assert graphs["tpot_ms"]["mean"] >= eager["tpot_ms"]["mean"] - 1e-9  # padding only adds work
 
 
+def test_a_cluster_sums_graph_steps_over_its_replicas(tmp_path):
+    cluster, _ = run(tmp_path, "cluster", *SIM_8B, "cluster.replicas=2", "sim.cuda_graphs=true")
+    steps = [replica["num_steps"] for replica in cluster["per_replica"]]
+    assert cluster["cuda_graph_steps"] > max(steps)  # more than either replica stepped: both are counted
+    assert cluster["cuda_graph_steps"] <= sum(steps)
+    assert cluster["cuda_graph_padding_share"] == pytest.approx(
+        cluster["cuda_graph_padding_tokens"] / (cluster["cuda_graph_tokens"] + cluster["cuda_graph_padding_tokens"]))
+
+
 def test_bad_capture_sizes_are_one_line():
     with pytest.raises(ConfigError, match="sim.cuda_graph_sizes"):
         build_stack(compose([*SIM_8B, "sim.cuda_graphs=true", "sim.cuda_graph_sizes=[0,8]"], logger="none"))

@@ -104,7 +104,7 @@ def collect_cluster_results(cfg: DictConfig, cluster: Cluster, stacks: list[Stac
         "model_time_s": totals.model_s,
         "comm_time_s": totals.comm_s,
         "tensor_parallel_size": cfg.tensor_parallel_size,
-        **stacks[0].describe_time(),
+        **cluster_time(stacks),
         **stacks[0].executor.summary(),  # replica 0's ranks
         **({"block_size_auto": stacks[0].block_size_auto} if stacks[0].block_size_auto else {}),
         "router": cfg.router.name,
@@ -118,3 +118,20 @@ def collect_cluster_results(cfg: DictConfig, cluster: Cluster, stacks: list[Stac
         "per_replica": per_replica,
     }, weights)
     return RunResult(None, summary, [s for e in engines for s in e.steps], writer.path)
+
+
+GRAPH_COUNTS = ("cuda_graph_steps", "cuda_graph_tokens", "cuda_graph_padding_tokens")
+
+
+def cluster_time(stacks: list[Stack]) -> dict:
+    """Replica 0's clock, time model and hardware, with the CUDA-graph counters summed over every
+    replica (each prices its own steps) and the padding share of them all."""
+    described = stacks[0].describe_time()
+    if "cuda_graph_steps" not in described:
+        return described
+    parts = [stack.describe_time() for stack in stacks]
+    for key in GRAPH_COUNTS:
+        described[key] = sum(part[key] for part in parts)
+    padded = described["cuda_graph_tokens"] + described["cuda_graph_padding_tokens"]
+    described["cuda_graph_padding_share"] = described["cuda_graph_padding_tokens"] / padded if padded else 0.0
+    return described

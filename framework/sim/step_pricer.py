@@ -104,7 +104,8 @@ class StepPricer:
         out: dict = {}
         if self._graph_size:
             padded = self.graph_tokens + self.graph_padding_tokens
-            out.update(cuda_graph_steps=self.graph_steps, cuda_graph_padding_tokens=self.graph_padding_tokens,
+            out.update(cuda_graph_steps=self.graph_steps, cuda_graph_tokens=self.graph_tokens,
+                       cuda_graph_padding_tokens=self.graph_padding_tokens,
                        cuda_graph_padding_share=self.graph_padding_tokens / padded if padded else 0.0)
         if self.all_reduce_impl not in ("nccl", "none (tp 1)"):
             out["all_reduce_impl"] = self.all_reduce_impl
