@@ -44,6 +44,20 @@ def test_n_clients_never_have_more_than_n_requests_in_flight(tmp_path):
     assert np.allclose(later, ends[:len(later)])  # each later send is an earlier request's end (no think time)
 
 
+@pytest.mark.parametrize("cluster", [("cluster.replicas=2",), ("cluster.prefill_replicas=1", "cluster.decode_replicas=1")],
+                         ids=["two_replicas", "prefill_decode"])
+def test_a_cluster_runs_closed_loop_through_its_router(tmp_path, cluster):
+    summary, records = _sim_closed_loop(tmp_path, "cluster", "workload.concurrency=4", *cluster)
+    assert summary["status"] == "completed" and summary["num_finished"] == 30
+    assert summary["concurrency"] == 4
+    assert _max_in_flight(records) == 4
+    ends = sorted(r["arrival_s"] + r["e2e_ms"] / 1e3 for r in records)
+    later = sorted(r["arrival_s"] for r in records if r["arrival_s"] > 0)
+    assert np.allclose(later, ends[:len(later)])  # each later send is an earlier request's end, on either replica
+    if "cluster.replicas=2" in cluster:
+        assert all(replica["num_requests"] > 0 for replica in summary["per_replica"])
+
+
 def test_think_time_separates_a_clients_end_from_its_next_send(tmp_path):
     think = 0.25
     _, records = _sim_closed_loop(tmp_path, "think", "workload.concurrency=2", f"workload.think_time_s={think}")
@@ -127,8 +141,6 @@ def test_tiny_code_runs_closed_loop_on_the_wall_clock(tmp_path):
      "workload.think_time_s=-1.0 must be >= 0"),
     (("workload.arrival=closed_loop", "workload.concurrency=2", "workload.time_scale=2"),
      "workload.time_scale=2.0: closed-loop arrivals"),
-    (("workload.arrival=closed_loop", "workload.concurrency=2", "cluster.replicas=2"),
-     "workload.arrival=closed_loop runs on one engine: set cluster.replicas=1"),
 ])
 def test_bad_closed_loop_settings_are_one_line(tmp_path, overrides, message):
     cfg = compose(*SIM, "workload.num_requests=4", *overrides)

@@ -30,6 +30,7 @@ from servelab.cluster.replica import Replica
 from servelab.cluster.transfer import KVLink, Transfer
 from servelab.core.interfaces import Router, RouterError
 from servelab.core.request import Request, Sequence, Status
+from servelab.engine.arrival_source import ArrivalSource, OpenLoop
 
 INF = float("inf")
 
@@ -69,6 +70,7 @@ class Cluster:
         self.kv.on_landed = self._landed
         self.request_listeners: list[Callable[[Sequence], None]] = []
         self.num_ended = 0
+        self._spans = True  # sim.fast_forward's spans (off under closed-loop arrivals: run)
         self._events: list[tuple[float, int, Callable[[], None]]] = []
         # What the loop is doing, as (time, 0 event | 1 arrival | 2 step, replica): the order it does
         # things in. A request's end is told to the router and the listeners in this order, also when a
@@ -119,21 +121,24 @@ class Cluster:
         return bool(self.prefill)
 
     # ---- the loop -------------------------------------------------------------------------
-    def run(self, requests: Iterable[Request], time_scale: float = 1.0,
+    def run(self, requests: Iterable[Request] | ArrivalSource, time_scale: float = 1.0,
             on_progress: Callable[[int], None] | None = None) -> None:
-        """Feed ``requests`` at ``arrival_time * time_scale`` and run until every one has ended.
-        Raises what a replica or the router raises; the replicas' state then holds the partial results."""
-        if getattr(requests, "in_arrival_order", False):
-            pending = iter(requests)
-        else:
-            pending = iter(sorted(requests, key=lambda r: r.arrival_time))
+        """Feed ``requests`` at ``arrival_time * time_scale`` (or as an arrival source says: closed-loop
+        clients, :mod:`servelab.workloads.arrivals`) and run until every one has ended. Raises what a
+        replica or the router raises; the replicas' state then holds the partial results.
+
+        A source whose sends depend on ends (``stops_spans_at_ends``) runs without fast-forward: a
+        replica's span could pass the end of a request on another replica whose client's next
+        request it would then have to take in its past."""
+        source = requests if isinstance(requests, ArrivalSource) else OpenLoop(requests, time_scale)
+        hears_ends = source.stops_spans_at_ends
+        self._spans = not hears_ends
+        self.request_listeners.append(source.on_end)
         for r in self.replicas:
             r.engine.reset_clock()
-        upcoming = next(pending, None)
         reported = 0
         try:
             while True:
-                t_arrival = upcoming.arrival_time * time_scale if upcoming is not None else INF
                 t_event = self._events[0][0] if self._events else INF
                 stepper, t_step = None, INF
                 for r in self.replicas:
@@ -141,16 +146,19 @@ class Cluster:
                         t = r.engine.now()
                         if t < t_step:
                             stepper, t_step = r, t
+                if hears_ends:  # the clients hear of every end so far before their next send is asked for
+                    self._now_doing(min((t_event, 0, 0), (t_step, 2, stepper.index if stepper else 0)))
+                t_arrival = source.next_time()
                 if t_event <= t_arrival and t_event <= t_step:
                     if t_event == INF:
                         break
                     self._now_doing((t_event, 0, 0))
                     heapq.heappop(self._events)[2]()
                 elif t_arrival <= t_step:
-                    assert upcoming is not None  # t_arrival is finite
-                    self._now_doing((t_arrival, 1, 0))
-                    self._arrive(upcoming, t_arrival)
-                    upcoming = next(pending, None)
+                    due = source.pop_due(t_arrival)
+                    assert due is not None  # t_arrival is finite
+                    self._now_doing((due[1], 1, 0))
+                    self._arrive(*due)
                 else:
                     assert stepper is not None  # t_step is finite
                     self._now_doing((t_step, 2, stepper.index))
@@ -160,6 +168,9 @@ class Cluster:
                     reported = self.num_ended
         finally:  # ends held for the loop's order are told, also when a replica or the router raised
             self._now_doing((INF, 0, 0))
+            self.request_listeners.remove(source.on_end)
+        if not source.exhausted and not any(r.engine.has_unfinished() for r in self.replicas):
+            raise RuntimeError("arrivals stopped with requests left to send and none in flight")
         stuck = [r for r in self.replicas if r.engine.has_unfinished()]
         if stuck:
             r = stuck[0]
@@ -173,12 +184,12 @@ class Cluster:
         before ``until``, the cluster's next arrival or event: nothing else reaches ``r`` before.
         When nothing reached ``r`` since its last span stopped, the span goes on instead."""
         mark = functools.partial(self._mark_step_start, r)
-        if r.engine.fast_forward(until, mark):  # a span cut short by an arrival that went elsewhere goes on
+        if self._spans and r.engine.fast_forward(until, mark):  # a span cut short by an arrival that went elsewhere goes on
             return
         mark()
         if r.engine.step() is None:
             r.stalled = True  # nothing could run: wait for an arrival, a landing or freed blocks
-        else:
+        elif self._spans:
             r.engine.fast_forward(until, mark)
 
     def _mark_step_start(self, r: Replica) -> None:

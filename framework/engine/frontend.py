@@ -23,9 +23,10 @@ from __future__ import annotations
 import dataclasses
 import heapq
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Protocol
+from typing import Iterable, Iterator
 
 from servelab.core.request import Request, Sequence
+from servelab.engine.arrival_source import ArrivalSource
 
 
 @dataclass
@@ -95,25 +96,6 @@ def _arriving(request: Request, at: float) -> Request:
     if "token_id_bounds" in request.__dict__:  # drawn from a vocabulary: no pass over the prompt (drawn_from)
         moved.__dict__["token_id_bounds"] = request.__dict__["token_id_bounds"]
     return moved
-
-
-class ArrivalSource(Protocol):
-    """What :class:`DelayedArrivals` wraps: the shape of :mod:`servelab.workloads.arrivals`' sources."""
-
-    @property
-    def stops_spans_at_ends(self) -> bool: ...
-
-    @property
-    def concurrency(self) -> int | None: ...
-
-    @property
-    def exhausted(self) -> bool: ...
-
-    def next_time(self) -> float: ...
-
-    def pop_due(self, now: float) -> tuple[Request, float] | None: ...
-
-    def on_end(self, seq: Sequence) -> None: ...
 
 
 class DelayedArrivals:

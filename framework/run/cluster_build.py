@@ -20,7 +20,6 @@ from servelab.core.shapes import HardwareProfile, ModelShape
 from servelab.run.block_size import resolve_block_size
 from servelab.run.config import HardwareConfig
 from servelab.run.stack import Stack, _clock_kind, _plugin_config, build_stack, model_shape, storage_bytes, validate
-from servelab.workloads.arrivals import is_closed_loop
 
 POOL_KEYS = ("tensor_parallel_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype",
              "block_size")
@@ -35,9 +34,6 @@ def is_cluster(cfg: DictConfig) -> bool:
 def validate_cluster(cfg: DictConfig) -> None:
     """The ``cluster.*`` keys, each mistake one line naming the key."""
     c = cfg.cluster
-    if is_cluster(cfg) and is_closed_loop(cfg.workload):
-        raise ConfigError("workload.arrival=closed_loop runs on one engine: set cluster.replicas=1 and leave "
-                          "cluster.prefill_replicas/decode_replicas unset (or use an open-loop workload.arrival)")
     if (c.prefill_replicas is None) != (c.decode_replicas is None):
         given, missing = (("prefill_replicas", "decode_replicas") if c.decode_replicas is None
                           else ("decode_replicas", "prefill_replicas"))

@@ -21,7 +21,8 @@ from servelab.run.metrics import summarize
 from servelab.run.preflight import check_requests
 from servelab.run.results import (RequestWriter, RunResult, drop_placeholder_tokens, kv_pool_metrics,
                                   run_and_write)
-from servelab.run.stack import Stack, engine_arrivals, model_shape
+from servelab.run.stack import Stack, model_shape, run_arrivals
+from servelab.workloads.arrivals import workload_concurrency
 from servelab.workloads.text import checkpoint_text, text_decorator
 
 
@@ -62,8 +63,7 @@ def _run(cfg: DictConfig, output_dir: Path, requests, cluster: Cluster, stacks: 
         r.engine.forget_ended = True
     return run_and_write(
         cfg, output_dir, writer, logger, len(requests),
-        lambda on_progress: cluster.run(engine_arrivals(cfg, requests), cfg.workload.time_scale,
-                                        on_progress=on_progress),
+        lambda on_progress: cluster.run(run_arrivals(cfg, requests), on_progress=on_progress),
         lambda status: collect_cluster_results(cfg, cluster, stacks, status, writer, weights))
 
 
@@ -83,7 +83,7 @@ def collect_cluster_results(cfg: DictConfig, cluster: Cluster, stacks: list[Stac
     bytes_per_block = engines[0].executor.bytes_per_block
     summary = summarize(requests, totals, duration, leaked, {
         "status": status,
-        "concurrency": None,  # closed-loop arrivals run on one engine (cluster_build refuses them here)
+        "concurrency": workload_concurrency(cfg.workload),
         "prefix_cache_hit_rate": (requests.cached_prompt_tokens / requests.prompt_tokens
                                   if requests.prompt_tokens else 0.0),
         "prefill_tokens_computed": totals.prefill_tokens,

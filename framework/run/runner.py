@@ -7,7 +7,7 @@ from typing import Callable, Iterable
 
 from servelab.engine.engine import Engine
 from servelab.core.request import Request
-from servelab.workloads.arrivals import ClosedLoop, OpenLoop
+from servelab.engine.arrival_source import ArrivalSource, OpenLoop
 
 INF = float("inf")
 log = logging.getLogger(__name__)
@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 def run_workload(engine: Engine, requests: Iterable[Request], time_scale: float = 1.0,
                  on_progress: Callable[[int], None] | None = None,
                  sleep: Callable[[float], None] | None = None,
-                 arrivals: OpenLoop | ClosedLoop | None = None) -> None:
+                 arrivals: ArrivalSource | None = None) -> None:
     """Feed requests as they arrive (``arrival_time * time_scale`` seconds after start, or as
     ``arrivals`` says: a :class:`~servelab.workloads.arrivals.ClosedLoop` over ``requests``) and step
     until every request has finished or been rejected. Idle waits go through ``sleep`` (default the

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from servelab.engine.arrival_source import OpenLoop
 from servelab.engine.clock import ModelledClock, WallClock
 from servelab.core.cost_model import StepCostModel
 from servelab.engine.drafting import MAX_DRAFT_TOKENS, scratch_blocks_per_seq
@@ -30,7 +31,7 @@ from servelab.run.block_size import resolve_block_size
 from servelab.run.config import check_known_keys
 from servelab.run.preflight import check_device
 from servelab.run.swap_pool import swap_pool_config
-from servelab.workloads.arrivals import OpenLoop, arrival_source, check_closed_loop, is_closed_loop
+from servelab.workloads.arrivals import arrival_source, check_closed_loop, is_closed_loop
 
 log = logging.getLogger(__name__)
 

@@ -1,60 +1,25 @@
-"""Where a run's arrivals come from: the workload's own times (open loop), or N clients that each
-send their next request when their previous one ends (``workload.arrival=closed_loop``).
-
-The driver (:func:`servelab.run.runner.run_workload`) asks a source for the requests due by now
-(:meth:`pop_due`), for the time of the next known arrival (:meth:`next_time`) and whether any are
-left (:attr:`exhausted`), and tells it of every request that ends (:meth:`on_end`, an engine end
-listener). A closed-loop arrival becomes known only when a request ends, so the driver's
-fast-forward spans stop after a step in which one ended (:attr:`stops_spans_at_ends`).
+"""Where a run's arrivals come from: the workload's own times (open loop,
+:class:`~servelab.engine.arrival_source.OpenLoop`), or N clients that each send their next request
+when their previous one ends (``workload.arrival=closed_loop``, :class:`ClosedLoop`). Both are
+:class:`~servelab.engine.arrival_source.ArrivalSource` s. A closed-loop arrival becomes known only
+when a request ends, so the driver's fast-forward spans stop after a step in which one ended
+(:attr:`ClosedLoop.stops_spans_at_ends`).
 """
 
 from __future__ import annotations
 
 import heapq
 from dataclasses import replace
-from typing import Iterable, Iterator
+from typing import Iterable
 
 import numpy as np
 
 from servelab.core.errors import ConfigError
 from servelab.core.request import Request, Sequence
+from servelab.engine.arrival_source import OpenLoop
 
 INF = float("inf")
 THINK_TIME_DISTS = ("constant", "exponential")
-
-
-class OpenLoop:
-    """The requests at their own ``arrival_time * time_scale`` (engine seconds), in arrival order."""
-
-    stops_spans_at_ends = False
-    concurrency = None
-
-    def __init__(self, requests: Iterable[Request], time_scale: float = 1.0) -> None:
-        if getattr(requests, "in_arrival_order", False):
-            self._pending: Iterator[Request] = iter(requests)  # made as they are needed (a long synthetic workload)
-        else:
-            self._pending = iter(sorted(requests, key=lambda r: r.arrival_time))
-        self._time_scale = time_scale
-        self._upcoming = next(self._pending, None)
-
-    @property
-    def exhausted(self) -> bool:
-        return self._upcoming is None
-
-    def next_time(self) -> float:
-        upcoming = self._upcoming
-        return INF if upcoming is None else upcoming.arrival_time * self._time_scale
-
-    def pop_due(self, now: float) -> tuple[Request, float] | None:
-        """The next request if it has arrived by ``now``, with its arrival (engine seconds); else None."""
-        upcoming = self._upcoming
-        if upcoming is None or upcoming.arrival_time * self._time_scale > now:
-            return None
-        self._upcoming = next(self._pending, None)
-        return upcoming, upcoming.arrival_time * self._time_scale
-
-    def on_end(self, seq: Sequence) -> None:
-        """Open-loop arrivals do not depend on ends."""
 
 
 class ClosedLoop:
