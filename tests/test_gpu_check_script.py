@@ -13,7 +13,6 @@ import sys
 import tomllib
 from pathlib import Path
 
-import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ["site", "env", "kernels", "tp", "profile_ops", "serve"]
@@ -40,18 +39,11 @@ def run_script(*args: str, env: dict | None = None, timeout: float = 600) -> sub
                           capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture(scope="module")
-def dry_run(tmp_path_factory):
-    """One CPU dry run: (its output folder, the completed process)."""
-    tmp = tmp_path_factory.mktemp("gpu_check")
-    proc = run_script(str(tmp / "out"), "--device", "cpu", "--pack", str(tmp / "pack"),
-                      env={"SERVELAB_WHEELS": str(tmp / "no-wheels"), "TMPDIR": str(tmp)})
-    return tmp, proc
-
-
-def test_cpu_dry_run_passes_every_stage_or_skips_it_with_a_reason(dry_run):
-    tmp, proc = dry_run
-    out = tmp / "out"
+def test_cpu_dry_run_passes_every_stage_or_skips_it_with_a_reason_and_writes_every_figure(tmp_path):
+    """The CI twin of the GPU run (one test, not a shared fixture: xdist could run a fixture twice)."""
+    out = tmp_path / "out"
+    proc = run_script(str(out), "--device", "cpu", "--pack", str(tmp_path / "pack"),
+                      env={"SERVELAB_WHEELS": str(tmp_path / "no-wheels"), "TMPDIR": str(tmp_path)})
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert [s["stage"] for s in summary["stages"]] == STAGES
@@ -63,15 +55,12 @@ def test_cpu_dry_run_passes_every_stage_or_skips_it_with_a_reason(dry_run):
     assert tp["status"] == "skipped" and "CUDA" in tp["reason"]
     assert summary["ok"] and summary["env"]["torch"]
     # the work folder (checkpoint, linked tree) is gone; the packed copy and its summary came back
-    assert not list(tmp.glob("gpu_check.*"))
-    assert {p.name for p in (tmp / "pack").iterdir()} == {"gpu_check.tar.gz", "summary.json", "summary.md"}
+    assert not list(tmp_path.glob("gpu_check.*"))
+    assert {p.name for p in (tmp_path / "pack").iterdir()} == {"gpu_check.tar.gz", "summary.json", "summary.md"}
 
-
-def test_cpu_dry_run_writes_op_tables_kernel_tables_and_the_real_against_sim_comparison(dry_run):
-    tmp, _ = dry_run
-    out = tmp / "out"
-    manifest = json.loads((out / "op_tables" / "cpu" / "tiny_code" / "manifest.json").read_text())
-    assert manifest["format"] == "servelab-op-tables/1" and (out / "op_tables" / "cpu" / "tiny_code" / "ops.csv").is_file()
+    tables = out / "op_tables" / "cpu" / "tiny_code"
+    assert json.loads((tables / "manifest.json").read_text())["format"] == "servelab-op-tables/1"
+    assert (tables / "ops.csv").is_file()
     kernels = json.loads((out / "kernels" / "kernels.json").read_text())
     assert kernels["checks"] and all(c["ok"] for c in kernels["checks"]) and kernels["bandwidth"]
     compare = json.loads((out / "serve" / "compare.json").read_text())
@@ -83,8 +72,20 @@ def test_cpu_dry_run_writes_op_tables_kernel_tables_and_the_real_against_sim_com
         for label in ("output throughput (tok/s)", "TTFT p50 (ms)", "TTFT p90 (ms)", "TPOT p50 (ms)", "E2E p50 (ms)"):
             assert figures[label] > 0, (label, figures)
     assert compare["ratio_sim_over_real"]["auto"]["TPOT p50 (ms)"] > 0
-    assert "| TTFT p50 (ms) |" in (out / "serve" / "compare.md").read_text()
-    assert "Not a fidelity figure" in (out / "serve" / "compare.md").read_text()
+    page = (out / "serve" / "compare.md").read_text()
+    assert "| TTFT p50 (ms) |" in page and "Not a fidelity figure" in page
+
+
+def test_without_a_gpu_the_gpu_stages_fail_with_a_reason_and_the_rest_still_run(tmp_path):
+    proc = run_script(str(tmp_path / "out"), "--device", "cuda", env={"SERVELAB_WHEELS": str(tmp_path / "none")},
+                      timeout=300)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    stages = {s["stage"]: s for s in json.loads((tmp_path / "out" / "summary.json").read_text())["stages"]}
+    assert list(stages) == STAGES
+    assert stages["site"]["status"] == stages["env"]["status"] == "ok"
+    for name in ("kernels", "tp", "profile_ops", "serve"):
+        assert stages[name]["status"] == "failed" and "no CUDA device visible" in stages[name]["reason"]
+    assert "a stage FAILED" in (tmp_path / "out" / "summary.md").read_text()
 
 
 def test_bad_arguments_are_one_line_and_exit_2(tmp_path):
