@@ -12,7 +12,8 @@
    fraction of the device's copy bandwidth (a large device-to-device copy, read + write bytes), for
    the Triton kernel, the torch paged reference and torch SDPA over a contiguous cache.
 
-Prints two tables; exits 1 on any mismatch. The arithmetic and checks are importable functions so a
+Prints two tables (``--out DIR`` also writes them to ``DIR/kernels.md`` and, as numbers, to
+``DIR/kernels.json``); exits 1 on any mismatch. The arithmetic and checks are importable functions so a
 CPU test covers them with the torch backend standing in for Triton.
 
 ``--compile-only`` needs no GPU: it records the kernel launches the Triton wrappers make for the
@@ -23,9 +24,11 @@ catching compile-mode errors the CPU interpreter cannot see. Run it without ``TR
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
@@ -323,6 +326,17 @@ def format_bandwidth(rows: Sequence[BandwidthRow], copy_bw: float) -> str:
     return "\n".join(lines)
 
 
+def write_results(out: Path, args: argparse.Namespace, results: Sequence[CheckResult], rows: Sequence[BandwidthRow],
+                  copy_bw: float) -> None:
+    """``out/kernels.md`` (the two tables) and ``out/kernels.json`` (the settings, checks and rows)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kernels.md").write_text(f"```\n{format_checks(results)}\n\n{format_bandwidth(rows, copy_bw)}\n```\n")
+    settings = {k: v for k, v in vars(args).items() if k != "out"}
+    (out / "kernels.json").write_text(json.dumps({
+        "settings": settings, "device": str(args.device), "copy_bytes_per_s": copy_bw,
+        "checks": [asdict(r) for r in results], "bandwidth": [asdict(r) for r in rows]}, indent=1) + "\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
@@ -337,6 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-context", type=int, default=8192)
     parser.add_argument("--bench-contexts", type=int, nargs="*", default=[1024, 4096, 8192])
     parser.add_argument("--copy-numel", type=int, default=1 << 28, help="fp32 elements of the copy benchmark")
+    parser.add_argument("--out", type=Path, default=None, help="also write kernels.md and kernels.json here")
     parser.add_argument("--compile-only", action="store_true", help="compile the kernels for --arch; no GPU")
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability for --compile-only")
     args = parser.parse_args(argv)
@@ -361,6 +376,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for context_len in args.bench_contexts:
         rows += bench_decode(impls, shapes, args.batch, context_len, device, timer, copy_bw)
     print(format_bandwidth(rows, copy_bw))
+    if args.out is not None:
+        write_results(args.out, args, results, rows, copy_bw)
 
     failed = [r.name for r in results if not r.ok]
     if failed:

@@ -39,7 +39,7 @@ def test_auto_is_the_sims_default_and_picks_the_measured_tables_where_they_exist
     assert tm.name == "auto" and tm.chosen.name == "op_profile"
     # Llama-3-70B's decoder layers have Llama-2-70B's shape: Vidur's H100 Llama-2-70B tables apply
     assert (tm.chosen.tables.hardware, tm.chosen.tables.model) == ("h100", "llama2_70b")
-    assert "op_profile" in tm.label and "h100/llama2_70b" in tm.label
+    assert tm.label == "auto -> op_profile (h100/llama2_70b tables, Vidur)"
     d = tm.describe()
     assert d["chosen"] == "op_profile" and d["tables"]["source"]["repo"].endswith("microsoft/vidur")
     assert d["priced_by"]["layers"] == "op tables" and d["priced_by"]["attention"] == "calibrated roofline"
@@ -180,3 +180,23 @@ def test_drafting_is_priced_on_the_virtual_clock(tmp_path, drafter):
     else:
         assert tm.context.draft_shape is None and 0 < tm.predict_draft(one) < tm.predict(decode(4, 100))
     assert result.summary["num_finished"] == 4
+
+
+def test_auto_prices_h200_from_shipped_profile_ops_tables_and_names_who_measured_them(tmp_path, monkeypatch):
+    """What shipping the first GPU lease's tables does (docs/testing.md): hardware=h200 gets op_profile,
+    and the label says servelab profile-ops measured them, not Vidur. A100 numbers stand in for H200's."""
+    import shutil
+
+    import servelab.sim.op_tables as op_tables
+
+    src = op_tables.PACKAGED_OP_TABLES / "a100_80gb" / "llama3_8b"
+    dest = tmp_path / "h200" / "llama3_8b"
+    shutil.copytree(src, dest)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    manifest.pop("network", None)
+    manifest.update(hardware="h200", source={"tool": "servelab profile-ops", "device": "NVIDIA H200"})
+    (dest / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setattr(op_tables, "PACKAGED_OP_TABLES", tmp_path)
+    tm = sim_stack("hardware=h200", "model=llama3_8b").time_model
+    assert tm.chosen.name == "op_profile" and (tm.chosen.tables.hardware, tm.chosen.tables.model) == ("h200", "llama3_8b")
+    assert tm.label == "auto -> op_profile (h200/llama3_8b tables, servelab profile-ops)"

@@ -54,10 +54,13 @@ class AutoTime(TimeModel):
 
     @property
     def label(self) -> str:
-        """``auto -> op_profile (h100/llama2_70b tables)`` or ``auto -> calibrated_roofline (<why>)``."""
+        """``auto -> op_profile (h100/llama2_70b tables, Vidur)`` (or ``..., servelab profile-ops``: who
+        measured them) or ``auto -> calibrated_roofline (<why>)``."""
         if isinstance(self.chosen, OpProfileTime):
             t = self.chosen.tables
-            return f"auto -> op_profile ({t.hardware}/{t.model} tables, Vidur)"
+            source = t.manifest.get("source", {})
+            by = source.get("tool") or ("Vidur" if "vidur" in str(source.get("repo", "")) else "measured")
+            return f"auto -> op_profile ({t.hardware}/{t.model} tables, {by})"
         return f"auto -> calibrated_roofline ({self.reason})"
 
     def describe(self) -> dict:
