@@ -109,3 +109,20 @@ def test_a_negative_latency_is_an_error_naming_the_request():
     seq.append_token(5, 0.2)  # a token 9.8 s before the request arrived
     with pytest.raises(NegativeLatencyError, match="'early': ttft_ms=-9800"):
         request_record(seq, 1.0, None, None)
+
+
+def test_a_stack_runs_again_after_a_run_without_the_first_runs_writer(tmp_path):
+    """run_job(stack=...) leaves no listener behind: the first run's writer (its file closed) is not
+    told of the second run's ends."""
+    from servelab.core.request import Request
+    from servelab.run.session import run_job
+    from servelab.run.stack import build_stack
+
+    cfg = compose("backend=sim", "model=llama3_8b", "hardware=h100", logger="none", progress=False)
+    stack = build_stack(cfg)
+    listeners = (list(stack.engine.end_listeners), list(stack.engine.step_listeners))
+    for run in ("first", "second"):
+        requests = [Request(f"{run}-{i}", tuple(range(1, 30)), 4) for i in range(3)]
+        assert run_job(cfg, tmp_path / run, requests, stack).summary["num_finished"] == 3
+        assert (list(stack.engine.end_listeners), list(stack.engine.step_listeners)) == listeners
+    assert len((tmp_path / "second" / "requests.jsonl").read_text().splitlines()) == 3

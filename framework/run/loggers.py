@@ -45,6 +45,9 @@ class RunLogger:
     def attach(self, engine) -> None:
         """Listen to ``engine``'s steps. The base listens to none: ``logger=none`` costs nothing per step."""
 
+    def detach(self, engine) -> None:
+        """Stop listening to ``engine``'s steps (the run ended; the engine may run again)."""
+
     def log_step(self, record: StepRecord) -> None:
         """Fold in one step's numbers (batch size, tokens, KV utilisation, ...)."""
 
@@ -161,6 +164,9 @@ class WandbLogger(RunLogger):
     def attach(self, engine) -> None:
         self.window.queue_lengths = engine.scheduler.queue_lengths  # read once per point, not per step
         engine.step_listeners.append(self.window.log_step)
+
+    def detach(self, engine) -> None:
+        engine.step_listeners.remove(self.window.log_step)
 
     def log_step(self, record: StepRecord) -> None:
         self.window.log_step(record)

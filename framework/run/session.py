@@ -149,11 +149,15 @@ def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | N
                                 "per_replica": [single_replica_figures(stack, cfg, writer.stats)]},
                                writer=writer, fairness_weights=weights)
 
-    return run_and_write(
-        cfg, output_dir, writer, logger, len(requests),
-        lambda on_progress: run_workload(engine, requests, cfg.workload.time_scale, on_progress=on_progress,
-                                         arrivals=run_arrivals(cfg, requests)),
-        collect)
+    try:
+        return run_and_write(
+            cfg, output_dir, writer, logger, len(requests),
+            lambda on_progress: run_workload(engine, requests, cfg.workload.time_scale, on_progress=on_progress,
+                                             arrivals=run_arrivals(cfg, requests)),
+            collect)
+    finally:  # a given stack outlives the run: its next run gets its own writer and logger
+        engine.end_listeners.remove(writer.on_end)
+        logger.detach(engine)
 
 
 def single_replica_figures(stack: Stack, cfg: DictConfig, stats: RequestStats) -> dict:
