@@ -52,6 +52,7 @@ def test_published_yaml_is_well_formed(entries):
         figures = e["figures"]
         assert figures and set(figures) <= FIGURES, where
         assert all(isinstance(v, (int, float)) and v > 0 for v in figures.values()), where
+        assert set(e.get("per_gpu") or ()) <= set(figures), where
         c = e["conditions"]
         for key in ("arrival", "num_prompts", "lengths", "max_model_len", "max_num_seqs",
                     "max_num_batched_tokens", "chunked_prefill", "gpu_memory_utilization", "block_size"):

@@ -37,6 +37,7 @@ import datetime as dt
 import json
 import math
 import multiprocessing
+import os
 import sys
 import tempfile
 import time
@@ -228,13 +229,18 @@ def run_entries(entries: list[dict], seeds=SEEDS, max_requests: int | None = Non
     if "base" not in columns:
         columns = ("base", *columns)
     plans = {e["id"]: features.columns(e, columns) for e in entries}
-    tasks = []
+    tasks, same = [], {}  # same: (entry, column, seed) -> the column that runs the identical config
     for e in entries:
         entry_seeds = _entry_seeds(e, seeds)
+        first: dict[tuple[str, ...], str] = {}
         for col, column in plans[e["id"]].items():
             if column is None:
                 continue
+            twin = first.setdefault(tuple(column), col)
             for i, seed in enumerate(entry_seeds if col in SPREAD_COLUMNS else entry_seeds[:1]):
+                if twin != col and (twin in SPREAD_COLUMNS or i == 0):  # the twin runs this seed too
+                    same[(e["id"], col, seed)] = twin  # e.g. all = prefill_first where only that applies
+                    continue
                 tasks.append((e, col, seed, column, max_requests, i == 0))
     # longest first so the pool ends together: output tokens x requests is a fair proxy of the run's cost
     tasks.sort(key=lambda t: -_cost(t[0], max_requests))
@@ -249,6 +255,8 @@ def run_entries(entries: list[dict], seeds=SEEDS, max_requests: int | None = Non
             eid, col, seed, r = _task(t)
             done[(eid, col, seed)] = r
             log(f"{eid} [{col}] seed {seed}: {_brief(r)}")
+    for (eid, col, seed), twin in same.items():
+        done[(eid, col, seed)] = done[(eid, twin, seed)]
     out = [_entry_result(e, plans[e["id"]], done, _entry_seeds(e, seeds)) for e in entries]
     return {"generated": dt.date.today().isoformat(),
             "rule": "constants are fitted only to operator-level measurements; these request-level figures only "
@@ -280,8 +288,11 @@ def _entry_result(e: dict, plan: dict, done: dict, entry_seeds: list[int]) -> di
         runs = [done[(e["id"], col, s)] for s in entry_seeds if (e["id"], col, s) in done]
         main = runs[0]
         metrics = {}
+        per_gpu = set(e.get("per_gpu") or ())
         for name, pub in figures.items():
             vals = [r["simulated"].get(name) for r in runs]
+            if name in per_gpu:  # the source divides the node's figure by its GPUs
+                vals = [None if v is None else v / e["tp"] for v in vals]
             errs = [_err(v, pub) for v in vals if v is not None]
             metrics[name] = {"published": pub, "simulated": vals[0], "error": _err(vals[0], pub),
                              "simulated_by_seed": vals, "error_range": [min(errs), max(errs)] if errs else None,
@@ -307,7 +318,8 @@ def _entry_result(e: dict, plan: dict, done: dict, entry_seeds: list[int]) -> di
     return {
         "id": e["id"], "source": {k: e["source"].get(k) for k in ("short", "url", "title", "date")},
         "engine": f"{e['engine']['name']} {e['engine']['version']}", "flags": e["engine"].get("flags"),
-        "features": features.flags_used(e), "hardware": e["hardware"], "model": e["model"], "tp": e["tp"],
+        "features": features.flags_used(e), "per_gpu": list(e.get("per_gpu") or []),
+        "hardware": e["hardware"], "model": e["model"], "tp": e["tp"],
         "published_setup": f"{e['model_published']} on {e['hardware_published']}", "load": load,
         "load_class": load_class(e), "num_prompts_published": c["num_prompts"],
         "num_requests_simulated": base_main["num_requests"], "seeds": entry_seeds,
@@ -393,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     results = run_entries(entries, seeds, args.max_requests, columns=args.columns, jobs=args.jobs)
     results["wall_s"] = time.perf_counter() - start
+    results["load_average"] = list(os.getloadavg())  # the machine is shared: what else ran shows here
     args.out.write_text(json.dumps(results, indent=1,
                                    default=lambda v: None if isinstance(v, float) and math.isnan(v) else v) + "\n")
     if not args.no_readme:
