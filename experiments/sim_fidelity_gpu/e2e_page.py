@@ -191,14 +191,16 @@ bursts and static batches of more than one request.
   per-call figure) costs the 256-sequence offline batches 4-8% of throughput, so `all` can land below
   base where base was already close.
 - `prefill_first` (prompt-only steps) raises TPOT and lowers offline throughput where the published
-  engine ran that way (SGLang's offline 8B row: -22% against -5% in base), so at least one of its
-  mechanisms (SGLang's radix/LPM schedule, its retraction under memory pressure, mixed batches it does
-  run) is not what servelab's schedule does; the e2e rows cannot tell which.
+  engine ran that way (SGLang's offline 8B row: -22% against -5% in base), so SGLang's own admission
+  (prefills admitted against an estimate of the running requests' future decode tokens,
+  `new_token_ratio`, and retraction under memory pressure) is not what servelab's schedule does; the
+  e2e rows alone cannot tell which part differs.
 - TensorRT-LLM's static batches are simulated as offline bursts whose prompts all fit one step; the
   70B rows compare per GPU (published.yaml says why). TurboMind and TensorRT-LLM are priced with the
   same vLLM-derived op tables as every engine: their own kernels are not modelled, and no feature
   column applies to LMDeploy's rows (none of the five features matches TurboMind v0.1).
-- Still not modelled: SGLang's radix scheduling and `--enable-torch-compile`; vLLM's async output
+- Still not modelled: SGLang's `--enable-torch-compile` (the page ran SGLang with the radix cache off,
+  so its prefix-aware schedule does not arise); vLLM's async output
   processing (0.6.0 overlaps it with the next step) and the API server's HTTP and tokenisation time (no
   operator-level figure for those engines, so the front end charges detokenisation only); a static
   batch's lock-step decode; prefill steps beyond the tables' 4,096 measured tokens are extrapolated in
