@@ -188,7 +188,7 @@ bursts and static batches of more than one request.
 - The custom all-reduce lowers the 70B TP 4 rows' TPOT by about 14-18% against base (160 all-reduces a step at
   about 38 us in the NCCL table against about 9-12 us custom); CUDA-graph padding moves little at these
   batch sizes; the front end's in-process detokenisation (21.2 us per output token, vLLM 0.3.0's
-  per-call figure) costs the 256-sequence offline batches 4-8% of throughput, so `all` can land below
+  per-call figure) costs the offline batches (256-1024 sequences) 4-10% of throughput, so `all` can land below
   base where base was already close.
 - `prefill_first` (prompt-only steps) raises TPOT and lowers offline throughput where the published
   engine ran that way (SGLang's offline 8B row: -22% against -5% in base), so SGLang's own admission
