@@ -1,11 +1,12 @@
 """End to end against published measurements (experiments/sim_fidelity_gpu/e2e.py):
-published.yaml is well formed, and one small entry reproduces in the simulator in seconds."""
+published.yaml is well formed, features.py maps every entry, one small entry reproduces in the
+simulator in seconds (base and all columns), and the README section matches e2e_results.json."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,8 @@ REPO = Path(__file__).resolve().parents[1]
 FOLDER = REPO / "experiments" / "sim_fidelity_gpu"
 HARDWARE = {p.stem for p in (REPO / "conf" / "hardware").glob("*.yaml")}
 MODELS = {p.stem for p in (REPO / "conf" / "model").glob("*.yaml")}
-FIGURES = {"median_tpot_ms", "median_e2e_ms", "request_throughput_req_s", "output_throughput_tok_s"}
+FIGURES = {"median_ttft_ms", "mean_ttft_ms", "median_tpot_ms", "median_itl_ms", "median_e2e_ms",
+           "request_throughput_req_s", "output_throughput_tok_s"}
 
 
 def _e2e():
@@ -35,7 +37,7 @@ def entries(e2e):
 
 
 def test_published_yaml_is_well_formed(entries):
-    assert len(entries) >= 4
+    assert len(entries) >= 30
     ids = [e["id"] for e in entries]
     assert len(ids) == len(set(ids))
     for e in entries:
@@ -50,20 +52,31 @@ def test_published_yaml_is_well_formed(entries):
         figures = e["figures"]
         assert figures and set(figures) <= FIGURES, where
         assert all(isinstance(v, (int, float)) and v > 0 for v in figures.values()), where
+        assert set(e.get("per_gpu") or ()) <= set(figures), where
         c = e["conditions"]
-        for key in ("arrival", "rate", "num_prompts", "lengths", "max_model_len", "max_num_seqs",
+        for key in ("arrival", "num_prompts", "lengths", "max_model_len", "max_num_seqs",
                     "max_num_batched_tokens", "chunked_prefill", "gpu_memory_utilization", "block_size"):
             assert key in c, f"{where}: conditions.{key}"
-        assert c["arrival"] in ("poisson", "offline"), where
+        assert c["arrival"] in ("poisson", "offline", "closed_loop"), where
         if c["arrival"] == "poisson":
             assert float(c["rate"]) > 0, where
+        if c["arrival"] == "closed_loop":
+            assert isinstance(c["concurrency"], int) and 1 <= c["concurrency"] <= c["num_prompts"], where
         assert 0 < c["gpu_memory_utilization"] <= 1, where
         lengths = c["lengths"]
         if lengths["kind"] == "per_request":
             assert len(lengths["input_lens"]) == len(lengths["output_lens"]) == c["num_prompts"], where
+        elif lengths["kind"] == "fixed":
+            assert lengths["input"] >= 1 and lengths["output"] >= 1, where
+            assert lengths["input"] + lengths["output"] <= c["max_model_len"], where
         else:
             assert lengths["kind"] == "sharegpt_first_turn", where
     # the issue's two setups are covered: 70B on 4 x H100 and 8B on one A100, online and offline
+    # more than one engine, fixed-length and closed-loop runs, and a TTFT figure wherever a source has one
+    assert len({e["engine"]["name"] for e in entries}) >= 4
+    assert any(e["conditions"]["lengths"]["kind"] == "fixed" for e in entries)
+    assert any(e["conditions"]["arrival"] == "closed_loop" for e in entries)
+    assert not any("ttft" in k for e in entries for k in (e.get("also_reported") or {}))
     setups = {(e["model"], e["hardware"], e["tp"], e["conditions"]["arrival"]) for e in entries}
     for setup in (("llama3_70b", "h100", 4, "poisson"), ("llama3_8b", "a100_80gb", 1, "poisson"),
                   ("llama3_70b", "h100", 4, "offline"), ("llama3_8b", "a100_80gb", 1, "offline")):
@@ -89,22 +102,77 @@ def test_workloads_follow_the_published_conditions(e2e, entries):
 
 def test_one_small_entry_reproduces_end_to_end(e2e, entries):
     entry = next(e for e in entries if e["id"] == "sglangpage_vllm_llama31_8b_a100_rps4")
-    start = time.perf_counter()
-    results = e2e.run_entries([entry], seeds=(1,), max_requests=150, log=lambda *_: None)
-    assert time.perf_counter() - start < 30
+    results = e2e.run_entries([entry], seeds=(1,), max_requests=150, log=lambda *_: None, columns=("base", "all"))
     (r,) = results["entries"]
     assert r["num_requests_simulated"] == 150 and r["run"]["num_finished"] == 150
     assert r["time_model"]["chosen"] == "op_profile"  # time_model=auto found the A100 Llama-3-8B tables
-    for name in entry["figures"]:
-        m = r["metrics"][name]
-        assert m["published"] == entry["figures"][name]
-        assert m["simulated"] > 0 and math.isfinite(m["error"])
-        assert m["error"] == pytest.approx(m["simulated"] / m["published"] - 1)
-        assert abs(m["error"]) < 1.0  # a sanity bound, not the target
+    assert set(r["columns"]) == {"base", "all"}
+    assert "num_scheduler_steps=10" in r["columns"]["all"]["overrides"]  # vLLM 0.6.0 ran 10-step windows
+    assert r["columns"]["base"]["overrides"] == []
+    for col in ("base", "all"):
+        for name in entry["figures"]:
+            m = r["columns"][col]["metrics"][name]
+            assert m["published"] == entry["figures"][name]
+            assert m["simulated"] > 0 and math.isfinite(m["error"])
+            assert m["error"] == pytest.approx(m["simulated"] / m["published"] - 1)
+            assert abs(m["error"]) < 1.0  # a sanity bound, not the target
+    # multi-step windows hold a new prompt until the running window ends: TTFT grows
+    base, every = (r["columns"][c]["metrics"]["median_ttft_ms"]["simulated"] for c in ("base", "all"))
+    assert every > base
+    assert r["metrics"] is r["columns"]["base"]["metrics"]
     assert sum(r["time_share"].values()) == pytest.approx(1.0)
+    assert {t["column"] for t in results["targets"]} == {"base", "all"}
     section = e2e.render_section(results)
     assert section.startswith(e2e.BEGIN) and section.rstrip().endswith(e2e.END)
-    assert "Rule:" in section and "median TPOT (ms)" in section
+    assert "Rule:" in section and "median TPOT (ms)" in section and "median TTFT (ms)" in section
+
+
+def test_features_map_every_entry(entries):
+    features = _module("features")
+    for e in entries:
+        cols = features.columns(e)
+        assert list(cols) == list(features.COLUMNS), e["id"]
+        assert cols["base"] == features.BASE, e["id"]
+        on = [f for f in features.FEATURES if cols[f] is not None]
+        assert (cols["all"] is None) == (not on), e["id"]
+        for f in on:  # base plus that one feature; all carries every applicable one
+            assert set(cols[f]) - set(features.BASE), (e["id"], f)
+            assert set(cols[f]) - {"non_chunked_schedule=decode_first"} <= set(cols["all"]), (e["id"], f)
+        flags = str(e["engine"].get("flags"))
+        if e["engine"]["name"] == "vllm" and "--num-scheduler-steps 10" in flags:
+            assert cols["multi_step"] == features.BASE + ["num_scheduler_steps=10"], e["id"]
+        else:
+            assert cols["multi_step"] is None, e["id"]
+        if e["tp"] == 1 or e["engine"]["name"] not in ("vllm", "sglang"):
+            assert cols["custom_all_reduce"] is None, e["id"]
+        if e["engine"]["name"] in ("lmdeploy_turbomind", "tensorrt_llm"):
+            assert cols["cuda_graphs"] is None and cols["frontend"] is None, e["id"]
+
+
+def test_closed_loop_fixed_length_entry_runs(e2e, entries):
+    entry = next(e for e in entries if e["id"] == "lmdeploy010_llama2_7b_a100_c16_128_128")
+    reqs = e2e.workload(entry, seed=1)
+    assert len(reqs) == entry["conditions"]["num_prompts"] and {(p, o) for _, p, o in reqs} == {(128, 128)}
+    assert e2e.load_class(entry) == "moderate"
+    assert "workload.concurrency=16" in e2e.overrides(entry, 1)
+    results = e2e.run_entries([entry], seeds=(1,), max_requests=32, log=lambda *_: None, columns=("base",))
+    (r,) = results["entries"]
+    assert r["run"]["num_finished"] == 32 and r["run"]["max_concurrent_requests"] <= 16
+    assert r["metrics"]["mean_ttft_ms"]["simulated"] > 0 and r["metrics"]["median_itl_ms"]["simulated"] > 0
+
+
+def test_readme_section_matches_results_json(e2e):
+    results = json.loads(e2e.RESULTS.read_text())
+    assert len(results["entries"]) == len(e2e.load_published()["entries"])
+    assert set(results["columns"]) == set(_module("features").COLUMNS)
+    assert e2e.render_section(results).strip() in e2e.README.read_text()
+
+
+def _module(name):
+    spec = importlib.util.spec_from_file_location(f"sim_fidelity_{name}", FOLDER / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_readme_section_is_replaced_in_place(e2e, tmp_path):

@@ -1,23 +1,33 @@
-"""End to end: the simulator against published real-GPU serving measurements.
+"""End to end: the simulator against published real-GPU serving measurements, feature by feature.
 
-    python experiments/sim_fidelity_gpu/e2e.py              # every entry of published.yaml, seeds 1 2 3
-    python experiments/sim_fidelity_gpu/e2e.py --seeds 1    # one workload draw per entry (faster)
-    python experiments/sim_fidelity_gpu/e2e.py --only lambda_vllm054_llama3_8b_a100_burst320 --max-requests 40
+    python experiments/sim_fidelity_gpu/e2e.py              # every entry, every column, seeds 1 2 3
+    python experiments/sim_fidelity_gpu/e2e.py --no-spread  # seed 1 only (quick)
+    python experiments/sim_fidelity_gpu/e2e.py --only lambda_vllm054_llama3_8b_a100_burst320 --columns base,all
 
-For each entry of ``published.yaml`` (source, engine, hardware, model, TP, dataset, conditions, figures)
-it rebuilds the workload (ShareGPT first-turn lengths filtered as the benchmark filtered them, or the
-published per-request lengths; Poisson arrivals at the published rate, or all at once for offline runs),
-sets the engine's published or default limits (memory fraction, ``max_num_seqs``, step token budget,
-chunked prefill), runs ``backend=sim`` with the default ``time_model=auto`` and compares median TPOT,
-median end-to-end latency and throughput. It writes ``e2e_results.json`` and the "End to end against
-published measurements" section of ``README.md`` (``run.py`` renders the same section from the JSON).
+For each entry of ``published.yaml`` (source, engine and flags, hardware, model, TP, workload,
+conditions, figures) it rebuilds the workload (ShareGPT first-turn lengths filtered as the benchmark
+filtered them, the published per-request lengths, or fixed lengths; Poisson arrivals at the published
+rate, all at once for offline and static-batch runs, or ``workload.arrival=closed_loop`` with the
+published concurrency), sets the engine's published or default limits, and runs ``backend=sim`` with
+``time_model=auto`` once per column:
+
+- ``base``: the source's limits, every engine timing feature off, ``non_chunked_schedule=decode_first``
+  (the simulator as the earlier figures ran it);
+- one column per feature (``multi_step``, ``cuda_graphs``, ``custom_all_reduce``, ``frontend``,
+  ``prefill_first``): base plus that feature switched on as the source's engine ran it
+  (``features.py``), "n/a" where the engine did not run it;
+- ``all``: base plus every applicable feature.
+
+It writes ``e2e_results.json`` and the "End to end against published measurements" section of
+``README.md`` (rendered by ``e2e_page.py``; ``run.py`` renders the same section from the JSON).
 
 **Rule:** the time model's constants are fitted only to operator-level measurements. Nothing here
 changes a coefficient: the published request-level figures only validate. The seeds are fixed in
-advance (1, the seed of SGLang's bench_serving, then 2 and 3 for the spread), never chosen by result.
+advance (1, the seed of SGLang's bench_serving, then 2 and 3 for the spread of ShareGPT draws, in the
+``base`` and ``all`` columns), never chosen by result.
 
-The full request counts are simulated (1,200 to 5,000 per entry); the whole script takes about three
-minutes on this project's 2-core machine. ``--max-requests N`` samples each entry down (tests).
+Every entry simulates its full published request count; runs go to ``--jobs`` worker processes
+(default 2). ``--max-requests N`` samples each entry down (tests only).
 """
 
 from __future__ import annotations
@@ -26,6 +36,8 @@ import argparse
 import datetime as dt
 import json
 import math
+import multiprocessing
+import os
 import sys
 import tempfile
 import time
@@ -35,39 +47,53 @@ import numpy as np
 import yaml
 
 HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import e2e_page  # noqa: E402
+import features  # noqa: E402
+
 PUBLISHED = HERE / "published.yaml"
 POOL = HERE / "sharegpt_v3_llama3_first_turn.csv"
 RESULTS = HERE / "e2e_results.json"
 README = HERE / "README.md"
-BEGIN, END = "<!-- e2e:begin -->", "<!-- e2e:end -->"
+BEGIN, END = e2e_page.BEGIN, e2e_page.END
 SEEDS = (1, 2, 3)
+SPREAD_COLUMNS = ("base", "all")  # the columns run with every seed (the others with the first)
 
 # published figure -> (summary key, latency field or None)
 METRICS = {
+    "median_ttft_ms": ("ttft_ms", "p50"),
+    "mean_ttft_ms": ("ttft_ms", "mean"),
     "median_tpot_ms": ("tpot_ms", "p50"),
+    "median_itl_ms": ("itl_ms", "p50"),
     "median_e2e_ms": ("e2e_ms", "p50"),
     "request_throughput_req_s": ("request_throughput_req_s", None),
     "output_throughput_tok_s": ("output_throughput_tok_s", None),
-    "median_ttft_ms": ("ttft_ms", "p50"),
 }
-LABEL = {"median_tpot_ms": "median TPOT (ms)", "median_e2e_ms": "median E2E (ms)",
-         "request_throughput_req_s": "throughput (req/s)", "output_throughput_tok_s": "output throughput (tok/s)",
-         "median_ttft_ms": "median TTFT (ms)"}
-# The issue's targets (reported, never forced): (name, entry ids, metrics, bound)
+# The issue's targets (reported, never forced): (name, load class, metrics, bound)
 TARGETS = [
-    ("70B on 4 x H100 and 8B on 1 x A100 at moderate load (RPS 4, 8): median TPOT and E2E within 10%",
-     ["sglangpage_vllm_llama31_8b_a100_rps4", "sglangpage_vllm_llama31_8b_a100_rps8",
-      "sglangpage_vllm_llama31_70b_4xh100_rps4", "sglangpage_vllm_llama31_70b_4xh100_rps8"],
-     ["median_tpot_ms", "median_e2e_ms"], 0.10),
-    ("offline throughput within 15%",
-     ["sglangpage_vllm_llama31_8b_a100_offline", "sglangpage_vllm_llama31_70b_4xh100_offline"],
-     ["request_throughput_req_s"], 0.15),
+    ("median TTFT within 15% on every moderate-load row", "moderate", ["median_ttft_ms"], 0.15),
+    ("median TPOT within 10% on every moderate-load row", "moderate", ["median_tpot_ms"], 0.10),
+    ("offline throughput within 10%", "offline", ["request_throughput_req_s", "output_throughput_tok_s"], 0.10),
 ]
-COMPONENTS = ("layers", "communication", "attention", "lm_head", "host")
+MODERATE_CONCURRENCY = 16  # closed-loop runs with at most this many clients count as moderate load
+COMPONENTS = e2e_page.COMPONENTS
 
 
 def load_published(path: Path = PUBLISHED) -> dict:
     return yaml.safe_load(Path(path).read_text())
+
+
+def load_class(entry: dict) -> str:
+    """moderate (Poisson, or closed loop with <= 16 clients), high (more clients), offline (a burst or
+    static batch of several requests), single (one request: latency only)."""
+    c = entry["conditions"]
+    if c["arrival"] == "poisson":
+        return "moderate"
+    if c["arrival"] == "closed_loop":
+        return "moderate" if int(c["concurrency"]) <= MODERATE_CONCURRENCY else "high"
+    return "offline" if int(c["num_prompts"]) > 1 else "single"
 
 
 def sharegpt_pool(lengths: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -80,14 +106,16 @@ def sharegpt_pool(lengths: dict) -> tuple[np.ndarray, np.ndarray]:
 
 
 def workload(entry: dict, seed: int, max_requests: int | None = None) -> list[tuple[float, int, int]]:
-    """(arrival s, prompt tokens, output tokens) of every request of ``entry`` under ``seed``."""
+    """(arrival s, prompt tokens, output tokens) of every request of ``entry`` under ``seed``.
+
+    Closed-loop entries get arrival 0 for every request: the clients set the send times."""
     c = entry["conditions"]
     lengths = c["lengths"]
     rng = np.random.default_rng(seed)
+    n_max = c["num_prompts"] if max_requests is None else min(max_requests, c["num_prompts"])
     if lengths["kind"] == "sharegpt_first_turn":
         p, o = sharegpt_pool(lengths)
-        n = c["num_prompts"] if max_requests is None else min(max_requests, c["num_prompts"])
-        pick = rng.choice(len(p), size=n, replace=False)
+        pick = rng.choice(len(p), size=n_max, replace=False)
         prompt, output = p[pick], o[pick]
     elif lengths["kind"] == "per_request":
         prompt = np.asarray(lengths["input_lens"], dtype=np.int64)
@@ -95,37 +123,47 @@ def workload(entry: dict, seed: int, max_requests: int | None = None) -> list[tu
         if max_requests is not None and max_requests < len(prompt):
             pick = np.sort(rng.choice(len(prompt), size=max_requests, replace=False))
             prompt, output = prompt[pick], output[pick]
+    elif lengths["kind"] == "fixed":
+        prompt = np.full(n_max, int(lengths["input"]), dtype=np.int64)
+        output = np.full(n_max, int(lengths["output"]), dtype=np.int64)
     else:
-        raise ValueError(f"{entry['id']}: unknown lengths kind {lengths['kind']!r}")
+        raise ValueError(f"{entry['id']}: unknown lengths kind {lengths['kind']!r} (sharegpt_first_turn, "
+                         "per_request, fixed)")
     n = len(prompt)
-    if c["arrival"] == "offline":
+    if c["arrival"] in ("offline", "closed_loop"):
         arrivals = np.zeros(n)
     elif c["arrival"] == "poisson":  # the client sends the first request at once, then waits Exp(1/rate)
         arrivals = np.concatenate([[0.0], np.cumsum(rng.exponential(1.0 / float(c["rate"]), size=n - 1))])
     else:
-        raise ValueError(f"{entry['id']}: unknown arrival {c['arrival']!r}")
+        raise ValueError(f"{entry['id']}: unknown arrival {c['arrival']!r} (poisson, offline, closed_loop)")
     return [(float(a), int(pl), int(ol)) for a, pl, ol in zip(arrivals, prompt, output)]
 
 
-def overrides(entry: dict, seed: int) -> list[str]:
-    """The simulator's config for ``entry``: the published (or engine-default) limits, time_model=auto."""
+def overrides(entry: dict, seed: int, column: list[str] | None = None) -> list[str]:
+    """The simulator's config for ``entry``: the published (or engine-default) limits, time_model=auto,
+    then ``column``'s feature overrides (``features.columns``; base's when None)."""
     c = entry["conditions"]
-    return ["backend=sim", f"hardware={entry['hardware']}", f"model={entry['model']}",
-            f"tensor_parallel_size={entry['tp']}", f"max_model_len={c['max_model_len']}",
-            f"max_num_seqs={c['max_num_seqs']}", f"max_num_batched_tokens={c['max_num_batched_tokens']}",
-            f"chunked_prefill={str(bool(c['chunked_prefill'])).lower()}", f"block_size={c['block_size']}",
-            f"backend.gpu_memory_utilization={c['gpu_memory_utilization']}", f"seed={seed}",
-            "allocator.prefix_caching=false", "debug.log_steps=false"]
+    cfg = ["backend=sim", f"hardware={entry['hardware']}", f"model={entry['model']}",
+           f"tensor_parallel_size={entry['tp']}", f"max_model_len={c['max_model_len']}",
+           f"max_num_seqs={c['max_num_seqs']}", f"max_num_batched_tokens={c['max_num_batched_tokens']}",
+           f"chunked_prefill={str(bool(c['chunked_prefill'])).lower()}", f"block_size={c['block_size']}",
+           f"backend.gpu_memory_utilization={c['gpu_memory_utilization']}", f"seed={seed}",
+           "allocator.prefix_caching=false", "debug.log_steps=false"]
+    if c["arrival"] == "closed_loop":
+        cfg += ["workload.arrival=closed_loop", f"workload.concurrency={int(c['concurrency'])}"]
+    return cfg + list(features.BASE if column is None else column)
 
 
-def simulate(entry: dict, seed: int = SEEDS[0], max_requests: int | None = None, breakdown: bool = False) -> dict:
-    """Run ``entry`` once in the simulator; the figures it publishes, and what priced the steps."""
+def simulate(entry: dict, seed: int = SEEDS[0], max_requests: int | None = None, breakdown: bool = False,
+             column: list[str] | None = None) -> dict:
+    """Run ``entry`` once in the simulator under ``column``'s overrides; the figures it publishes, and
+    what priced the steps."""
     from servelab.api import compose
     from servelab.core.request import Request
     from servelab.run.session import run_job
     from servelab.run.stack import build_stack
 
-    cfg = compose(overrides(entry, seed), logger="none", progress=False)
+    cfg = compose(overrides(entry, seed, column), logger="none", progress=False)
     reqs = workload(entry, seed, max_requests)
     stack = build_stack(cfg)
     vocab = stack.executor.spec.vocab_size
@@ -172,166 +210,155 @@ def _err(sim, pub):
     return None if sim is None or pub in (None, 0) else sim / pub - 1
 
 
-def run_entries(entries: list[dict], seeds=SEEDS, max_requests: int | None = None, log=print) -> dict:
-    out = []
+def _entry_seeds(entry: dict, seeds) -> list[int]:
+    """ShareGPT draws differ by seed; per-request and fixed lengths do not (one run)."""
+    return list(seeds) if entry["conditions"]["lengths"]["kind"] == "sharegpt_first_turn" else list(seeds)[:1]
+
+
+def _task(args):
+    entry, col, seed, column, max_requests, breakdown = args
+    return entry["id"], col, seed, simulate(entry, seed, max_requests, breakdown=breakdown, column=column)
+
+
+def run_entries(entries: list[dict], seeds=SEEDS, max_requests: int | None = None, log=print,
+                columns: tuple[str, ...] = features.COLUMNS, jobs: int = 1) -> dict:
+    """Simulate every entry under every applicable column; the figures, errors and run facts per column.
+
+    Each entry's top-level ``metrics`` / ``run`` / ``time_share`` are its ``base`` column's (or the
+    first column asked for)."""
+    if "base" not in columns:
+        columns = ("base", *columns)
+    plans = {e["id"]: features.columns(e, columns) for e in entries}
+    tasks, same = [], {}  # same: (entry, column, seed) -> the column that runs the identical config
     for e in entries:
-        kind = e["conditions"]["lengths"]["kind"]
-        entry_seeds = list(seeds) if kind == "sharegpt_first_turn" else list(seeds)[:1]  # per-request: deterministic
-        runs = []
-        for i, seed in enumerate(entry_seeds):
-            runs.append(simulate(e, seed, max_requests, breakdown=(i == 0)))
-            log(f"{e['id']} seed {seed}: " + ", ".join(
-                f"{k} {runs[-1]['simulated'][k]:.4g}" for k in e["figures"] if runs[-1]["simulated"].get(k) is not None)
-                + f" ({runs[-1]['wall_s']:.1f} s)")
+        entry_seeds = _entry_seeds(e, seeds)
+        first: dict[tuple[str, ...], str] = {}
+        for col, column in plans[e["id"]].items():
+            if column is None:
+                continue
+            twin = first.setdefault(tuple(column), col)
+            for i, seed in enumerate(entry_seeds if col in SPREAD_COLUMNS else entry_seeds[:1]):
+                if twin != col and (twin in SPREAD_COLUMNS or i == 0):  # the twin runs this seed too
+                    same[(e["id"], col, seed)] = twin  # e.g. all = prefill_first where only that applies
+                    continue
+                tasks.append((e, col, seed, column, max_requests, i == 0))
+    # longest first so the pool ends together: output tokens x requests is a fair proxy of the run's cost
+    tasks.sort(key=lambda t: -_cost(t[0], max_requests))
+    done: dict[tuple[str, str, int], dict] = {}
+    if jobs > 1 and len(tasks) > 1:
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            for eid, col, seed, r in pool.imap_unordered(_task, tasks):
+                done[(eid, col, seed)] = r
+                log(f"{eid} [{col}] seed {seed}: {_brief(r)}")
+    else:
+        for t in tasks:
+            eid, col, seed, r = _task(t)
+            done[(eid, col, seed)] = r
+            log(f"{eid} [{col}] seed {seed}: {_brief(r)}")
+    for (eid, col, seed), twin in same.items():
+        done[(eid, col, seed)] = done[(eid, twin, seed)]
+    out = [_entry_result(e, plans[e["id"]], done, _entry_seeds(e, seeds)) for e in entries]
+    return {"generated": dt.date.today().isoformat(),
+            "rule": "constants are fitted only to operator-level measurements; these request-level figures only "
+                    "validate and are never used to fit, tune or choose a coefficient",
+            "seeds": list(seeds), "max_requests": max_requests, "columns": list(columns),
+            "entries": out, "targets": targets(out)}
+
+
+def _cost(entry: dict, max_requests: int | None) -> float:
+    c = entry["conditions"]
+    n = c["num_prompts"] if max_requests is None else min(max_requests, c["num_prompts"])
+    lengths = c["lengths"]
+    out = {"fixed": lengths.get("output"), "sharegpt_first_turn": 200}.get(lengths["kind"]) or 200
+    return float(n) * float(out) * (entry["tp"] ** 0.5)
+
+
+def _brief(r: dict) -> str:
+    figs = ", ".join(f"{k} {v:.4g}" for k, v in r["simulated"].items() if v is not None)
+    return f"{figs} ({r['wall_s']:.1f} s)"
+
+
+def _entry_result(e: dict, plan: dict, done: dict, entry_seeds: list[int]) -> dict:
+    figures = {**e["figures"], **{k: v for k, v in (e.get("also_reported") or {}).items() if k in METRICS}}
+    cols = {}
+    for col, column in plan.items():
+        if column is None:
+            cols[col] = None
+            continue
+        runs = [done[(e["id"], col, s)] for s in entry_seeds if (e["id"], col, s) in done]
         main = runs[0]
         metrics = {}
-        for name, pub in {**e["figures"], **{k: v for k, v in (e.get("also_reported") or {}).items() if k in METRICS}}.items():
+        per_gpu = set(e.get("per_gpu") or ())
+        for name, pub in figures.items():
             vals = [r["simulated"].get(name) for r in runs]
+            if name in per_gpu:  # the source divides the node's figure by its GPUs
+                vals = [None if v is None else v / e["tp"] for v in vals]
             errs = [_err(v, pub) for v in vals if v is not None]
             metrics[name] = {"published": pub, "simulated": vals[0], "error": _err(vals[0], pub),
                              "simulated_by_seed": vals, "error_range": [min(errs), max(errs)] if errs else None,
                              "scored": name in e["figures"]}
-        c = e["conditions"]
-        implied = None
-        also = e.get("also_reported") or {}
-        if {"median_e2e_ms", "median_tpot_ms"} <= e["figures"].keys() and "median_ttft_ms" in also:
-            f = e["figures"]
-            implied = (f["median_e2e_ms"] - also["median_ttft_ms"]) / f["median_tpot_ms"] + 1
-        out.append({
-            "id": e["id"], "source": {k: e["source"].get(k) for k in ("short", "url", "title", "date")},
-            "engine": f"{e['engine']['name']} {e['engine']['version']}", "hardware": e["hardware"], "model": e["model"],
-            "tp": e["tp"], "published_setup": f"{e['model_published']} on {e['hardware_published']}",
-            "load": "offline" if c["arrival"] == "offline" else f"{c['rate']} req/s Poisson",
-            "num_prompts_published": c["num_prompts"], "num_requests_simulated": main["num_requests"],
-            "seeds": entry_seeds, "metrics": metrics,
-            "workload": {k: main[k] for k in ("mean_prompt", "mean_output", "median_output")},
-            "published_implied_median_output": implied,
-            "run": {k: main[k] for k in ("duration_s", "num_steps", "max_concurrent_requests", "num_preemptions",
-                                         "num_kv_blocks", "num_finished")},
-            "time_model": main["time_model"], "time_share": main["time_share"],
-            "wall_s": sum(r["wall_s"] for r in runs)})
-    return {"generated": dt.date.today().isoformat(),
-            "rule": "constants are fitted only to operator-level measurements; these request-level figures only "
-                    "validate and are never used to fit, tune or choose a coefficient",
-            "seeds": list(seeds), "max_requests": max_requests, "entries": out, "targets": targets(out)}
+        cols[col] = {"overrides": [o for o in column if o not in features.BASE] or [], "seeds": entry_seeds[:len(runs)],
+                     "metrics": metrics,
+                     "run": {k: main[k] for k in ("duration_s", "num_steps", "max_concurrent_requests",
+                                                  "num_preemptions", "num_kv_blocks", "num_finished")},
+                     "time_share": main["time_share"], "wall_s": sum(r["wall_s"] for r in runs)}
+    base_col = next(c for c in cols.values() if c is not None)
+    base_main = done[(e["id"], next(k for k, v in cols.items() if v is not None), entry_seeds[0])]
+    c = e["conditions"]
+    also = e.get("also_reported") or {}
+    f = e["figures"]
+    implied = None
+    ttft = f.get("median_ttft_ms", also.get("median_ttft_ms"))
+    if {"median_e2e_ms", "median_tpot_ms"} <= f.keys() and ttft is not None:
+        implied = (f["median_e2e_ms"] - ttft) / f["median_tpot_ms"] + 1
+    load = {"offline": "offline", "poisson": f"{c['rate']} req/s Poisson",
+            "closed_loop": f"{c.get('concurrency')} clients closed loop"}[c["arrival"]]
+    if e.get("runner") == "static_batch":
+        load = "static batch" if c["num_prompts"] > 1 else "one request"
+    return {
+        "id": e["id"], "source": {k: e["source"].get(k) for k in ("short", "url", "title", "date")},
+        "engine": f"{e['engine']['name']} {e['engine']['version']}", "flags": e["engine"].get("flags"),
+        "features": features.flags_used(e), "per_gpu": list(e.get("per_gpu") or []),
+        "hardware": e["hardware"], "model": e["model"], "tp": e["tp"],
+        "published_setup": f"{e['model_published']} on {e['hardware_published']}", "load": load,
+        "load_class": load_class(e), "num_prompts_published": c["num_prompts"],
+        "num_requests_simulated": base_main["num_requests"], "seeds": entry_seeds,
+        "metrics": base_col["metrics"], "columns": cols,
+        "workload": {k: base_main[k] for k in ("mean_prompt", "mean_output", "median_output")},
+        "published_implied_median_output": implied, "run": base_col["run"],
+        "time_model": base_main["time_model"], "time_share": base_col["time_share"],
+        "wall_s": sum(col["wall_s"] for col in cols.values() if col)}
 
 
 def targets(entries: list[dict]) -> list[dict]:
-    by_id = {e["id"]: e for e in entries}
+    """Each target for the ``base`` and ``all`` columns (``all`` falls back to base where no feature applies)."""
     res = []
-    for name, ids, metrics, bound in TARGETS:
-        cells = [(i, m, by_id[i]["metrics"][m]["error"]) for i in ids if i in by_id for m in metrics]
-        if not cells:
-            continue
-        worst = max(abs(err) for _, _, err in cells)
-        res.append({"target": name, "bound": bound, "holds": worst <= bound, "worst_abs_error": worst,
-                    "misses": [f"{i} {m} {100 * err:+.1f}%" for i, m, err in cells if abs(err) > bound]})
+    for name, cls, metrics, bound in TARGETS:
+        for col in ("base", "all"):
+            cells = []
+            for e in entries:
+                if e["load_class"] != cls:
+                    continue
+                column = e["columns"].get(col) or e["columns"].get("base")
+                if column is None:
+                    continue
+                for m in metrics:
+                    mm = column["metrics"].get(m)
+                    if mm and mm["scored"] and mm["error"] is not None:
+                        cells.append((e["id"], m, mm["error"]))
+            if not cells:
+                continue
+            worst = max(abs(err) for _, _, err in cells)
+            res.append({"target": name, "column": col, "bound": bound, "holds": worst <= bound,
+                        "rows": len(cells), "within": sum(abs(err) <= bound for _, _, err in cells),
+                        "worst_abs_error": worst,
+                        "misses": [f"{i} {m} {100 * err:+.1f}%" for i, m, err in cells if abs(err) > bound]})
     return res
-
-
-# ---------------------------------------------------------------------------------------------- page
-def _pct(v):
-    return "n/a" if v is None else f"{100 * v:+.1f}%"
-
-
-def _num(v):
-    if v is None:
-        return "n/a"
-    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.2f}"
 
 
 def render_section(results: dict | None) -> str:
     """The README's "End to end against published measurements" section (markers included)."""
-    head = "## End to end against published measurements\n\n"
-    if not results:
-        return (f"{BEGIN}\n{head}Not run yet: `python experiments/sim_fidelity_gpu/e2e.py` writes "
-                f"`e2e_results.json` and this section.\n{END}\n")
-    rows, diag = [], []
-    for e in results["entries"]:
-        src = f"[{e['source'].get('short') or e['source']['title']}]({e['source']['url']})"
-        setup = (f"{e['engine']}, {e['model']} {e['hardware']} TP{e['tp']}, {e['load']}, "
-                 f"{e['num_requests_simulated']:,} req")
-        for name, m in e["metrics"].items():
-            if not m["scored"]:
-                continue
-            lo, hi = m["error_range"] or (None, None)
-            spread = "" if len(e["seeds"]) < 2 else f"{_pct(lo)} .. {_pct(hi)}"
-            rows.append([src, setup, LABEL[name], _num(m["published"]), _num(m["simulated"]), _pct(m["error"]), spread])
-        share = e["time_share"] or {}
-        ttft = e["metrics"].get("median_ttft_ms")
-        diag.append([e["id"], f"{e['workload']['mean_prompt']:.0f} / {e['workload']['mean_output']:.0f}",
-                     f"{e['workload']['median_output']:.0f}",
-                     "n/a" if e["published_implied_median_output"] is None else f"{e['published_implied_median_output']:.0f}",
-                     "n/a" if not ttft else f"{_num(ttft['published'])} / {_num(ttft['simulated'])}",
-                     e["run"]["max_concurrent_requests"], e["run"]["num_preemptions"],
-                     " / ".join(f"{100 * share.get(k, 0):.0f}" for k in COMPONENTS) if share else "n/a",
-                     e["time_model"]["chosen"]])
-    t_rows = [[t["target"], f"{100 * t['worst_abs_error']:.1f}%", "yes" if t["holds"] else "no",
-               "; ".join(t["misses"]) or "-"] for t in results["targets"]]
-    table = _table(["source", "setup (simulated)", "metric", "published", "simulated (seed 1)", "error",
-                    "error over seeds"], rows)
-    diag_t = _table(["entry", "mean prompt / output (tok)", "median output (tok)",
-                     "published implied median output", "median TTFT pub / sim (ms)", "max batch", "preemptions",
-                     "sim time %: layers / all-reduce / attention / LM head / host", "time model"], diag)
-    sampled = (f" Each entry was sampled down to at most {results['max_requests']} requests."
-               if results.get("max_requests") else " Every entry simulates its full published request count.")
-    return f"""{BEGIN}
-{head}Regenerate: `python experiments/sim_fidelity_gpu/e2e.py` (about three minutes on 2 cores; writes
-`e2e_results.json` and this section; `run.py` renders it from that file). Sources, conditions and the
-figures, each with the table row or JSON key it was copied from, are in
-[published.yaml](published.yaml).
-
-**Rule:** the time model's constants are fitted only to operator-level measurements (the tables
-above). These request-level published figures validate; they are never used to fit, tune or choose a
-coefficient, and nothing here was changed after seeing them. The simulator runs with its defaults
-(`backend=sim`, `time_model=auto`) and the engine limits each source states or its engine's defaults
-(memory fraction, `max_num_seqs`, step token budget, chunked prefill).
-
-Workloads: ShareGPT first turns under the Llama-3 tokenizer, filtered as the benchmark filters
-(4 <= prompt <= 1024, output >= 4, prompt + output <= 2048), each request generating its completion
-length (the clients sent `ignore_eos`), Poisson arrivals at the published rate or all at once (offline),
-drawn with seed 1 (the benchmark client's default); seeds 2 and 3 give the spread. The pool is the
-17,400 conversations at the start of ShareGPT V3 (the copy at hand is truncated,
-[sharegpt_lengths.py](sharegpt_lengths.py)), so the published runs' exact draw is not rebuilt. Lambda's runs list every request's lengths, used as
-published.{sampled} Generated {results['generated']}.
-
-Error = simulated / published - 1.
-
-{table}
-
-### Targets (reported, not forced)
-
-{_table(["target", "worst abs. error", "holds", "misses"], t_rows)}
-
-### What drives the differences
-
-{diag_t}
-
-- *published implied median output* = (median E2E - median TTFT) / median TPOT + 1 of the published
-  row: roughly the output length of the published run's median request. Where it is shorter than the
-  simulated sample's median output, the simulated median E2E is long for workload reasons, not time.
-- *sim time %*: where the simulated step time went (first seed), by the part of the time model that
-  priced it: decoder layers and all-reduce from the measured op tables, attention and the LM head from
-  the calibrated roofline, the host from the calibrated roofline's host term (no host table exists for
-  these shapes).
-- The all-reduce share of the 70B TP 4 rows is Vidur's NCCL kernel time, about 39 us per call at
-  decode batch sizes on H100 (160 calls a step); vLLM and SGLang run their own one-shot all-reduce
-  kernel on NVLink at TP <= 8, which that table did not measure.
-- SGLang's offline 70B rows prefill in 8192-token chunks, beyond the H100 tables' measured 4,096
-  tokens: those steps are extrapolated in proportion (the run warns once per table).
-- Not modelled: vLLM v0.6.0's multi-step scheduling (`--num-scheduler-steps 10`: prompts join only every
-  10 steps, outputs stream in chunks of 10, which lifts the published TTFT and ITL); vLLM v0's
-  prefill-only steps (servelab's step puts decodes and whole prompts together, vLLM v1 style); SGLang's
-  separate prefill batches, radix scheduling and `--enable-torch-compile`; CUDA graphs; the API server's
-  and detokenizer's CPU time, which vLLM v0.5.4 (Lambda's runs) spends in the engine's own process.
-{END}
-"""
-
-
-def _table(headers, rows) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
+    return e2e_page.render_section(results)
 
 
 def update_readme(section: str, readme: Path = README) -> None:
@@ -347,11 +374,24 @@ def update_readme(section: str, readme: Path = README) -> None:
     readme.write_text(text)
 
 
+def _columns_arg(text: str) -> tuple[str, ...]:
+    cols = tuple(c.strip() for c in text.split(",") if c.strip())
+    unknown = [c for c in cols if c not in features.COLUMNS]
+    if unknown or not cols:
+        raise argparse.ArgumentTypeError(f"--columns: unknown {unknown or text!r}; choose from "
+                                         f"{','.join(features.COLUMNS)}")
+    return cols
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
+    ap.add_argument("--no-spread", action="store_true", help="seed 1 only (one ShareGPT draw per entry)")
     ap.add_argument("--only", nargs="+", help="entry ids")
-    ap.add_argument("--max-requests", type=int, help="sample each entry down to at most N requests")
+    ap.add_argument("--columns", type=_columns_arg, default=features.COLUMNS,
+                    help=f"comma-separated, default {','.join(features.COLUMNS)}")
+    ap.add_argument("--max-requests", type=int, help="sample each entry down to at most N requests (tests)")
+    ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--no-readme", action="store_true", help="write the JSON only")
     args = ap.parse_args(argv)
@@ -359,14 +399,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         unknown = set(args.only) - {e["id"] for e in entries}
         if unknown:
-            raise SystemExit(f"unknown entry ids: {sorted(unknown)}")
+            raise SystemExit(f"e2e.py --only: unknown entry ids {sorted(unknown)} (see published.yaml)")
         entries = [e for e in entries if e["id"] in args.only]
-    results = run_entries(entries, tuple(args.seeds), args.max_requests)
-    args.out.write_text(json.dumps(results, indent=1, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v) + "\n")
+    seeds = tuple(args.seeds[:1]) if args.no_spread else tuple(args.seeds)
+    start = time.perf_counter()
+    results = run_entries(entries, seeds, args.max_requests, columns=args.columns, jobs=args.jobs)
+    results["wall_s"] = time.perf_counter() - start
+    results["load_average"] = list(os.getloadavg())  # the machine is shared: what else ran shows here
+    args.out.write_text(json.dumps(results, indent=1,
+                                   default=lambda v: None if isinstance(v, float) and math.isnan(v) else v) + "\n")
     if not args.no_readme:
         update_readme(render_section(results))
     for t in results["targets"]:
-        print(f"target: {t['target']}: {'holds' if t['holds'] else 'misses'} (worst {100 * t['worst_abs_error']:.1f}%)")
+        print(f"target [{t['column']}]: {t['target']}: {'holds' if t['holds'] else 'misses'} "
+              f"({t['within']}/{t['rows']} rows within, worst {100 * t['worst_abs_error']:.1f}%)")
+    print(f"wall {results['wall_s']:.0f} s")
     return 0
 
 
