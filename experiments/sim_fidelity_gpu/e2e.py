@@ -312,7 +312,7 @@ def _entry_result(e: dict, plan: dict, done: dict, entry_seeds: list[int]) -> di
     if {"median_e2e_ms", "median_tpot_ms"} <= f.keys() and ttft is not None:
         implied = (f["median_e2e_ms"] - ttft) / f["median_tpot_ms"] + 1
     load = {"offline": "offline", "poisson": f"{c['rate']} req/s Poisson",
-            "closed_loop": f"{c.get('concurrency')} clients closed loop"}[c["arrival"]]
+            "closed_loop": f"{c.get('concurrency')} client{'s' if c.get('concurrency') != 1 else ''} closed loop"}[c["arrival"]]
     if e.get("runner") == "static_batch":
         load = "static batch" if c["num_prompts"] > 1 else "one request"
     return {
