@@ -112,6 +112,7 @@ SUBCOMMANDS: dict[str, str] = {
     "new-plugin": "kit.new_plugin:main",  # a plugin package skeleton: entry point, typed Config, a passing test
     "grade": "kit.grading:main",  # plugins scored against the built-ins on fixed simulated workloads
     "serve": "serve.command:main",  # an OpenAI-compatible server (FastAPI + uvicorn) in front of the composed stack
+    "route": "serve.route_command:main",  # an OpenAI-compatible router (a router plugin) in front of N servers
 }
 
 

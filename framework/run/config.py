@@ -483,6 +483,32 @@ class ServeConfig:
 
 
 @dataclass
+class RouteConfig:
+    """``servelab route`` (docs/route.md): an OpenAI-compatible router running ``router=<name>`` in
+    front of backends. ``replicas``: how many ``servelab serve`` processes it starts itself with the
+    composed stack (alias ``replicas=N`` on its command line); ``backends``: URLs of running
+    OpenAI-compatible servers to use instead (non-empty wins over ``replicas``). ``host``/``port``:
+    where the router listens (flags ``--host``/``--port``). Every ``refresh_interval_s`` the router
+    reads each backend's ``/metrics`` (the gauges in its views); every ``health_interval_s`` it checks
+    ``/health`` (a backend down gets ``can_hold=False``). A request that failed on a backend before
+    anything was streamed is tried on another one up to ``retries`` times. ``request_timeout_s``: the
+    most one backend answer (or the gap between two streamed chunks) may take; ``start_timeout_s``: the
+    most a started replica may take to listen. ``output_dir``: where started replicas write their result
+    folders (``replica<i>/``); null = ``outputs/route/<date>/<time>``."""
+
+    replicas: int = 1
+    backends: list[str] = field(default_factory=list)
+    host: str = "127.0.0.1"
+    port: int = 8100
+    refresh_interval_s: float = 0.5
+    health_interval_s: float = 1.0
+    retries: int = 1
+    request_timeout_s: float = 300.0
+    start_timeout_s: float = 180.0
+    output_dir: Optional[str] = None
+
+
+@dataclass
 class ServelabConfig:
     """Top-level keys; groups are filled by the defaults list in ``conf/config.yaml``. The plugin
     kinds' groups (``scheduler``, ``allocator`` ...) are added from the kinds table by :func:`schema`."""
@@ -515,6 +541,7 @@ class ServelabConfig:
     frontend: FrontendConfig = MISSING
     eval_ppl: EvalPPLConfig = field(default_factory=EvalPPLConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    route: RouteConfig = field(default_factory=RouteConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     progress: bool = True
     strict_requests: bool = False  # a request the engine would reject is a start-up error (not a rejection)

@@ -130,6 +130,7 @@ def serve(cfg: DictConfig) -> int:
     codec = TextCodec(text)
     model_name = s.model_name or cfg.model.name
     metrics = ServeMetrics(model_name, stack.limits.ttft_slo_ms, stack.limits.tpot_slo_ms)
+    metrics.cache_config(stack.limits.block_size, engine.allocator.num_blocks)
     logger = make_logger(cfg.logger)
     status, code, writer = "completed", 0, None
     try:

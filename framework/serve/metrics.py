@@ -120,6 +120,13 @@ class ServeMetrics:
             self.itl.observe(gap / 1e3)
             self.itl_v0.observe(gap / 1e3)
 
+    def cache_config(self, block_size: int, num_blocks: int) -> None:
+        """vLLM's ``vllm:cache_config_info`` (value 1, the facts in labels): what ``servelab route``
+        puts in its views' ``block_size`` and ``num_kv_blocks``."""
+        Gauge("vllm:cache_config_info", "The KV cache's configuration (labels; value 1).",
+              ["model_name", "block_size", "num_gpu_blocks"], registry=self.registry).labels(
+            self.model_name, str(block_size), str(num_blocks)).set(1)
+
     def refused_request(self, code: int) -> None:
         self.refused.labels(self.model_name, str(code)).inc()
 
