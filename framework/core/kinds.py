@@ -116,7 +116,7 @@ BUILTIN_KINDS = (
              guide="docs/write-an-evictor.md", grade_reference="lru"),
     KindSpec("router", Router, "servelab_register_routers", RouterContext, "round_robin",
              "which replica of a cluster serves each request (cluster.replicas > 1)", scope="cluster",
-             checks=("router",), template="router", guide="docs/write-a-router.md", grade_reference="round_robin"),
+             checks=("router", "servelab.cli.route_conformance:stage_behind_route"), template="router", guide="docs/write-a-router.md", grade_reference="round_robin"),
     KindSpec("executor", Executor, "servelab_register_executors", ExecutorContext, "torch",
              "what runs the steps: the model in this process, over N ranks, or the simulator",
              scope="executor", group="backend"),

@@ -25,7 +25,9 @@ or ``servelab check-plugin scheduler=spf`` (exit code 0 only when it passes). Tw
    unequal replicas, each answer checked; the same placements again with a fresh router, and
    without the later requests; load spread over equal replicas), then through two simulated
    clusters, real engines on the simulator (``backend=sim``: 3 colocated replicas, then 2 prefill +
-   2 decode; every request ends once, no block held: ``cluster run``); it has no real-model stage.
+   2 decode; every request ends once, no block held: ``cluster run``), and last behind ``servelab
+   route`` over two real tiny_code replicas (:mod:`servelab.cli.route_conformance`; skipped with
+   ``real_model=False``); it has no token-equality stage.
 2. **A real model** (``model=tiny``, random weights): greedy tokens equal the default stack's.
 
 A failure prints the contract, the seed, and the smallest scenario (requests dropped one at a
@@ -370,7 +372,7 @@ def _check_router(report: Report, registry: Registry, extra: tuple[str, ...], ca
         report.failures.append(Failure("plugin raised", f"building router {report.name!r}: "
                                        f"{type(exc).__name__}: {exc}"))
         return report
-    report.notes.append("synthetic clusters, then simulated ones; no real-model stage: a router never changes "
+    report.notes.append("synthetic clusters, then simulated ones; no token-equality stage: a router never changes "
                         "the tokens")
     make = lambda context: cls(config, context)  # noqa: E731 - a fresh router per run
     for stage in (_router_scenario_checks, _router_spread_check):
@@ -842,7 +844,8 @@ def main(argv: list[str]) -> int:
                         "length_predictor=oracle scheduler.max_wait_s=0.5")
     parser.add_argument("--cases", type=int, default=50, help="random scenarios (default 50)")
     parser.add_argument("--seed", type=int, default=0, help="first scenario seed (default 0)")
-    parser.add_argument("--no-real-model", action="store_true", help="skip the tiny-model equality check")
+    parser.add_argument("--no-real-model", action="store_true", help="skip the tiny-model equality check (a router: the run "
+                        "behind servelab route)")
     args = parser.parse_intermixed_args(argv)  # options may come between the overrides
     kind, sep, name = args.plugin.partition("=")
     if not sep or kind not in kit_kinds() or not name:

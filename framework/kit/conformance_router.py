@@ -46,6 +46,8 @@ ROUTER_CONTRACTS = {
                     f"{SPREAD_MAX_SHARE:.0%} of {SPREAD_REQUESTS} requests",
     "on_finish": "calling on_finish(request, replica) for every request on every replica it was placed on "
                  "does not raise",
+    "behind servelab route": "behind servelab route over two tiny_code replicas, every request (streamed and "
+                             "not) is answered, and runs on the replica the router chose",
     "cluster run": "in the simulator's cluster loop (3 colocated replicas; 2 prefill + 2 decode) every request ends "
                    "exactly once and no KV block is left held",
 }

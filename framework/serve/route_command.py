@@ -15,6 +15,7 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from omegaconf import DictConfig
 from servelab.api import command_output_dir, compose_with_run_dir
 from servelab.core.contexts import RouterContext
 from servelab.core.errors import ConfigError
-from servelab.core.registry import default_registry
+from servelab.core.registry import Registry, default_registry
 from servelab.core.request import Request
 from servelab.run.config import check_known_keys, config_error_message
 from servelab.run.stack import _plugin_config
@@ -85,9 +86,9 @@ def check_route_config(cfg: DictConfig) -> None:
     default_registry().get("router", cfg.router.name)  # an unknown router: one line listing the known ones
 
 
-def build_router(cfg: DictConfig, backends: list[Backend]):
+def build_router(cfg: DictConfig, backends: list[Backend], registry: Registry | None = None):
     """``router=<name>`` for ``backends``, as the simulator's cluster builds it."""
-    cls = default_registry().get("router", cfg.router.name)
+    cls = (registry or default_registry()).get("router", cfg.router.name)
     probe = Request("route-start", (0,), 1)
     views = tuple(b.view(probe, False) for b in backends)
     try:
@@ -126,7 +127,7 @@ class RouteProcess:
         stop_replicas(self.replicas)
 
 
-def prepare(cfg: DictConfig, replica_overrides: list[str]):
+def prepare(cfg: DictConfig, replica_overrides: list[str], registry: Registry | None = None):
     """The backends (started or probed), the router plugin and the app's state; replicas it started
     are stopped again when anything here fails."""
     from servelab.serve.route_app import RouteState  # noqa: PLC0415 - FastAPI, an optional extra
@@ -140,7 +141,7 @@ def prepare(cfg: DictConfig, replica_overrides: list[str]):
         else:
             replicas = start_replicas(r.replicas, replica_overrides, Path(r.output_dir), r.start_timeout_s)
             backends = probe_backends([p.url for p in replicas])
-        router = build_router(cfg, backends)
+        router = build_router(cfg, backends, registry)
         pool = BackendPool(backends, r.refresh_interval_s, r.health_interval_s, r.request_timeout_s)
         state = RouteState(pool, router, cfg.router.name, prompt_codec(cfg, backends, bool(replicas)),
                            RouteMetrics(cfg.router.name, [b.url for b in backends]), r.retries,
@@ -151,14 +152,16 @@ def prepare(cfg: DictConfig, replica_overrides: list[str]):
     return state, replicas
 
 
-def start_in_thread(cfg: DictConfig, replica_overrides: list[str] = ()) -> RouteProcess:  # type: ignore[assignment]
+def start_in_thread(cfg: DictConfig, replica_overrides: Sequence[str] = (),
+                    registry: Registry | None = None) -> RouteProcess:
     """The router on ``route.host:route.port`` (0 = any free port) in a thread of this process, for
-    tests and ``check-plugin``; :meth:`RouteProcess.stop` stops it and the replicas it started."""
+    tests and ``check-plugin`` (``registry``: where ``router=<name>`` is found; default the installed
+    plugins); :meth:`RouteProcess.stop` stops it and the replicas it started."""
     import uvicorn  # noqa: PLC0415 - optional
 
     from servelab.serve.route_app import build_route_app  # noqa: PLC0415
 
-    state, replicas = prepare(cfg, list(replica_overrides))
+    state, replicas = prepare(cfg, list(replica_overrides), registry)
     config = uvicorn.Config(build_route_app(state), host=cfg.route.host, port=cfg.route.port, log_level="warning",
                             access_log=False)
     server = uvicorn.Server(config)
