@@ -197,16 +197,31 @@ def test_the_kits_scenarios_offer_replicas_that_cannot_hold_and_both_pools():
 
 @pytest.mark.parametrize("name", [cls.name for cls in BUILTIN])
 def test_every_builtin_passes_the_kit(name):
-    report = check_plugin("router", name, cases=12)
+    report = check_plugin("router", name, cases=12, real_model=False)  # the stage behind servelab route: below
     assert report.ok, str(report)
     assert report.cases == 12 and not report.real_model
+    assert "the run behind servelab route skipped" in str(report)
+
+
+def test_a_builtin_passes_the_kit_behind_servelab_route():
+    report = check_plugin("router", "round_robin", cases=2)
+    assert report.ok, str(report)
+    assert "ran behind servelab route: 2 tiny_code replicas, 6 requests" in str(report)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [cls.name for cls in BUILTIN])
+def test_every_builtin_passes_the_kit_behind_servelab_route(name):
+    report = check_plugin("router", name, cases=2)
+    assert report.ok, str(report)
+    assert "ran behind servelab route" in str(report)
 
 
 def test_the_kit_takes_the_routers_keys_and_refuses_a_bad_one(capsys):
-    assert check_plugin("router", "prefix_affinity", cases=2, overrides=("router.balance_abs=0",)).ok
+    assert check_plugin("router", "prefix_affinity", cases=2, real_model=False, overrides=("router.balance_abs=0",)).ok
     report = check_plugin("router", "prefix_affinity", cases=2, overrides=("router.capacity_fraction=0",))
     assert report.contracts_broken == ["plugin raised"] and "router.capacity_fraction=0 must be > 0" in str(report)
-    assert check_plugin_main(["router=session", "--cases", "2"]) == 0
+    assert check_plugin_main(["router=session", "--cases", "2", "--no-real-model"]) == 0
     assert "router=session: PASS (2 random scenarios)" in capsys.readouterr().out
 
 
