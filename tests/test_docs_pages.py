@@ -147,6 +147,8 @@ def _overrides(command: str) -> list[str] | None:
         args = words[3:]
     else:
         return None
+    if args[:1] == ["route"]:  # servelab route's aliases: replicas=N, backends=[...]
+        args = [f"route.{a}" if a.startswith(("replicas=", "backends=")) else a for a in args]
     if args[:1] and not args[0].startswith("-") and "=" not in args[0]:  # a subcommand
         if args[0] in NOT_OVERRIDES:
             return None
