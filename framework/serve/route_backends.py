@@ -95,8 +95,9 @@ def probe_backend(index: int, url: str, client: httpx.Client) -> Backend:
     except httpx.HTTPError as exc:
         raise ConfigError(f"route.backends: {url} is unreachable ({type(exc).__name__}: {exc})") from None
     try:
-        models = answer.json()["data"] if answer.status_code == 200 else None
-        first = models[0]
+        if answer.status_code != 200:
+            raise ValueError(answer.status_code)
+        first = answer.json()["data"][0]
         model = str(first["id"])
     except (ValueError, KeyError, IndexError, TypeError):
         raise ConfigError(f"route.backends: {url} is not an OpenAI-compatible server (GET /v1/models answered "

@@ -165,7 +165,7 @@ def start_in_thread(cfg: DictConfig, replica_overrides: Sequence[str] = (),
     config = uvicorn.Config(build_route_app(state), host=cfg.route.host, port=cfg.route.port, log_level="warning",
                             access_log=False)
     server = uvicorn.Server(config)
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign] - not the main thread
+    # uvicorn installs no signal handlers outside the main thread: the caller stops it
     thread = threading.Thread(target=server.run, daemon=True, name="servelab-route")
     thread.start()
     deadline = time.monotonic() + 60
