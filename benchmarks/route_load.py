@@ -13,7 +13,8 @@ Poisson load generator (``openai.AsyncOpenAI``, streamed completions, ``ignore_e
 - ``route2``: both replicas behind ``servelab route router=round_robin`` (its own process).
 
 It prints output throughput (tokens/s over the run's span) and TTFT / ITL percentiles (ms, from the
-client's receipt times). ``route2`` - ``direct2`` is the router's own cost per request.
+client's receipt times). ``route2`` - ``direct2`` is the router's own cost per request; it is also measured without load first
+(one client, each request sent when the previous one ended: median TTFT and end-to-end latency).
 ``--part prefix``: a shared-prefix workload (4 system prompts of ~250 tokens, each request one of
 them + a short question) through ``servelab route`` with ``prefix_affinity`` and with ``round_robin``,
 the replicas' prefix caches on (``allocator.prefix_caching=true``, 48 KV blocks of 16 each: room for
@@ -85,6 +86,15 @@ async def drive(urls: list[str], rate: float, n: int, max_tokens: int, seed: int
     return results
 
 
+async def one_at_a_time(urls: list[str], n: int, max_tokens: int, prompts: list[str]) -> list[dict]:
+    """``n`` requests, each sent when the previous one ended (one client): latency without queueing."""
+    clients = [openai.AsyncOpenAI(base_url=f"{u}/v1", api_key="x", max_retries=0, timeout=300) for u in urls]
+    results = [await one_request(clients[i % len(clients)], prompts[i], max_tokens, None) for i in range(n)]
+    for c in clients:
+        await c.close()
+    return results
+
+
 def figures(results: list[dict]) -> dict:
     ttft = [(r["times"][0] - r["sent"]) * 1e3 for r in results if r["times"]]
     itl = [g * 1e3 for r in results for g in np.diff(r["times"])]
@@ -130,6 +140,14 @@ def load_part(urls: list[str], rates: list[float], n: int, max_tokens: int) -> N
     prompts = [prompt(rng) for _ in range(n)]
     router, route_url = start_router(urls, "round_robin")
     try:
+        latency = {}
+        for setup, targets in (("direct2", urls), ("route2", [route_url])):
+            results = asyncio.run(one_at_a_time(targets, n, max_tokens, prompts))
+            latency[setup] = (np.median([(r["times"][0] - r["sent"]) * 1e3 for r in results]),
+                              np.median([(r["times"][-1] - r["sent"]) * 1e3 for r in results]))
+        print(f"one client, {n} requests one after another: median TTFT / e2e direct {latency['direct2'][0]:.1f} / "
+              f"{latency['direct2'][1]:.1f} ms, through the router {latency['route2'][0]:.1f} / "
+              f"{latency['route2'][1]:.1f} ms", flush=True)
         print(f"{'setup':8} {'rate':>5} {'tok/s':>7} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8}")
         for rate in rates:
             for setup, targets in (("one", urls[:1]), ("direct2", urls), ("route2", [route_url])):
