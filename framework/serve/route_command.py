@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from hydra.errors import HydraException
 from omegaconf import DictConfig
@@ -32,6 +33,9 @@ from servelab.run.stack import _plugin_config
 from servelab.serve.command import check_port_free
 from servelab.serve.route_backends import Backend, BackendPool, probe_backends
 from servelab.serve.route_launch import ReplicaProcess, start_replicas, stop_replicas
+
+if TYPE_CHECKING:
+    from servelab.serve.route_app import RouteState
 
 DESCRIPTION = "An OpenAI-compatible router running a router plugin in front of N backends (FastAPI + uvicorn)."
 # the keys only the router reads: not passed to the replicas it starts
@@ -114,14 +118,14 @@ class RouteProcess:
     """A running router: its URL, its state (backends, metrics) and the replicas it started."""
 
     url: str
-    state: object
+    state: RouteState
     replicas: list[ReplicaProcess] = field(default_factory=list)
-    server: object = None
+    server: Any = None
     thread: threading.Thread | None = None
 
     def stop(self) -> None:
         if self.server is not None:
-            self.server.should_exit = True  # type: ignore[attr-defined]
+            self.server.should_exit = True
         if self.thread is not None:
             self.thread.join(30)
         stop_replicas(self.replicas)
