@@ -211,3 +211,35 @@ def test_the_command_starts_its_replicas_and_stops_them_on_sigint(tmp_path):
             httpx.get(f"{b}/health", timeout=5)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["replica0", "replica1"]
     assert all((tmp_path / f"replica{i}" / "summary.json").is_file() for i in range(2))
+
+
+# ---- no servers -----------------------------------------------------------------------------------
+def test_without_the_backends_tokenizer_a_router_sees_utf8_bytes_and_the_requests_fields():
+    from servelab.serve.route_app import PromptCodec, request_of
+
+    codec = PromptCodec(None)
+    assert not codec.exact
+    req = request_of({"prompt": "hé", "max_completion_tokens": 7, "max_tokens": 3, "user": "ann", "cache_salt": "t1"},
+                     False, codec, 1.5, 16)
+    assert req.prompt_token_ids == (104, 195, 169) and req.max_tokens == 7 and req.arrival_time == 1.5
+    assert (req.client_id, req.cache_salt) == ("ann", "t1")
+    assert request_of({"prompt": [5, 6]}, False, codec, 0.0, 16).prompt_token_ids == (5, 6)
+    assert request_of({"messages": [{"role": "user", "content": "a"}]}, True, codec, 0.0, 16).max_tokens == 16
+
+
+def test_a_backends_view_takes_vllms_gauges_and_its_own_counts():
+    from servelab.core.request import Request
+    from servelab.serve.route_backends import Backend
+
+    b = Backend(1, "http://x:1", "m", max_model_len=100)
+    b.read_metrics('vllm:num_requests_running{model_name="m"} 3.0\nvllm:num_requests_waiting{model_name="m"} 2.0\n'
+                   'vllm:num_requests_swapped{model_name="m"} 1.0\nvllm:kv_cache_usage_perc{model_name="m"} 0.25\n'
+                   'vllm:cache_config_info{block_size="32",model_name="m",num_gpu_blocks="900"} 1.0\n')
+    b.place(Request("a", (1,) * 10, 20))
+    view = b.view(Request("b", (1,) * 60, 50), exact_length=True)
+    assert (view.index, view.num_running, view.num_waiting, view.kv_utilization) == (1, 3, 3, 0.25)
+    assert (view.block_size, view.num_kv_blocks, view.num_outstanding, view.outstanding_tokens) == (32, 900, 1, 30)
+    assert not view.can_hold  # 60 + 50 > max_model_len 100
+    assert b.view(Request("b", (1,) * 60, 50), exact_length=False).can_hold  # byte counts: no length check
+    b.up = False
+    assert not b.view(Request("c", (1,), 1), exact_length=True).can_hold
