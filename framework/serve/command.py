@@ -81,7 +81,7 @@ def check_serve_config(cfg: DictConfig) -> None:
                           "(backend=torch clock=wall), not backend=sim / clock=virtual")
     if is_cluster(cfg):
         raise ConfigError("servelab serve runs one engine: cluster.replicas / prefill_replicas / decode_replicas "
-                          "are for run.py on the virtual clock (a served cluster is not built yet)")
+                          "are for run.py on the virtual clock (real replicas behind a router: servelab route replicas=N)")
     s = cfg.serve
     for key, ok in (("port", 0 <= s.port <= 65535), ("max_body_bytes", s.max_body_bytes >= 1024),
                     ("max_waiting_requests", s.max_waiting_requests >= 1),
