@@ -1,0 +1,140 @@
+"""One engine process of a wall-clock cluster (:mod:`servelab.run.proc_cluster`): the child's side.
+
+The child builds its own stack from its replica's config (a pool's config for prefill/decode),
+says it is ready (its limits), waits for the run's start time, then loops: take what the parent
+sent (requests to admit, handed-off sequences with their prompt KV, stop), step the engine, and
+send back what happened (gauges after each step, each ended sequence, each prefilled sequence
+with its KV, each landed transfer). At ``stop`` it sends its :class:`ReplicaReport` and exits. Any
+error is sent as one line naming the replica before the process exits.
+
+Messages, parent -> child: ``("start", t0, decode_max_model_len)``, ``("add", request, arrival_s, hand_off)``,
+``("seq", seq, payload)``, ``("stop",)``. Child -> parent: ``("ready", i, limits, num_kv_blocks)``,
+``("gauges", i, waiting, running, kv_utilization)``, ``("ended", i, seq)``,
+``("prefilled", i, seq, payload)``, ``("loaded", i, Loaded)``, ``("report", i, report)``,
+``("error", i, line)``. ``t0`` is the parent's ``time.perf_counter()`` at the start: every engine's
+clock counts from it, so the processes' timestamps compare (one machine, one monotonic clock).
+"""
+
+from __future__ import annotations
+
+import queue
+from typing import Any, cast
+
+from omegaconf import DictConfig, OmegaConf
+
+from servelab.core.kinds import KINDS
+from servelab.core.registry import default_registry
+from servelab.core.request import Sequence
+from servelab.exec.process_connector import ProcessKVConnector
+from servelab.run.config import plugin_node, schema
+from servelab.run.replica_report import ReplicaReport
+from servelab.run.stack import Stack, build_stack
+
+IDLE_WAIT_S = 0.05  # how long an idle engine waits for the parent's next message
+
+
+def replica_main(index: int, role: str, config_yaml: str, inbox: Any, outbox: Any) -> None:
+    """The target of replica ``index``'s process (``role``: mixed, prefill or decode; ``config_yaml``: its
+    resolved config, as text: the composed config's schema class is made at run time and does not pickle)."""
+    try:
+        _serve(index, role, typed_config(config_yaml), inbox, outbox)
+    except Exception as exc:  # noqa: BLE001 - told to the parent as one line; it stops the run naming this replica
+        outbox.put(("error", index, f"{type(exc).__name__}: {exc}".splitlines()[0]))
+        raise SystemExit(1) from None
+
+
+def typed_config(config_yaml: str) -> DictConfig:
+    """A resolved config sent as text, typed again as ``compose`` types it: the schema, each plugin
+    group as its plugin's ``Config`` (plugins take typed configs; enums stay enums)."""
+    plain = OmegaConf.create(config_yaml)
+    registry = default_registry()
+    nodes = {k.group: plugin_node(registry.get(k.name, plain[k.group].name)) for k in KINDS.values()
+             if k.group in plain}
+    return cast(DictConfig, OmegaConf.merge(OmegaConf.structured(schema()), nodes, plain))
+
+
+def _serve(index: int, role: str, cfg: DictConfig, inbox: Any, outbox: Any) -> None:
+    hand_off: set[str] = set()  # prefill side: requests that go on to a decode replica after their first token
+    decode_max_len = [0]
+    connector = None
+    if role != "mixed":
+        connector = ProcessKVConnector(
+            role, send=lambda seq, payload: outbox.put(("prefilled", index, seq, payload)),
+            should_send=lambda seq: (seq.id in hand_off and seq.finish_reason == "length"
+                                     and seq.num_tokens < decode_max_len[0]),
+            on_loaded=lambda loaded: outbox.put(("loaded", index, loaded)))
+    stack = build_stack(cfg, connector=connector)
+    engine = stack.engine
+    if connector is not None:
+        connector.bind(stack.executor)
+        connector.now = engine.now
+    engine.keep_steps = bool(cfg.debug.log_steps)
+    engine.forget_ended = True
+
+    def ended(seq: Sequence) -> None:
+        if connector is not None and connector.keeps(seq.id):
+            return  # its KV goes on: the parent hears of it as "prefilled", with the KV, after the step
+        hand_off.discard(seq.id)
+        outbox.put(("ended", index, seq))
+
+    engine.end_listeners.append(ended)
+    outbox.put(("ready", index, stack.limits, engine.allocator.num_blocks))
+    stopping = False
+    try:
+        while True:
+            message = inbox.get()
+            if message[0] == "start":
+                engine.reset_clock(origin=message[1])
+                decode_max_len[0] = message[2]
+                break
+            if message[0] == "stop":
+                return
+        while not (stopping and not engine.has_unfinished()):
+            stopping = _take(inbox, engine, connector, hand_off, wait=not engine.has_unfinished()) or stopping
+            if engine.has_unfinished():
+                if engine.step() is None:
+                    stopping = _take(inbox, engine, connector, hand_off, wait=True) or stopping
+                else:
+                    waiting, running = _queues(stack)
+                    outbox.put(("gauges", index, waiting, running, _kv_utilization(stack)))
+    finally:
+        live = any(not s.is_finished for s in engine.sequences.values())
+        outbox.put(("report", index, ReplicaReport.of(stack, live)))
+        stack.executor.shutdown()
+
+
+def _take(inbox: Any, engine, connector: ProcessKVConnector | None, hand_off: set[str], wait: bool) -> bool:
+    """Apply every message waiting (the first one waited for up to :data:`IDLE_WAIT_S` when ``wait``);
+    True when one says stop (the loop ends once the engine has nothing left)."""
+    stop = False
+    block = wait
+    while True:
+        try:
+            message = inbox.get(timeout=IDLE_WAIT_S) if block else inbox.get_nowait()
+        except queue.Empty:
+            return stop
+        block = False
+        kind = message[0]
+        if kind == "add":
+            request, arrival_s, goes_on = message[1], message[2], message[3]
+            if goes_on:
+                hand_off.add(request.id)
+            engine.add_request(request, arrival_s)
+        elif kind == "seq":
+            seq, payload = message[1], message[2]
+            assert connector is not None, "a handed-off sequence goes to a decode replica"
+            connector.receive(seq.id, payload)
+            engine.add_sequence(seq)
+        elif kind == "stop":
+            stop = True
+
+
+def _queues(stack: Stack) -> tuple[int, int]:
+    queues = stack.engine.scheduler.queue_lengths()
+    return queues.get("waiting", 0) + queues.get("swapped", 0), queues.get("running", 0)
+
+
+def _kv_utilization(stack: Stack) -> float:
+    allocator = stack.engine.allocator
+    return allocator.num_used_blocks() / max(1, allocator.num_blocks)
+
