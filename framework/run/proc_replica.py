@@ -44,12 +44,14 @@ def replica_main(index: int, role: str, config_yaml: str, inbox: Any, outbox: An
 
 
 def typed_config(config_yaml: str) -> DictConfig:
-    """A resolved config sent as text, typed again as ``compose`` types it: the schema, each plugin
-    group as its plugin's ``Config`` (plugins take typed configs; enums stay enums)."""
+    """A resolved config sent as text, typed again as ``compose`` types it: the schema, each engine
+    plugin group as its plugin's ``Config`` (plugins take typed configs; enums stay enums). The
+    plugins are the installed ones (entry points): a plugin registered only in the parent's
+    registry is not known here."""
     plain = OmegaConf.create(config_yaml)
     registry = default_registry()
     nodes = {k.group: plugin_node(registry.get(k.name, plain[k.group].name)) for k in KINDS.values()
-             if k.group in plain}
+             if k.group in plain and k.scope != "cluster"}  # the router runs in the parent
     return cast(DictConfig, OmegaConf.merge(OmegaConf.structured(schema()), nodes, plain))
 
 
@@ -95,9 +97,11 @@ def _serve(index: int, role: str, cfg: DictConfig, inbox: Any, outbox: Any) -> N
                 if engine.step() is None:
                     stopping = _take(inbox, engine, connector, hand_off, wait=True) or stopping
                 else:
+                    engine.poll_connector()  # blocks whose KV this step read out go back now, not at the next step
                     waiting, running = _queues(stack)
                     outbox.put(("gauges", index, waiting, running, _kv_utilization(stack)))
     finally:
+        engine.poll_connector()
         live = any(not s.is_finished for s in engine.sequences.values())
         outbox.put(("report", index, ReplicaReport.of(stack, live)))
         stack.executor.shutdown()
