@@ -97,11 +97,16 @@ def _hardware_option(name: str, key: str) -> DictConfig:
 
 
 def build_cluster(cfg: DictConfig, requests=None, registry: Registry | None = None) -> tuple[Cluster, list[Stack]]:
-    """Validate, then build every replica's stack (pools shaped by ``cluster.prefill`` / ``.decode``),
+    """The simulator's cluster (the virtual clock; :mod:`servelab.run.proc_cluster` runs a wall-clock one).
+    Validate, then build every replica's stack (pools shaped by ``cluster.prefill`` / ``.decode``),
     check that a prompt's KV can move between the pools, price the links, and build the router.
     The caller shuts the stacks' executors down."""
     validate(cfg)
     validate_cluster(cfg)
+    if _clock_kind(cfg) != "virtual":
+        raise ConfigError("build_cluster builds the simulator's cluster, on the virtual clock (clock=virtual); on the "
+                          "wall clock a cluster is engine processes: run it with run.py, servelab.LLM.run() or "
+                          "servelab.run.cluster_run.run_cluster_job")
     registry = registry or default_registry()
     resolve_block_size(cfg, model_shape(cfg), requests)  # once for every replica (no-op unless auto)
     c = cfg.cluster

@@ -48,7 +48,7 @@ def typed_config(config_yaml: str) -> DictConfig:
     plugin group as its plugin's ``Config`` (plugins take typed configs; enums stay enums). The
     plugins are the installed ones (entry points): a plugin registered only in the parent's
     registry is not known here."""
-    plain = OmegaConf.create(config_yaml)
+    plain = cast(DictConfig, OmegaConf.create(config_yaml))  # a config is a mapping
     registry = default_registry()
     nodes = {k.group: plugin_node(registry.get(k.name, plain[k.group].name)) for k in KINDS.values()
              if k.group in plain and k.scope != "cluster"}  # the router runs in the parent
