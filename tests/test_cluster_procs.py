@@ -136,3 +136,13 @@ def test_a_replica_that_dies_stops_the_run_in_one_line_and_partial_results_are_w
     assert len({r["id"] for r in records}) == len(records) >= 3  # those placed: ended, or written unfinished
     assert s["per_replica"][0]["num_steps"] > 0 and s["per_replica"][1]["num_steps"] == 0  # no report from the dead
     assert not list(multiprocessing.active_children())
+
+
+def test_closed_loop_clients_send_through_the_engine_processes(tmp_path, one_engine):
+    LLM([*SMALL, *PD, "workload.arrival=closed_loop", "workload.concurrency=2"], logger="none",
+        progress=False).run(tmp_path)
+    assert _tokens(tmp_path) == one_engine
+    records = list(map(json.loads, (tmp_path / "requests.jsonl").open()))
+    spans = [(r["arrival_s"], r["arrival_s"] + r["e2e_ms"] / 1e3) for r in records]
+    assert max(sum(a <= t < b for a, b in spans) for t, _ in spans) == 2  # two clients: never three in flight
+    assert sum(r["arrival_s"] == 0.0 for r in records) == 2  # the rest were sent when one ended
