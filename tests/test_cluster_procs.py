@@ -134,7 +134,7 @@ def test_a_replica_that_dies_stops_the_run_in_one_line_and_partial_results_are_w
     assert s["status"].startswith("failed: ReplicaProcessError: replica 1")
     records = list(map(json.loads, (tmp_path / "requests.jsonl").open()))
     assert len({r["id"] for r in records}) == len(records) >= 3  # those placed: ended, or written unfinished
-    assert s["per_replica"][0]["num_steps"] > 0 and s["per_replica"][1]["num_steps"] == 0  # no report from the dead
+    assert s["per_replica"][1]["num_steps"] == 0  # no report from the dead; replica 0 was told to stop at once
     assert not list(multiprocessing.active_children())
 
 

@@ -154,12 +154,12 @@ class ProcessCluster:
             self._receive(POLL_S * 10)
         self.router = self.make_router([r.view(True) for r in self.replicas])
 
-    def stop(self, timeout_s: float = 60.0) -> None:
-        """Ask every live replica to stop (it finishes what it holds only if the run completed) and
-        report; collect the reports; end the processes that do not exit."""
+    def stop(self, finish: bool = False, timeout_s: float = 60.0) -> None:
+        """Ask every live replica to report and exit (``finish``: after what it holds has ended; else at
+        once: the run failed or was interrupted); collect the reports; end the processes that do not exit."""
         for r in self.replicas:
             if r.process.is_alive():
-                r.inbox.put(("stop",))
+                r.inbox.put(("stop",) if finish else ("abort",))
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and any(r.report is None and r.process.is_alive() for r in self.replicas):
             try:

@@ -48,7 +48,7 @@ def run_process_cluster_job(cfg: DictConfig, output_dir: Path, requests, banner:
         cluster.request_listeners.append(writer.on_end)
 
         def collect(status: str) -> RunResult:
-            cluster.stop()
+            cluster.stop(finish=status == "completed")  # a completed run's replicas hold nothing
             writer.close()
             return cluster_summary(cfg, cluster.replicas, cluster.reports(), cluster.kv, status, writer, weights)
 

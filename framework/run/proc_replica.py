@@ -8,7 +8,8 @@ with its KV, each landed transfer). At ``stop`` it sends its :class:`ReplicaRepo
 error is sent as one line naming the replica before the process exits.
 
 Messages, parent -> child: ``("start", t0, decode_max_model_len)``, ``("add", request, arrival_s, hand_off)``,
-``("seq", seq, payload)``, ``("stop",)``. Child -> parent: ``("ready", i, limits, num_kv_blocks)``,
+``("seq", seq, payload)``, ``("stop",)`` (finish what it holds, then report) and ``("abort",)``
+(report now: the run failed or was interrupted). Child -> parent: ``("ready", i, limits, num_kv_blocks)``,
 ``("gauges", i, waiting, running, kv_utilization)``, ``("ended", i, seq)``,
 ``("prefilled", i, seq, payload)``, ``("loaded", i, Loaded)``, ``("report", i, report)``,
 ``("error", i, line)``. ``t0`` is the parent's ``time.perf_counter()`` at the start: every engine's
@@ -89,13 +90,19 @@ def _serve(index: int, role: str, cfg: DictConfig, inbox: Any, outbox: Any) -> N
                 engine.reset_clock(origin=message[1])
                 decode_max_len[0] = message[2]
                 break
-            if message[0] == "stop":
+            if message[0] in ("stop", "abort"):
                 return
         while not (stopping and not engine.has_unfinished()):
-            stopping = _take(inbox, engine, connector, hand_off, wait=not engine.has_unfinished()) or stopping
+            said = _take(inbox, engine, connector, hand_off, wait=not engine.has_unfinished())
+            if said == "abort":
+                return
+            stopping = stopping or said == "stop"
             if engine.has_unfinished():
                 if engine.step() is None:
-                    stopping = _take(inbox, engine, connector, hand_off, wait=True) or stopping
+                    said = _take(inbox, engine, connector, hand_off, wait=True)
+                    if said == "abort":
+                        return
+                    stopping = stopping or said == "stop"
                 else:
                     engine.poll_connector()  # blocks whose KV this step read out go back now, not at the next step
                     waiting, running = _queues(stack)
@@ -107,10 +114,10 @@ def _serve(index: int, role: str, cfg: DictConfig, inbox: Any, outbox: Any) -> N
         stack.executor.shutdown()
 
 
-def _take(inbox: Any, engine, connector: ProcessKVConnector | None, hand_off: set[str], wait: bool) -> bool:
+def _take(inbox: Any, engine, connector: ProcessKVConnector | None, hand_off: set[str], wait: bool) -> str | None:
     """Apply every message waiting (the first one waited for up to :data:`IDLE_WAIT_S` when ``wait``);
-    True when one says stop (the loop ends once the engine has nothing left)."""
-    stop = False
+    ``"stop"`` or ``"abort"`` when one says so (else None)."""
+    stop: str | None = None
     block = wait
     while True:
         try:
@@ -129,8 +136,8 @@ def _take(inbox: Any, engine, connector: ProcessKVConnector | None, hand_off: se
             assert connector is not None, "a handed-off sequence goes to a decode replica"
             connector.receive(seq.id, payload)
             engine.add_sequence(seq)
-        elif kind == "stop":
-            stop = True
+        elif kind in ("stop", "abort"):
+            stop = stop if stop == "abort" else kind
 
 
 def _queues(stack: Stack) -> tuple[int, int]:
