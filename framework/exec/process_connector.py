@@ -6,8 +6,9 @@ One :class:`ProcessKVConnector` per engine process of a disaggregated wall-clock
 - Prefill side (``role="prefill"``): ``request_finished`` keeps a finished request's blocks when the
   cluster will hand it on (``should_send``); after the step (``save_kv``) the worker side reads the
   KV of its computed tokens out of the pool (every layer, K and V, scales included) into one
-  contiguous tensor per kind and hands it to ``send(seq, payload)`` (the process puts it on its
-  torch.multiprocessing queue: the tensor travels as shared memory, not as pickled bytes); the
+  contiguous host tensor per kind and hands it to ``send(seq, payload)`` (the process puts it on its
+  torch.multiprocessing queue: the tensor travels as shared memory, not as pickled bytes; on a GPU
+  it is copied to host memory first, since a CUDA tensor received over IPC cannot be passed on); the
   blocks are then reported sent (``get_finished``) and freed by the engine.
 - Decode side (``role="decode"``): the process :meth:`receive` s a payload before the engine is given
   the continued sequence (``Engine.add_sequence``); ``get_num_new_matched_tokens`` answers the
@@ -152,9 +153,10 @@ class ProcessKVConnector(KVConnector):
 
     def _read(self, block_ids: list[int], num_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         assert self.pool is not None, "bind() the connector to its executor"
-        slots = self._slots(block_ids, 0, num_tokens)
-        data = self.pool.data.flatten(2, 3).index_select(2, slots)
-        scales = self.pool.scales.flatten(2, 3).index_select(2, slots) if self.pool.scales is not None else None
+        slots = self._slots(block_ids, 0, num_tokens).to(self.pool.data.device)
+        data = self.pool.data.flatten(2, 3).index_select(2, slots).cpu()
+        scales = (self.pool.scales.flatten(2, 3).index_select(2, slots).cpu() if self.pool.scales is not None
+                  else None)
         return data, scales
 
     def _write(self, load: _Load) -> None:
@@ -166,8 +168,9 @@ class ProcessKVConnector(KVConnector):
                              f"replica's ({pool.data.dtype}, {tuple(pool.data.shape[:2])}, {tuple(pool.data.shape[4:])})")
         if not load.count:
             return
-        slots = self._slots(load.block_ids, load.start, load.count)
+        device = pool.data.device
+        slots = self._slots(load.block_ids, load.start, load.count).to(device)
         part = slice(load.start, load.start + load.count)
-        pool.data.flatten(2, 3).index_copy_(2, slots, src[:, :, part])
+        pool.data.flatten(2, 3).index_copy_(2, slots, src[:, :, part].to(device))
         if pool.scales is not None and load.payload.scales is not None:
-            pool.scales.flatten(2, 3).index_copy_(2, slots, load.payload.scales[:, :, part])
+            pool.scales.flatten(2, 3).index_copy_(2, slots, load.payload.scales[:, :, part].to(device))
