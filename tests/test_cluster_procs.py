@@ -20,7 +20,7 @@ import pytest
 from servelab import hookimpl
 from servelab.api import LLM, compose
 from servelab.core.errors import ConfigError
-from servelab.core.interfaces import Router
+from servelab.core.interfaces import Router, RouterError
 from servelab.run.cluster_build import kv_bytes_per_token
 from servelab.run.cluster_run import run_cluster_job
 from servelab.run.proc_cluster import ReplicaProcessError
@@ -119,10 +119,17 @@ class KillsReplicaOne(Router):
         return replicas[KillsReplicaOne.placed % len(replicas)].index
 
 
+class Returns99(Router):
+    name = "returns_99"
+
+    def route(self, request, replicas, now):
+        return 99
+
+
 class _Plugins:
     @hookimpl
     def servelab_register_routers(self):
-        return [KillsReplicaOne]
+        return [KillsReplicaOne, Returns99]
 
 
 def test_a_replica_that_dies_stops_the_run_in_one_line_and_partial_results_are_written(tmp_path):
@@ -146,3 +153,11 @@ def test_closed_loop_clients_send_through_the_engine_processes(tmp_path, one_eng
     spans = [(r["arrival_s"], r["arrival_s"] + r["e2e_ms"] / 1e3) for r in records]
     assert max(sum(a <= t < b for a, b in spans) for t, _ in spans) == 2  # two clients: never three in flight
     assert sum(r["arrival_s"] == 0.0 for r in records) == 2  # the rest were sent when one ended
+
+
+def test_a_router_that_returns_no_offered_replica_stops_the_run_naming_the_plugin(tmp_path):
+    cfg = compose([*SMALL, "cluster.replicas=2", "router=returns_99"], logger="none", progress=False)
+    with pytest.raises(RouterError, match=r"^router plugin 'returns_99' returned 99 for request 'corpus-0'"):
+        run_cluster_job(cfg, tmp_path, registry=registry_with(_Plugins()))
+    assert _summary(tmp_path)["status"].startswith("failed: RouterError")
+    assert not list(multiprocessing.active_children())  # the engine processes were stopped

@@ -26,8 +26,8 @@ rest as unfinished.
 
 from __future__ import annotations
 
-import queue
 import time
+from multiprocessing import connection
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -60,7 +60,8 @@ class ProcReplica:
     index: int
     role: str
     process: Any
-    inbox: Any
+    inbox: Any  # parent -> child: a queue
+    conn: Any  # child -> parent: the reading end of its pipe
     tensor_parallel_size: int = 1
     hardware: str = "this machine"
     limits: EngineLimits | None = None
@@ -74,6 +75,7 @@ class ProcReplica:
     output_tokens: int = 0
     gauges: tuple[int, int, float] = (0, 0, 0.0)  # waiting, running, KV utilisation after its last step
     report: ReplicaReport | None = None
+    closed: bool = False  # its pipe reached end-of-file (the process exited)
     live: dict[str, Sequence] = field(default_factory=dict)  # placed here, not ended (unfinished if the run stops)
 
     def can_hold(self, request: Request, tokens: int | None = None) -> bool:
@@ -118,7 +120,6 @@ class ProcessCluster:
         self.request_listeners: list[Callable[[Sequence], None]] = []
         self.num_ended = 0
         self._ctx = mp.get_context("spawn")
-        self._outbox: Any = self._ctx.Queue()
         self._origin: dict[str, Request] = {}  # request id -> the request as it arrived (while prefilling)
         self._handed: set[str] = set()  # requests on a decode replica whose prompt a prefill replica computed
         self._t0 = 0.0
@@ -142,11 +143,13 @@ class ProcessCluster:
             for _ in range(count):
                 index = len(self.replicas)
                 inbox = self._ctx.Queue()
-                process = self._ctx.Process(target=replica_main, args=(index, role, OmegaConf.to_yaml(pcfg, resolve=True), inbox,
-                                                  self._outbox),
-                                            name=f"servelab-replica{index}")
+                # each child its own pipe back: a child killed while writing cannot jam the others' messages
+                conn, child_end = self._ctx.Pipe(duplex=False)
+                process = self._ctx.Process(target=replica_main, name=f"servelab-replica{index}",
+                                            args=(index, role, OmegaConf.to_yaml(pcfg, resolve=True), inbox, child_end))
                 process.start()
-                self.replicas.append(ProcReplica(index, role, process, inbox, pcfg.tensor_parallel_size))
+                child_end.close()  # the child holds the only writing end: its exit reads as end-of-file here
+                self.replicas.append(ProcReplica(index, role, process, inbox, conn, pcfg.tensor_parallel_size))
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while any(r.limits is None for r in self.replicas):
             if time.monotonic() > deadline:
@@ -161,7 +164,7 @@ class ProcessCluster:
             if r.process.is_alive():
                 r.inbox.put(("stop",) if finish else ("abort",))
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and any(r.report is None and r.process.is_alive() for r in self.replicas):
+        while time.monotonic() < deadline and any(r.report is None and not r.closed for r in self.replicas):
             try:
                 self._receive(POLL_S * 10)
             except ReplicaProcessError:
@@ -214,31 +217,28 @@ class ProcessCluster:
             self.request_listeners.remove(source.on_end)
 
     def _receive(self, wait_s: float) -> None:
-        """Handle every message waiting (the first waited for up to ``wait_s``); check the children."""
-        block = wait_s > 0
+        """Handle every message waiting (the first waited for up to ``wait_s``); a replica whose pipe
+        closed before it reported died: raise naming it."""
+        timeout = wait_s
         while True:
-            try:
-                message = self._outbox.get(timeout=wait_s) if block else self._outbox.get_nowait()
-            except queue.Empty:
+            open_pipes = {r.conn: r for r in self.replicas if not r.closed}
+            ready = connection.wait(list(open_pipes), timeout=timeout) if open_pipes else []
+            if not ready:
                 break
-            block = False
-            self._handle(message)
-        for r in self.replicas:
-            if r.report is None and not r.process.is_alive():
-                self._drain_error()  # its last messages (a report, or why it failed) may still be in the pipe
-                if r.report is not None:
+            timeout = 0
+            for ready_end in ready:
+                r = open_pipes[ready_end]  # wait returns the connections it was given
+                try:
+                    message = r.conn.recv()
+                except (EOFError, OSError):
+                    r.closed = True
                     continue
+                self._handle(message)
+        for r in self.replicas:
+            if r.closed and r.report is None:
+                r.process.join(timeout=1.0)
                 raise ReplicaProcessError(f"replica {r.index} ({r.role}, pid {r.process.pid}) died "
                                           f"({_exit_text(r.process.exitcode)})")
-
-    def _drain_error(self) -> None:
-        """A child that failed sent its reason before exiting: raise it rather than 'died'."""
-        while True:
-            try:
-                message = self._outbox.get(timeout=0.2)
-            except queue.Empty:
-                return
-            self._handle(message)
 
     def _handle(self, message: tuple) -> None:
         kind, index = message[0], message[1]

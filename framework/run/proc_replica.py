@@ -12,7 +12,7 @@ Messages, parent -> child: ``("start", t0, decode_max_model_len)``, ``("add", re
 (report now: the run failed or was interrupted). Child -> parent: ``("ready", i, limits, num_kv_blocks)``,
 ``("gauges", i, waiting, running, kv_utilization)``, ``("ended", i, seq)``,
 ``("prefilled", i, seq, payload)``, ``("loaded", i, Loaded)``, ``("report", i, report)``,
-``("error", i, line)``. ``t0`` is the parent's ``time.perf_counter()`` at the start: every engine's
+``("error", i, line)``, each on the child's own pipe. ``t0`` is the parent's ``time.perf_counter()`` at the start: every engine's
 clock counts from it, so the processes' timestamps compare (one machine, one monotonic clock).
 """
 
@@ -40,7 +40,10 @@ def replica_main(index: int, role: str, config_yaml: str, inbox: Any, outbox: An
     try:
         _serve(index, role, typed_config(config_yaml), inbox, outbox)
     except Exception as exc:  # noqa: BLE001 - told to the parent as one line; it stops the run naming this replica
-        outbox.put(("error", index, f"{type(exc).__name__}: {exc}".splitlines()[0]))
+        try:
+            outbox.send(("error", index, f"{type(exc).__name__}: {exc}".splitlines()[0]))
+        except OSError:  # the parent is gone: nobody to tell
+            pass
         raise SystemExit(1) from None
 
 
@@ -62,10 +65,10 @@ def _serve(index: int, role: str, cfg: DictConfig, inbox: Any, outbox: Any) -> N
     connector = None
     if role != "mixed":
         connector = ProcessKVConnector(
-            role, send=lambda seq, payload: outbox.put(("prefilled", index, seq, payload)),
+            role, send=lambda seq, payload: outbox.send(("prefilled", index, seq, payload)),
             should_send=lambda seq: (seq.id in hand_off and seq.finish_reason == "length"
                                      and seq.num_tokens < decode_max_len[0]),
-            on_loaded=lambda loaded: outbox.put(("loaded", index, loaded)))
+            on_loaded=lambda loaded: outbox.send(("loaded", index, loaded)))
     stack = build_stack(cfg, connector=connector)
     engine = stack.engine
     if connector is not None:
@@ -78,10 +81,10 @@ def _serve(index: int, role: str, cfg: DictConfig, inbox: Any, outbox: Any) -> N
         if connector is not None and connector.keeps(seq.id):
             return  # its KV goes on: the parent hears of it as "prefilled", with the KV, after the step
         hand_off.discard(seq.id)
-        outbox.put(("ended", index, seq))
+        outbox.send(("ended", index, seq))
 
     engine.end_listeners.append(ended)
-    outbox.put(("ready", index, stack.limits, engine.allocator.num_blocks))
+    outbox.send(("ready", index, stack.limits, engine.allocator.num_blocks))
     stopping = False
     try:
         while True:
@@ -106,11 +109,11 @@ def _serve(index: int, role: str, cfg: DictConfig, inbox: Any, outbox: Any) -> N
                 else:
                     engine.poll_connector()  # blocks whose KV this step read out go back now, not at the next step
                     waiting, running = _queues(stack)
-                    outbox.put(("gauges", index, waiting, running, _kv_utilization(stack)))
+                    outbox.send(("gauges", index, waiting, running, _kv_utilization(stack)))
     finally:
         engine.poll_connector()
         live = any(not s.is_finished for s in engine.sequences.values())
-        outbox.put(("report", index, ReplicaReport.of(stack, live)))
+        outbox.send(("report", index, ReplicaReport.of(stack, live)))
         stack.executor.shutdown()
 
 
