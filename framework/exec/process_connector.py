@@ -1,14 +1,15 @@
 """A KV connector between engines in different processes: a prompt's KV leaves one process as a tensor.
 
 One :class:`ProcessKVConnector` per engine process of a disaggregated wall-clock cluster
-(:mod:`servelab.run.proc_cluster`); the processes' queues are the transport.
+(:mod:`servelab.run.proc_cluster`); the processes' pipes and queues (torch.multiprocessing) are the
+transport.
 
 - Prefill side (``role="prefill"``): ``request_finished`` keeps a finished request's blocks when the
   cluster will hand it on (``should_send``); after the step (``save_kv``) the worker side reads the
   KV of its computed tokens out of the pool (every layer, K and V, scales included) into one
-  contiguous host tensor per kind and hands it to ``send(seq, payload)`` (the process puts it on its
-  torch.multiprocessing queue: the tensor travels as shared memory, not as pickled bytes; on a GPU
-  it is copied to host memory first, since a CUDA tensor received over IPC cannot be passed on); the
+  contiguous host tensor per kind and hands it to ``send(seq, payload)`` (the process sends it on its
+  pipe to the parent: the tensor travels as shared memory, not as pickled bytes; on a GPU it is
+  copied to host memory first, since a CUDA tensor received over IPC cannot be passed on); the
   blocks are then reported sent (``get_finished``) and freed by the engine.
 - Decode side (``role="decode"``): the process :meth:`receive` s a payload before the engine is given
   the continued sequence (``Engine.add_sequence``); ``get_num_new_matched_tokens`` answers the

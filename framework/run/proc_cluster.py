@@ -14,9 +14,10 @@ replica's config and runs its engine loop (:mod:`servelab.run.proc_replica`). Th
 - disaggregated: places each request on a prefill replica (asked for its first token); the prefill
   process sends its prompt's KV (:mod:`servelab.exec.process_connector`) back with the prefilled
   sequence, the router picks a decode replica, and the parent forwards the continued sequence
-  (:func:`servelab.cluster.cluster.continued`) with the KV to it. The transport is the processes'
-  torch.multiprocessing queues: a tensor crosses as shared memory (its pages are mapped, not
-  pickled), through the parent (which routes). The decode process measures bytes and wall time.
+  (:func:`servelab.cluster.cluster.continued`) with the KV to it. The transport is
+  torch.multiprocessing's (each child's pipe to the parent, the parent's queue to each child): a
+  tensor crosses as shared memory (its pages are mapped, only a handle is pickled), through the
+  parent (which routes). The decode process measures bytes and wall time.
 
 Every process counts time from the parent's ``time.perf_counter()`` at the start (one machine:
 one monotonic clock), so arrival, token and transfer times compare. A replica that fails or dies
