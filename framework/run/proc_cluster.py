@@ -3,7 +3,7 @@
 What ``cluster.replicas=N`` (colocated) or ``cluster.prefill_replicas=P cluster.decode_replicas=D``
 (disaggregated) does on a real backend with the wall clock (the default: ``clock=auto``). Each
 replica is a child process (torch.multiprocessing, spawn) that builds its own stack from its
-replica's config and runs its engine loop (:mod:`servelab.run.proc_replica`). The parent:
+replica's config and runs its engine loop (:mod:`servelab.run.proc_engine`). The parent:
 
 - feeds the workload's requests at their arrival times on the wall clock (open loop, or closed-loop
   clients: their next request is asked for when an end comes back), each placed by the router
@@ -29,82 +29,25 @@ from __future__ import annotations
 
 import time
 from multiprocessing import connection
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from dataclasses import replace
+from typing import Callable
 
 import torch.multiprocessing as mp
 from omegaconf import DictConfig, OmegaConf
 
 from servelab.cluster.cluster import continued
-from servelab.core.interfaces import EngineLimits, ReplicaView, Router, RouterError
+from servelab.core.interfaces import ReplicaView, Router, RouterError
 from servelab.core.request import Request, Sequence, Status
 from servelab.engine.arrival_source import ArrivalSource
 from servelab.exec.process_connector import KVPayload, Loaded
 from servelab.run.cluster_summary import KVTransferSums
-from servelab.run.proc_replica import replica_main
+from servelab.run.proc_engine import replica_main
+from servelab.run.proc_replica import ProcReplica, ReplicaProcessError, exit_text
 from servelab.run.replica_report import ReplicaReport
 
 INF = float("inf")
 POLL_S = 0.02  # the longest the parent waits for a message before it checks arrivals and the children
 STARTUP_TIMEOUT_S = 600.0
-
-
-class ReplicaProcessError(RuntimeError):
-    """A replica's process failed or died: one line naming it."""
-
-
-@dataclass
-class ProcReplica:
-    """An engine process as the parent knows it: the router's counts, the replica's last gauges, and
-    the figures ``per_replica`` reports (:class:`~servelab.cluster.figures.ReplicaCounts`)."""
-
-    index: int
-    role: str
-    process: Any
-    inbox: Any  # parent -> child: a queue
-    conn: Any  # child -> parent: the reading end of its pipe
-    tensor_parallel_size: int = 1
-    hardware: str = "this machine"
-    limits: EngineLimits | None = None
-    num_kv_blocks: int = 0
-    placed: int = 0
-    placed_tokens: int = 0
-    ended: int = 0
-    ended_tokens: int = 0
-    prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0
-    output_tokens: int = 0
-    gauges: tuple[int, int, float] = (0, 0, 0.0)  # waiting, running, KV utilisation after its last step
-    report: ReplicaReport | None = None
-    closed: bool = False  # its pipe reached end-of-file (the process exited)
-    live: dict[str, Sequence] = field(default_factory=dict)  # placed here, not ended (unfinished if the run stops)
-
-    def can_hold(self, request: Request, tokens: int | None = None) -> bool:
-        """Whether the request fits this replica's pool at all (paged arithmetic on the limits it sent;
-        the engine itself rejects, with its reason, what it can never hold)."""
-        limits = self.limits
-        assert limits is not None  # it reported ready
-        prompt = request.prompt_len
-        if prompt == 0 or request.max_tokens < 1 or prompt >= limits.max_model_len:
-            return False
-        needed = min(prompt + request.max_tokens if tokens is None else tokens, limits.max_model_len)
-        return -(-needed // limits.block_size) <= self.num_kv_blocks
-
-    def view(self, can_hold: bool) -> ReplicaView:
-        waiting, running, kv = self.gauges
-        assert self.limits is not None
-        return ReplicaView(index=self.index, role=self.role, can_hold=can_hold, num_outstanding=self.placed - self.ended,
-                           outstanding_tokens=self.placed_tokens - self.ended_tokens, num_waiting=waiting,
-                           num_running=running, kv_utilization=kv, num_kv_blocks=self.num_kv_blocks,
-                           block_size=self.limits.block_size, tensor_parallel_size=self.tensor_parallel_size)
-
-    def place(self, request: Request) -> None:
-        self.placed += 1
-        self.placed_tokens += request.prompt_len + request.max_tokens
-
-    def end(self, request: Request) -> None:
-        self.ended += 1
-        self.ended_tokens += request.prompt_len + request.max_tokens
 
 
 class ProcessCluster:
@@ -239,7 +182,7 @@ class ProcessCluster:
             if r.closed and r.report is None:
                 r.process.join(timeout=1.0)
                 raise ReplicaProcessError(f"replica {r.index} ({r.role}, pid {r.process.pid}) died "
-                                          f"({_exit_text(r.process.exitcode)})")
+                                          f"({exit_text(r.process.exitcode)})")
 
     def _handle(self, message: tuple) -> None:
         kind, index = message[0], message[1]
@@ -361,14 +304,3 @@ class ProcessCluster:
         self.kv.kv_transfer_exposed_s += loaded.exposed_s
         d.prompt_tokens += request.prompt_len
         d.cached_prompt_tokens += loaded.cached_tokens
-
-
-def _exit_text(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        import signal  # noqa: PLC0415 - only to name a signal
-
-        return f"killed by {signal.Signals(-code).name}"
-    return f"exit code {code}"
-
