@@ -99,9 +99,11 @@ def test_mismatched_pools_are_refused_in_one_line_naming_both(tmp_path):
     assert not list(multiprocessing.active_children())
 
 
-def test_prefill_decode_on_the_virtual_clock_with_a_real_model_is_refused_in_one_line():
+def test_what_engine_processes_cannot_do_is_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match="drop clock=virtual"):
         LLM([*SMALL, *PD, "clock=virtual", "time_model=roofline"], logger="none", progress=False)
+    with pytest.raises(ConfigError, match="^strict_requests=true checks every request against one engine"):
+        LLM([*SMALL, "cluster.replicas=2", "strict_requests=true"], logger="none", progress=False).run(tmp_path)
 
 
 class KillsReplicaOne(Router):

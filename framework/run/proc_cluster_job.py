@@ -8,6 +8,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from servelab.core.errors import ConfigError
 from servelab.core.registry import Registry, default_registry
 from servelab.run.block_size import resolve_block_size
 from servelab.run.cluster_build import check_kv_compatible, cluster_pools, make_router, validate_cluster
@@ -26,6 +27,10 @@ def run_process_cluster_job(cfg: DictConfig, output_dir: Path, requests, banner:
     (each process builds its stack from the installed plugins)."""
     validate(cfg)
     validate_cluster(cfg)
+    if cfg.get("strict_requests", False):
+        raise ConfigError("strict_requests=true checks every request against one engine before the run; a wall-clock "
+                          "cluster's engines live in their own processes, so it is not checked there: drop "
+                          "strict_requests (a request a replica cannot hold is rejected with its reason)")
     registry = registry or default_registry()
     resolve_block_size(cfg, model_shape(cfg), requests)  # once for every replica (no-op unless auto)
     pools = cluster_pools(cfg)
