@@ -35,8 +35,8 @@ from typing import Callable
 import torch.multiprocessing as mp
 from omegaconf import DictConfig, OmegaConf
 
-from servelab.cluster.cluster import continued
-from servelab.core.interfaces import ReplicaView, Router, RouterError
+from servelab.cluster.cluster import checked_route, continued
+from servelab.core.interfaces import ReplicaView, Router
 from servelab.core.request import Request, Sequence, Status
 from servelab.engine.arrival_source import ArrivalSource
 from servelab.exec.process_connector import KVPayload, Loaded
@@ -224,24 +224,8 @@ class ProcessCluster:
                tokens: int | None = None) -> ProcReplica | None:
         """The router's choice among ``pool`` (checked), or None when no replica can hold the request."""
         assert self.router is not None  # built by start()
-        views = [r.view(r.can_hold(request, tokens)) for r in pool]
-        if not any(v.can_hold for v in views):
-            return None
-        name = type(self.router).name
-        try:
-            choice = self.router.route(request, views, t)
-        except Exception as exc:  # reported naming the plugin and the request
-            raise RouterError(f"router plugin {name!r} failed on request {request.id!r}: "
-                              f"{type(exc).__name__}: {exc}") from exc
-        offered = {v.index: v for v in views}
-        view = offered.get(choice) if isinstance(choice, int) and not isinstance(choice, bool) else None
-        if view is None:
-            raise RouterError(f"router plugin {name!r} returned {choice!r} for request {request.id!r}: not one of "
-                              f"the offered replicas {sorted(offered)}")
-        if not view.can_hold:
-            raise RouterError(f"router plugin {name!r} placed request {request.id!r} on replica {choice}, which cannot "
-                              f"hold it ({request.prompt_len} prompt + {request.max_tokens} max tokens)")
-        return self.replicas[choice]
+        choice = checked_route(self.router, request, [r.view(r.can_hold(request, tokens)) for r in pool], t)
+        return None if choice is None else self.replicas[choice]
 
     # ---- what comes back ------------------------------------------------------------------------
     def _ended(self, r: ProcReplica, seq: Sequence) -> None:
@@ -274,7 +258,6 @@ class ProcessCluster:
         self.num_ended += 1
         for listener in self.request_listeners:
             listener(seq)
-
 
     def _hand_off(self, p: ProcReplica, pseq: Sequence, payload: KVPayload) -> None:
         """Prefill replica ``p`` computed ``pseq``'s prompt and first token: route its continuation
