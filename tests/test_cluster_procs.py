@@ -52,9 +52,10 @@ def one_engine(tmp_path_factory) -> dict[str, list[int]]:
 def two_replicas(tmp_path_factory) -> Path:
     """``python run.py cluster.replicas=2 router=round_robin model=tiny_code`` (a smaller workload)."""
     out = tmp_path_factory.mktemp("two")
-    subprocess.run([sys.executable, str(ROOT / "run.py"), *SMALL, "cluster.replicas=2", "router=round_robin",
-                    "logger=none", "progress=false", f"hydra.run.dir={out}"], check=True, cwd=ROOT,
-                   capture_output=True, timeout=300)
+    done = subprocess.run([sys.executable, str(ROOT / "run.py"), *SMALL, "cluster.replicas=2", "router=round_robin",
+                           "logger=none", "progress=false", f"hydra.run.dir={out}"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
     return out
 
 

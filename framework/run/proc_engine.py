@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from servelab.core.kinds import KINDS
 from servelab.core.registry import default_registry
 from servelab.core.request import Sequence
-from servelab.exec.process_connector import ProcessKVConnector
+from servelab.exec.process_connector import KVPayload, ProcessKVConnector
 from servelab.run.config import plugin_node, schema
 from servelab.run.replica_report import ReplicaReport
 from servelab.run.stack import Stack, build_stack
@@ -63,9 +63,14 @@ def _serve(index: int, role: str, cfg: DictConfig, inbox: Any, outbox: Any) -> N
     hand_off: set[str] = set()  # prefill side: requests that go on to a decode replica after their first token
     decode_max_len = [0]
     connector = None
+
+    def send(seq: Sequence, payload: KVPayload) -> None:
+        hand_off.discard(seq.id)
+        outbox.send(("prefilled", index, seq, payload))
+
     if role != "mixed":
         connector = ProcessKVConnector(
-            role, send=lambda seq, payload: outbox.send(("prefilled", index, seq, payload)),
+            role, send=send,
             should_send=lambda seq: (seq.id in hand_off and seq.finish_reason == "length"
                                      and seq.num_tokens < decode_max_len[0]),
             on_loaded=lambda loaded: outbox.send(("loaded", index, loaded)))
