@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from servelab import hookimpl
 from servelab.api import LLM, compose
 from servelab.core.errors import ConfigError
 from servelab.core.interfaces import Router, RouterError
+from servelab.core.request import Request
 from servelab.run.cluster_build import kv_bytes_per_token
 from servelab.run.cluster_run import run_cluster_job
 from servelab.run.proc_cluster import ReplicaProcessError
@@ -164,3 +166,16 @@ def test_a_router_that_returns_no_offered_replica_stops_the_run_naming_the_plugi
         run_cluster_job(cfg, tmp_path, registry=registry_with(_Plugins()))
     assert _summary(tmp_path)["status"].startswith("failed: RouterError")
     assert not list(multiprocessing.active_children())  # the engine processes were stopped
+
+
+def test_a_prefix_the_decode_replica_caches_is_not_written_again_and_tokens_stay_equal(tmp_path):
+    rng = random.Random(1)
+    shared = [rng.randrange(32, 127) for _ in range(48)]  # three blocks the decode replica caches after the first
+    requests = [Request(id=f"p{i}", prompt_token_ids=tuple(shared + [rng.randrange(32, 127) for _ in range(5 + i)]),
+                        max_tokens=8, arrival_time=0.3 * i) for i in range(4)]
+    cached = ["model=tiny_code", "allocator.prefix_caching=true"]
+    LLM(cached, logger="none", progress=False).run(tmp_path / "one", requests=requests)
+    LLM([*cached, *PD], logger="none", progress=False).run(tmp_path / "pd", requests=requests)
+    assert _tokens(tmp_path / "pd") == _tokens(tmp_path / "one")
+    decode = _summary(tmp_path / "pd")["per_replica"][1]
+    assert decode["prefix_cache_hit_rate"] > 0  # the later prompts' shared blocks were not written again
