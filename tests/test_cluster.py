@@ -207,11 +207,11 @@ def test_bad_cluster_config_is_one_line(overrides, message):
     assert "\n" not in str(info.value)
 
 
-def test_a_cluster_needs_the_virtual_clock_and_disaggregation_the_simulator():
+def test_the_in_process_cluster_needs_the_virtual_clock_and_real_disaggregation_the_wall_clock():
     real = ["model=tiny", "workload=synthetic"]
-    with pytest.raises(ConfigError, match="clock=virtual"):
+    with pytest.raises(ConfigError, match="on the wall clock a cluster is engine processes"):
         build_cluster(compose([*real, "cluster.replicas=2"], logger="none"))
-    with pytest.raises(ConfigError, match="need backend=sim"):
+    with pytest.raises(ConfigError, match="drop clock=virtual"):  # real KV moves between processes (test_cluster_procs)
         build_cluster(compose([*real, "clock=virtual", "time_model=roofline", "cluster.prefill_replicas=1",
                                "cluster.decode_replicas=1"], logger="none"))
 

@@ -28,7 +28,7 @@ from typing import Callable, Iterable
 from servelab.cluster.pd_connector import PDTransfers
 from servelab.cluster.replica import Replica
 from servelab.cluster.transfer import KVLink, Transfer
-from servelab.core.interfaces import Router, RouterError
+from servelab.core.interfaces import ReplicaView, Router, RouterError
 from servelab.core.request import Request, Sequence, Status
 from servelab.engine.arrival_source import ArrivalSource, OpenLoop
 
@@ -232,24 +232,8 @@ class Cluster:
 
     def _route(self, request: Request, pool: list[Replica], t: float, tokens: int | None = None) -> Replica | None:
         """The router's choice among ``pool`` (checked), or None when no replica can hold the request."""
-        views = [r.view(t, r.can_hold(request, tokens)) for r in pool]
-        if not any(v.can_hold for v in views):
-            return None
-        name = type(self.router).name
-        try:
-            choice = self.router.route(request, views, t)
-        except Exception as exc:  # reported naming the plugin and the request
-            raise RouterError(f"router plugin {name!r} failed on request {request.id!r}: "
-                              f"{type(exc).__name__}: {exc}") from exc
-        offered = {v.index: v for v in views}
-        view = offered.get(choice) if isinstance(choice, int) and not isinstance(choice, bool) else None
-        if view is None:
-            raise RouterError(f"router plugin {name!r} returned {choice!r} for request {request.id!r}: not one of "
-                              f"the offered replicas {sorted(offered)}")
-        if not view.can_hold:
-            raise RouterError(f"router plugin {name!r} placed request {request.id!r} on replica {choice}, which cannot "
-                              f"hold it ({request.prompt_len} prompt + {request.max_tokens} max tokens)")
-        return self.replicas[choice]
+        choice = checked_route(self.router, request, [r.view(t, r.can_hold(request, tokens)) for r in pool], t)
+        return None if choice is None else self.replicas[choice]
 
     # ---- a request ends on a replica ------------------------------------------------------
     def _on_engine_end(self, r: Replica, seq: Sequence) -> None:
@@ -342,6 +326,29 @@ class Cluster:
         seen = {s.id for s in live}
         live.extend(s for s in self._in_flight.values() if s.id not in seen)
         return live
+
+
+def checked_route(router: Router, request: Request, views: list[ReplicaView], t: float) -> int | None:
+    """The index ``router`` picks for ``request`` among ``views`` (None when none can hold it), checked:
+    a router that raises, or picks a replica not offered or one that cannot hold the request, is a
+    :class:`RouterError` naming the plugin and the request."""
+    if not any(v.can_hold for v in views):
+        return None
+    name = type(router).name
+    try:
+        choice = router.route(request, views, t)
+    except Exception as exc:  # reported naming the plugin and the request
+        raise RouterError(f"router plugin {name!r} failed on request {request.id!r}: "
+                          f"{type(exc).__name__}: {exc}") from exc
+    offered = {v.index: v for v in views}
+    view = offered.get(choice) if isinstance(choice, int) and not isinstance(choice, bool) else None
+    if view is None:
+        raise RouterError(f"router plugin {name!r} returned {choice!r} for request {request.id!r}: not one of "
+                          f"the offered replicas {sorted(offered)}")
+    if not view.can_hold:
+        raise RouterError(f"router plugin {name!r} placed request {request.id!r} on replica {choice}, which cannot "
+                          f"hold it ({request.prompt_len} prompt + {request.max_tokens} max tokens)")
+    return choice
 
 
 def continued(pseq: Sequence, request: Request) -> Sequence:

@@ -4,14 +4,30 @@ replica (the replicas' step totals are folded into one by :meth:`StepTotals.merg
 
 from __future__ import annotations
 
-from servelab.cluster.replica import Replica
+from typing import Protocol
+
+from servelab.engine.step_totals import StepTotals
 
 
-def replica_figures(r: Replica, duration_s: float) -> dict:
+class ReplicaCounts(Protocol):
+    """What ``per_replica`` reads of a replica beside its steps: a :class:`~servelab.cluster.replica.Replica`
+    (the simulator's) or the wall-clock cluster's record of an engine process."""
+
+    index: int
+    role: str
+    tensor_parallel_size: int
+    hardware: str
+    placed: int
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    output_tokens: int
+
+
+def replica_figures(r: ReplicaCounts, duration_s: float, totals: StepTotals, num_kv_blocks: int) -> dict:
     """One entry of ``per_replica``: the replica's role and size, what was placed on it, what it
     computed (prompt tokens it prefilled or received, output tokens it generated) and how busy
-    its pool was. Throughputs are over the whole run's duration, so they add up to the cluster's."""
-    totals = r.engine.totals
+    its pool was (``totals``: its steps; ``num_kv_blocks``: its pool). Throughputs are over the
+    whole run's duration, so they add up to the cluster's."""
     duration = max(duration_s, 1e-9)
     return {
         "index": r.index,
@@ -26,7 +42,7 @@ def replica_figures(r: Replica, duration_s: float) -> dict:
         "prefix_cache_hit_rate": r.cached_prompt_tokens / r.prompt_tokens if r.prompt_tokens else 0.0,
         "kv_utilization_mean": totals.kv_utilization_mean,
         "kv_utilization_max": totals.kv_utilization_max,
-        "num_kv_blocks": r.engine.allocator.num_blocks,
+        "num_kv_blocks": num_kv_blocks,
         "num_steps": totals.num_steps,
         "busy_fraction": totals.busy_s / duration,
         "num_preemptions": totals.num_preemptions,

@@ -126,8 +126,10 @@ class Engine:
         """Seconds since the engine started."""
         return self.clock.now() - self._t0
 
-    def reset_clock(self) -> None:
-        self._t0 = self.clock.now()
+    def reset_clock(self, origin: float | None = None) -> None:
+        """Count from now, or from ``origin`` on the clock (engine processes of one wall-clock cluster
+        share their parent's start: :mod:`servelab.run.proc_engine`)."""
+        self._t0 = self.clock.now() if origin is None else origin
 
     def sleep(self, seconds: float) -> None:
         """Wait idle for up to ``seconds`` (the clock decides: a nap, or a jump in virtual time)."""

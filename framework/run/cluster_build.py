@@ -15,6 +15,7 @@ from servelab.cluster.replica import Replica
 from servelab.cluster.transfer import kv_link
 from servelab.core.errors import ConfigError
 from servelab.core.contexts import RouterContext
+from servelab.core.interfaces import ReplicaView, Router
 from servelab.core.registry import Registry, default_registry
 from servelab.core.shapes import HardwareProfile, ModelShape
 from servelab.run.block_size import resolve_block_size
@@ -50,12 +51,26 @@ def validate_cluster(cfg: DictConfig) -> None:
         for key in ("prefill_replicas", "decode_replicas"):
             if c[key] < 1:
                 raise ConfigError(f"cluster.{key}={c[key]} must be >= 1")
+        if cfg.backend.name != "sim" and _clock_kind(cfg) == "virtual":
+            raise ConfigError("cluster.prefill_replicas/decode_replicas with a real model move real KV between engine "
+                              "processes on the wall clock: drop clock=virtual (backend=sim prices the hand-off)")
         if cfg.backend.name != "sim":
-            raise ConfigError("cluster.prefill_replicas/decode_replicas need backend=sim: moving KV between real "
-                              "executors is not built yet (colocated cluster.replicas=N runs real models)")
-    if _clock_kind(cfg) != "virtual":
-        raise ConfigError("a cluster (cluster.replicas > 1) runs its replicas on the virtual clock: add clock=virtual "
-                          "time_model=roofline (a wall-clock cluster of processes is not built yet)")
+            for pool in ("prefill", "decode"):
+                tp = c[pool].tensor_parallel_size or cfg.tensor_parallel_size
+                if tp != 1:
+                    raise ConfigError(f"cluster.{pool} has tensor_parallel_size={tp}: a prefill/decode engine "
+                                      "process moves its KV from one worker's pool, so real prefill/decode runs "
+                                      "tensor_parallel_size=1 (backend=sim prices larger ones)")
+    _clock_kind(cfg)  # the clock, backend and time model agree (wall: engine processes; virtual: one loop)
+
+
+def cluster_pools(cfg: DictConfig) -> list[tuple[str, int, DictConfig]]:
+    """``(role, count, config)`` of each pool: the prefill and the decode pool, or the mixed replicas."""
+    c = cfg.cluster
+    if c.prefill_replicas is not None:
+        return [("prefill", c.prefill_replicas, pool_config(cfg, "prefill")),
+                ("decode", c.decode_replicas, pool_config(cfg, "decode"))]
+    return [("mixed", c.replicas, cfg)]
 
 
 def pool_config(cfg: DictConfig, pool: str) -> DictConfig:
@@ -82,17 +97,20 @@ def _hardware_option(name: str, key: str) -> DictConfig:
 
 
 def build_cluster(cfg: DictConfig, requests=None, registry: Registry | None = None) -> tuple[Cluster, list[Stack]]:
-    """Validate, then build every replica's stack (pools shaped by ``cluster.prefill`` / ``.decode``),
+    """The simulator's cluster (the virtual clock; :mod:`servelab.run.proc_cluster` runs a wall-clock one).
+    Validate, then build every replica's stack (pools shaped by ``cluster.prefill`` / ``.decode``),
     check that a prompt's KV can move between the pools, price the links, and build the router.
     The caller shuts the stacks' executors down."""
     validate(cfg)
     validate_cluster(cfg)
+    if _clock_kind(cfg) != "virtual":
+        raise ConfigError("build_cluster builds the simulator's cluster, on the virtual clock (clock=virtual); on the "
+                          "wall clock a cluster is engine processes: run it with run.py, servelab.LLM.run() or "
+                          "servelab.run.cluster_run.run_cluster_job")
     registry = registry or default_registry()
     resolve_block_size(cfg, model_shape(cfg), requests)  # once for every replica (no-op unless auto)
     c = cfg.cluster
-    pools = ([("prefill", c.prefill_replicas, pool_config(cfg, "prefill")),
-              ("decode", c.decode_replicas, pool_config(cfg, "decode"))] if c.prefill_replicas is not None
-             else [("mixed", c.replicas, cfg)])
+    pools = cluster_pools(cfg)
     stacks: list[Stack] = []
     replicas: list[Replica] = []
     transfers = PDTransfers() if c.prefill_replicas is not None else None  # every replica's KV connector
@@ -114,11 +132,11 @@ def build_cluster(cfg: DictConfig, requests=None, registry: Registry | None = No
         links, kv_bytes, layers = {}, 0.0, 1
         if c.prefill_replicas is not None:
             prefill_cfg, decode_cfg = pools[0][2], pools[1][2]
-            shape = _check_kv_compatible(prefill_cfg, decode_cfg)
+            shape = check_kv_compatible(prefill_cfg, decode_cfg)
             kv_bytes, layers = kv_bytes_per_token(prefill_cfg, shape), shape.num_layers
             links = _links(cfg, replicas, HardwareProfile.from_config(prefill_cfg.hardware),
                            HardwareProfile.from_config(decode_cfg.hardware))
-        router = _router(cfg, registry, replicas)
+        router = make_router(cfg, registry, [r.view(0.0, True) for r in replicas])
     except BaseException:
         for stack in stacks:
             stack.executor.shutdown()
@@ -126,7 +144,7 @@ def build_cluster(cfg: DictConfig, requests=None, registry: Registry | None = No
     return Cluster(replicas, router, links, kv_bytes, layers, c.overlap_kv_transfer, transfers), stacks
 
 
-def _check_kv_compatible(prefill: DictConfig, decode: DictConfig) -> ModelShape:
+def check_kv_compatible(prefill: DictConfig, decode: DictConfig) -> ModelShape:
     """One line naming both pools when a prompt's KV cannot move between them as it is stored."""
     def layout(pcfg):
         shape = model_shape(pcfg)
@@ -161,10 +179,10 @@ def _links(cfg: DictConfig, replicas: list[Replica], prefill_hw: HardwareProfile
     return links
 
 
-def _router(cfg: DictConfig, registry: Registry, replicas: list[Replica]):
+def make_router(cfg: DictConfig, registry: Registry, views: list[ReplicaView]) -> Router:
+    """The ``router=`` plugin, told the replicas as they are at the start."""
     cls = registry.get("router", cfg.router.name)
-    views = tuple(r.view(0.0, True) for r in replicas)
     try:
-        return cls(_plugin_config(cfg.router), RouterContext(views, cfg.seed))
+        return cls(_plugin_config(cfg.router), RouterContext(tuple(views), cfg.seed))
     except ValueError as exc:
         raise ConfigError(f"router={cfg.router.name}: {exc}") from None

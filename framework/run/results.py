@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from tqdm.autonotebook import tqdm as notebook_tqdm
 from tqdm.std import tqdm as std_tqdm
 
+from servelab.core.interfaces import EngineLimits
 from servelab.engine.engine import Engine, StepRecord
 from servelab.run.metrics import RequestStats, request_record
 
@@ -101,8 +102,15 @@ class RequestWriter:
     """Writes each request's record to ``requests.jsonl`` as it ends and keeps only its numbers
     (:class:`RequestStats`); attach with ``engine.end_listeners`` and ``engine.forget_ended``."""
 
-    def __init__(self, path: Path, engine: Engine, time_scale: float, decorate=None, live=None) -> None:
+    def __init__(self, path: Path, engine: Engine | None, time_scale: float, decorate=None, live=None,
+                 limits: EngineLimits | None = None) -> None:
+        """``limits``: whose SLO targets the records are judged by (default ``engine``'s; an engine
+        process's, sent to the parent of a wall-clock cluster, which holds no engine)."""
         self.path, self.engine, self.time_scale, self.decorate = path, engine, time_scale, decorate
+        if limits is None:
+            assert engine is not None, "RequestWriter needs an engine or its limits"
+            limits = engine.limits
+        self.limits = limits
         self.live = live  # () -> the sequences not yet ended (default: the engine's); a cluster has its own
         self.stats = RequestStats()
         self.record_listeners: list = []  # told of each record as it is written (the logger's table)
@@ -112,7 +120,7 @@ class RequestWriter:
         self._write(seq)
 
     def _write(self, seq) -> None:
-        limits = self.engine.limits
+        limits = self.limits
         rec = request_record(seq, self.time_scale, limits.ttft_slo_ms, limits.tpot_slo_ms)
         if self.decorate is not None:
             self.decorate(rec, seq)
@@ -123,7 +131,7 @@ class RequestWriter:
 
     def close(self) -> None:
         """Write the sequences that have not ended (an interrupted run) and close the file."""
-        live = self.live() if self.live is not None else self.engine.sequences.values()
+        live = self.live() if self.live is not None else self.engine.sequences.values() if self.engine else ()
         for seq in list(live):
             if not seq.is_finished:
                 self._write(seq)

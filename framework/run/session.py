@@ -166,4 +166,5 @@ def single_replica_figures(stack: Stack, cfg: DictConfig, stats: RequestStats) -
                       cfg.hardware.name if stack.clock_kind == "virtual" else "this machine")
     replica.placed, replica.prompt_tokens = stats.num_requests, stats.prompt_tokens
     replica.cached_prompt_tokens, replica.output_tokens = stats.cached_prompt_tokens, stats.output_tokens
-    return replica_figures(replica, stack.engine.totals.last_time_s)
+    return replica_figures(replica, stack.engine.totals.last_time_s, stack.engine.totals,
+                           stack.engine.allocator.num_blocks)
