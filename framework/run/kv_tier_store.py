@@ -1,0 +1,182 @@
+"""The tiered KV store below the GPU pool, seen by the engine only as a KV connector.
+
+It keeps, per tier (``kv_tiers.tiers``, nearest first), the blocks it holds by prefix digest, in
+least-recently-used order, never more than the tier's capacity; a block lives in at most one tier.
+The run's :class:`~servelab.core.kv_tiers.KVTierPolicy` decides what is stored and where, and what
+leaves a full tier; this class keeps the books and checks every answer (a policy that names a
+block the tier does not hold, or a tier that does not exist, stops the run naming it).
+
+The connector's side of a request (:mod:`servelab.core.kv_connector`):
+
+- ``get_num_new_matched_tokens``: after the GPU prefix hit, the next prompt blocks whose digests
+  the tiers hold, in chain order (one missing block ends the match): those tokens are loaded, not
+  computed. Loads are synchronous: the bytes are in place before the next forward pass.
+- ``update_state_after_alloc``: the load is booked (bytes per tier, the policy's ``on_load``)
+  and its seconds wait for the step that reads it (:meth:`take_load_s`, priced by
+  :class:`~servelab.run.kv_tier_clock.TierLoadClock`);
+- ``request_finished``: the policy may store the sequence's blocks now (write-through); the
+  blocks are never kept (this connector reads nothing later);
+- the allocator's eviction listener: the policy may spill the block (write-back).
+
+In the simulator a block is its digest (no tensors); the bytes moved are counted and priced per
+link. Stores are asynchronous to the step (copy engines), so they cost no step time; they are
+counted in ``bytes written`` per tier.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Sequence as Seq
+
+from servelab.core.errors import ConfigError
+from servelab.core.kv_connector import KVConnector
+from servelab.core.kv_tiers import KVTierPolicy, TierBlock, TierSpec
+from servelab.core.request import Sequence
+
+
+class KVTierPolicyError(RuntimeError):
+    """A tier policy answered something the store may not do (names the plugin and the answer)."""
+
+
+class TieredKVConnector(KVConnector):
+    """Host / disk tiers below one engine's GPU pool."""
+
+    name = "kv_tiers"
+
+    def __init__(self, tiers: Seq[TierSpec], bytes_per_block: int, block_size: int) -> None:
+        self.tiers = tuple(tiers)
+        self.bytes_per_block = bytes_per_block
+        self.block_size = block_size
+        self.blocks: list[OrderedDict[bytes, TierBlock]] = [OrderedDict() for _ in self.tiers]
+        self.where: dict[bytes, int] = {}  # digest -> the tier holding it
+        self.positions: dict[bytes, int] = {}  # digest -> its index in its chain, as last seen
+        self.policy: KVTierPolicy | None = None
+        self.allocator: Any = None
+        self._looked_up: set[str] = set()
+        self._pending_blocks = [0] * len(self.tiers)  # loaded since the last step was priced, per tier
+        # figures (summary.json: kv_tier_figures)
+        self.lookup_blocks = 0  # prompt blocks of new requests the GPU cache missed
+        self.hit_blocks = [0] * len(self.tiers)  # of those, loaded from each tier
+        self.written_blocks = [0] * len(self.tiers)
+        self.dropped_blocks = [0] * len(self.tiers)
+        self.max_held = [0] * len(self.tiers)
+        self.loads = 0  # requests that loaded anything
+        self.load_added_s = 0.0  # step time loads added (serialised, or not hidden behind compute)
+        self.load_hidden_s = 0.0  # load time hidden behind the step's compute
+        self.load_s_by_request: dict[str, float] = {}
+
+    def bind(self, policy: KVTierPolicy, allocator: Any) -> "TieredKVConnector":
+        """Use ``policy`` and listen to ``allocator``'s evictions (a prefix-caching paged allocator)."""
+        if not hasattr(allocator, "evict_listeners") or not getattr(allocator.config, "prefix_caching", False):
+            raise ConfigError(f"kv_tiers: tiers below the GPU hold prefix-cache blocks; allocator="
+                              f"{type(allocator).name} needs allocator=paged allocator.prefix_caching=true")
+        self.policy, self.allocator = policy, allocator
+        allocator.evict_listeners.append(self._on_gpu_evict)
+        return self
+
+    # ---- scheduler side -----------------------------------------------------------------
+    def get_num_new_matched_tokens(self, seq: Sequence, num_computed_tokens: int) -> tuple[int, bool]:
+        digests = self.allocator.prompt_block_digests(seq)
+        first = num_computed_tokens // self.block_size
+        if seq.id not in self._looked_up:  # counted once, however often the scheduler asks
+            self._looked_up.add(seq.id)
+            self.lookup_blocks += max(0, len(digests) - first)
+        where, n = self.where, 0
+        for digest in digests[first:]:
+            if digest not in where:
+                break
+            n += 1
+        return n * self.block_size, False
+
+    def update_state_after_alloc(self, seq: Sequence, block_ids: Seq[int], num_external_tokens: int) -> None:
+        self._looked_up.discard(seq.id)
+        if num_external_tokens <= 0:
+            return
+        assert self.policy is not None, "bind() the store to its policy first"
+        digests = self.allocator.prompt_block_digests(seq)
+        first = seq.num_computed_tokens // self.block_size
+        per_tier = [0] * len(self.tiers)
+        for j in range(first, first + num_external_tokens // self.block_size):
+            digest = digests[j]
+            tier = self.where[digest]
+            entry = self.blocks[tier].pop(digest)
+            entry = TierBlock(digest, j, entry.loads + 1)
+            self.blocks[tier][digest] = entry  # most recently used now
+            self.positions[digest] = j
+            per_tier[tier] += 1
+            self.policy.on_load(tier, entry)
+        for tier, n in enumerate(per_tier):
+            self.hit_blocks[tier] += n
+            self._pending_blocks[tier] += n
+        self.loads += 1
+        self.load_s_by_request[seq.id] = sum(t.read_s(n, self.bytes_per_block) for t, n in zip(self.tiers, per_tier))
+
+    def request_finished(self, seq: Sequence, block_ids: Seq[int]) -> bool:
+        self._looked_up.discard(seq.id)
+        policy = self.policy
+        assert policy is not None, "bind() the store to its policy first"
+        for j, digest in enumerate(self.allocator.computed_block_digests(seq)):
+            self.positions[digest] = j
+            if digest in self.where:
+                continue
+            tier = self._checked_tier(policy.store_on_finish(TierBlock(digest, j)), "store_on_finish", digest)
+            if tier is not None:
+                self._insert(tier, TierBlock(digest, j))
+        return False
+
+    # ---- worker side ----------------------------------------------------------------------
+    def take_load_s(self) -> float:
+        """Seconds the loads booked since the last call take over their links (one transfer per
+        tier, one after the other); resets the count. The clock prices them with the step."""
+        pending, self._pending_blocks = self._pending_blocks, [0] * len(self.tiers)
+        return sum(t.read_s(n, self.bytes_per_block) for t, n in zip(self.tiers, pending))
+
+    def record_load_time(self, added_s: float, hidden_s: float) -> None:
+        self.load_added_s += added_s
+        self.load_hidden_s += hidden_s
+
+    # ---- the books ------------------------------------------------------------------------
+    def _on_gpu_evict(self, digest: bytes) -> None:
+        if digest in self.where:
+            return  # written through already
+        assert self.policy is not None
+        block = TierBlock(digest, self.positions.get(digest, -1))
+        tier = self._checked_tier(self.policy.store_on_evict(block), "store_on_evict", digest)
+        if tier is not None:
+            self._insert(tier, block)
+
+    def _insert(self, tier: int, block: TierBlock) -> None:
+        """Put ``block`` in ``tier``, making room first (the policy's victims, demoted or dropped)."""
+        assert self.policy is not None
+        held, spec = self.blocks[tier], self.tiers[tier]
+        while len(held) >= spec.num_blocks:
+            digest = self.policy.victim(tier, held)
+            if digest not in held:
+                raise KVTierPolicyError(f"kv_tier_policy plugin {self.policy.name!r}: victim({tier}) returned "
+                                        f"{digest!r}, which tier {tier} ({spec.kind}) does not hold")
+            victim = held.pop(digest)
+            del self.where[digest]
+            below = self._checked_tier(self.policy.demote(tier, victim), "demote", digest, above=tier)
+            if below is None:
+                self.dropped_blocks[tier] += 1
+            else:
+                self._insert(below, victim)
+        held[block.digest] = block
+        self.where[block.digest] = tier
+        self.written_blocks[tier] += 1
+        self.max_held[tier] = max(self.max_held[tier], len(held))
+
+    def _checked_tier(self, tier: int | None, call: str, digest: bytes, above: int = -1) -> int | None:
+        if tier is None:
+            return None
+        if not (isinstance(tier, int) and above < tier < len(self.tiers)):
+            assert self.policy is not None
+            wanted = f"a tier below {above}" if above >= 0 else f"a tier index 0..{len(self.tiers) - 1}"
+            raise KVTierPolicyError(f"kv_tier_policy plugin {self.policy.name!r}: {call} returned {tier!r} for "
+                                    f"block {digest.hex()[:12]}, not {wanted} or None")
+        return tier
+
+    def leaked(self) -> int:
+        """Books that disagree (0 when sound): blocks over a capacity, or held by no / two tiers."""
+        over = sum(max(0, len(b) - t.num_blocks) for b, t in zip(self.blocks, self.tiers))
+        return over + abs(sum(len(b) for b in self.blocks) - len(self.where))
