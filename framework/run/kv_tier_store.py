@@ -64,6 +64,9 @@ class TieredKVConnector(KVConnector):
         self.load_added_s = 0.0  # step time loads added (serialised, or not hidden behind compute)
         self.load_hidden_s = 0.0  # load time hidden behind the step's compute
         self.load_s_by_request: dict[str, float] = {}
+        # A list: every event is appended, ("store"|"drop"|"load", tier, digest) or ("move", tier,
+        # digest, to_tier), in order (the conformance kit replays them); None: not recorded.
+        self.trace: list[tuple] | None = None
 
     def bind(self, policy: KVTierPolicy, allocator: Any) -> "TieredKVConnector":
         """Use ``policy`` and listen to ``allocator``'s evictions (a prefix-caching paged allocator)."""
@@ -104,6 +107,8 @@ class TieredKVConnector(KVConnector):
             self.blocks[tier][digest] = entry  # most recently used now
             self.positions[digest] = j
             per_tier[tier] += 1
+            if self.trace is not None:
+                self.trace.append(("load", tier, digest))
             self.policy.on_load(tier, entry)
         for tier, n in enumerate(per_tier):
             self.hit_blocks[tier] += n
@@ -145,8 +150,9 @@ class TieredKVConnector(KVConnector):
         if tier is not None:
             self._insert(tier, block)
 
-    def _insert(self, tier: int, block: TierBlock) -> None:
-        """Put ``block`` in ``tier``, making room first (the policy's victims, demoted or dropped)."""
+    def _insert(self, tier: int, block: TierBlock, moved_from: int | None = None) -> None:
+        """Put ``block`` in ``tier`` (from the GPU, or demoted from tier ``moved_from``), making room
+        first (the policy's victims, demoted or dropped)."""
         assert self.policy is not None
         held, spec = self.blocks[tier], self.tiers[tier]
         while len(held) >= spec.num_blocks:
@@ -159,11 +165,16 @@ class TieredKVConnector(KVConnector):
             below = self._checked_tier(self.policy.demote(tier, victim), "demote", digest, above=tier)
             if below is None:
                 self.dropped_blocks[tier] += 1
+                if self.trace is not None:
+                    self.trace.append(("drop", tier, digest))
             else:
-                self._insert(below, victim)
+                self._insert(below, victim, moved_from=tier)
         held[block.digest] = block
         self.where[block.digest] = tier
         self.written_blocks[tier] += 1
+        if self.trace is not None:
+            self.trace.append(("store", tier, block.digest) if moved_from is None
+                              else ("move", moved_from, block.digest, tier))
         self.max_held[tier] = max(self.max_held[tier], len(held))
 
     def _checked_tier(self, tier: int | None, call: str, digest: bytes, above: int = -1) -> int | None:
