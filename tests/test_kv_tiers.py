@@ -75,6 +75,8 @@ def test_bad_tier_config_is_one_line(overrides, words):
     assert words in str(err.value) and "\n" not in str(err.value)
 
 
-def test_real_engine_refuses_tiers_for_now():
-    with pytest.raises(ConfigError, match="backend=torch computes real tokens"):
-        build_stack(compose("kv_tiers=host", "kv_tier_policy=write_back"))
+def test_a_real_engine_over_ranks_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match="one worker in this process") as err:
+        build_stack(compose("kv_tiers=host", "kv_tier_policy=write_back", "model=tiny", "backend=tp",
+                            "tensor_parallel_size=2", "num_kv_blocks=32"))
+    assert "\n" not in str(err.value)

@@ -463,6 +463,7 @@ class KVTiersConfig:
     name: str = "none"
     tiers: List[KVTierConfig] = field(default_factory=list)
     load: KVTierLoad = KVTierLoad.overlap
+    disk_dir: Optional[str] = None  # real engine: the folder of a disk tier's files (memory-mapped)
 
 
 def kv_tier_presets() -> dict[str, KVTiersConfig]:

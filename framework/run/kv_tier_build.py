@@ -1,9 +1,10 @@
 """``kv_tiers`` and ``kv_tier_policy`` of a run's config, checked and turned into the tiered store.
 
+On an engine that computes tokens the tiers hold real bytes (:mod:`servelab.exec.kv_tier_pools`).
 Bad input is one :class:`ConfigError` line naming the key: a tier smaller than one block, a
-shared tier (a cluster-wide store: not built yet), tiers on an engine that computes real tokens
-(the real engine's tier pools are not built yet: the loads would be fake KV), a policy that stores
-with no tier to store in, tiers beside another connector (prefill/decode hand-off).
+shared tier (a cluster-wide store: not built yet), a disk tier whose ``kv_tiers.disk_dir`` is not
+writable, a policy that stores with no tier to store in, tiers beside another connector
+(prefill/decode hand-off), a real engine over several ranks.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ def kv_tier_specs(cfg: DictConfig, bytes_per_block: int) -> tuple[TierSpec, ...]
     return tuple(specs)
 
 
-def tiered_store(cfg: DictConfig, policy_cls: type[KVTierPolicy], tiers: tuple[TierSpec, ...], bytes_per_block: int,
-                 computes_tokens: bool, connector: Any) -> TieredKVConnector | None:
+def tiered_store(cfg: DictConfig, policy_cls: type[KVTierPolicy], tiers: tuple[TierSpec, ...], executor: Any,
+                 connector: Any) -> TieredKVConnector | None:
     """The store this run needs (None: no tiers, or a policy that stores nothing)."""
     policy = cfg.kv_tier_policy.name
     if not policy_cls.stores:
@@ -57,13 +58,15 @@ def tiered_store(cfg: DictConfig, policy_cls: type[KVTierPolicy], tiers: tuple[T
     if not tiers:
         raise ConfigError(f"kv_tier_policy={policy} stores KV below the GPU but kv_tiers has no tier: add "
                           "kv_tiers=host (or host_disk), or kv_tier_policy=none")
-    if computes_tokens:
-        raise ConfigError(f"kv_tiers={cfg.kv_tiers.name} with kv_tier_policy={policy}: backend={cfg.backend.name} "
-                          "computes real tokens and its host/disk tier pools are not built yet; use backend=sim")
     if connector is not None:
         raise ConfigError(f"kv_tiers={cfg.kv_tiers.name}: this engine has a KV connector already "
                           f"({type(connector).__name__}, prefill/decode hand-off); tiers beside it are not built yet")
-    return TieredKVConnector(tiers, bytes_per_block, int(cfg.block_size))
+    store = TieredKVConnector(tiers, executor.bytes_per_block, int(cfg.block_size))
+    if executor.computes_tokens:
+        from servelab.exec.kv_tier_pools import tier_pools  # noqa: PLC0415 - torch, only for a real engine
+
+        store.attach_bytes(tier_pools(executor, tiers, cfg.kv_tiers.get("disk_dir")))
+    return store
 
 
 def tier_load_clock(cfg: DictConfig, clock: Any, store: TieredKVConnector) -> TierLoadClock:

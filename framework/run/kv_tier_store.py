@@ -19,14 +19,16 @@ The connector's side of a request (:mod:`servelab.core.kv_connector`):
 - the allocator's eviction listener: the policy may spill the block (write-back).
 
 In the simulator a block is its digest (no tensors); the bytes moved are counted and priced per
-link. Stores are asynchronous to the step (copy engines), so they cost no step time; they are
+link. On a real engine :meth:`TieredKVConnector.attach_bytes` gives it the tiers' tensors
+(:class:`servelab.exec.kv_tier_pools.TierPools`): each held block has a slot, and every store, move
+and load copies the block's KV there and back. Stores are asynchronous to the step (copy engines), so they cost no step time; they are
 counted in ``bytes written`` per tier.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Sequence as Seq
+from typing import Any, Callable, Sequence as Seq
 
 from servelab.core.errors import ConfigError
 from servelab.core.kv_connector import KVConnector
@@ -67,6 +69,16 @@ class TieredKVConnector(KVConnector):
         # A list: every event is appended, ("store"|"drop"|"load", tier, digest) or ("move", tier,
         # digest, to_tier), in order (the conformance kit replays them); None: not recorded.
         self.trace: list[tuple] | None = None
+        self.pools: Any = None  # the tiers' real bytes (attach_bytes); None: digests only (the simulator)
+        self.slots: list[dict[bytes, int]] = [{} for _ in self.tiers]
+        self.free_slots: list[list[int]] = [[] for _ in self.tiers]
+
+    def attach_bytes(self, pools: Any) -> "TieredKVConnector":
+        """Hold real bytes: ``pools`` has ``save(tier, slot, block)``, ``load(tier, slot, block)`` and
+        ``move(tier, slot, to_tier, to_slot)`` over ``num_blocks`` slots per tier."""
+        self.pools = pools
+        self.free_slots = [list(range(t.num_blocks - 1, -1, -1)) for t in self.tiers]
+        return self
 
     def bind(self, policy: KVTierPolicy, allocator: Any) -> "TieredKVConnector":
         """Use ``policy`` and listen to ``allocator``'s evictions (a prefix-caching paged allocator)."""
@@ -107,6 +119,8 @@ class TieredKVConnector(KVConnector):
             self.blocks[tier][digest] = entry  # most recently used now
             self.positions[digest] = j
             per_tier[tier] += 1
+            if self.pools is not None:
+                self.pools.load(tier, self.slots[tier][digest], block_ids[j])
             if self.trace is not None:
                 self.trace.append(("load", tier, digest))
             self.policy.on_load(tier, entry)
@@ -126,7 +140,7 @@ class TieredKVConnector(KVConnector):
                 continue
             tier = self._checked_tier(policy.store_on_finish(TierBlock(digest, j)), "store_on_finish", digest)
             if tier is not None:
-                self._insert(tier, TierBlock(digest, j))
+                self._insert(tier, TierBlock(digest, j), self._from_gpu(block_ids[j]))
         return False
 
     # ---- worker side ----------------------------------------------------------------------
@@ -141,18 +155,24 @@ class TieredKVConnector(KVConnector):
         self.load_hidden_s += hidden_s
 
     # ---- the books ------------------------------------------------------------------------
-    def _on_gpu_evict(self, digest: bytes) -> None:
+    def _from_gpu(self, block_id: int) -> Callable[[int, int], None] | None:
+        pools = self.pools
+        return None if pools is None else (lambda tier, slot: pools.save(tier, slot, block_id))
+
+    def _on_gpu_evict(self, digest: bytes, block_id: int) -> None:
         if digest in self.where:
             return  # written through already
         assert self.policy is not None
         block = TierBlock(digest, self.positions.get(digest, -1))
         tier = self._checked_tier(self.policy.store_on_evict(block), "store_on_evict", digest)
         if tier is not None:
-            self._insert(tier, block)
+            self._insert(tier, block, self._from_gpu(block_id))
 
-    def _insert(self, tier: int, block: TierBlock, moved_from: int | None = None) -> None:
+    def _insert(self, tier: int, block: TierBlock, write: Callable[[int, int], None] | None,
+                moved_from: int | None = None) -> None:
         """Put ``block`` in ``tier`` (from the GPU, or demoted from tier ``moved_from``), making room
-        first (the policy's victims, demoted or dropped)."""
+        first (the policy's victims, demoted or dropped); ``write(tier, slot)`` copies its bytes
+        (None: no bytes, the simulator)."""
         assert self.policy is not None
         held, spec = self.blocks[tier], self.tiers[tier]
         while len(held) >= spec.num_blocks:
@@ -162,13 +182,20 @@ class TieredKVConnector(KVConnector):
                                         f"{digest!r}, which tier {tier} ({spec.kind}) does not hold")
             victim = held.pop(digest)
             del self.where[digest]
+            slot = self.slots[tier].pop(digest, None)
             below = self._checked_tier(self.policy.demote(tier, victim), "demote", digest, above=tier)
             if below is None:
                 self.dropped_blocks[tier] += 1
                 if self.trace is not None:
                     self.trace.append(("drop", tier, digest))
             else:
-                self._insert(below, victim, moved_from=tier)
+                self._insert(below, victim, self._from_slot(tier, slot), moved_from=tier)
+            if slot is not None:
+                self.free_slots[tier].append(slot)
+        if self.pools is not None:
+            slot = self.slots[tier][block.digest] = self.free_slots[tier].pop()
+            assert write is not None, "a store with bytes writes every block it takes"
+            write(tier, slot)
         held[block.digest] = block
         self.where[block.digest] = tier
         self.written_blocks[tier] += 1
@@ -176,6 +203,12 @@ class TieredKVConnector(KVConnector):
             self.trace.append(("store", tier, block.digest) if moved_from is None
                               else ("move", moved_from, block.digest, tier))
         self.max_held[tier] = max(self.max_held[tier], len(held))
+
+    def _from_slot(self, tier: int, slot: int | None) -> Callable[[int, int], None] | None:
+        pools = self.pools
+        if pools is None or slot is None:
+            return None
+        return lambda to_tier, to_slot: pools.move(tier, slot, to_tier, to_slot)
 
     def _checked_tier(self, tier: int | None, call: str, digest: bytes, above: int = -1) -> int | None:
         if tier is None:

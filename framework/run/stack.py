@@ -318,8 +318,7 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
         "num_swap_blocks": executor.num_swap_blocks, "seed": cfg.seed, "max_model_len": max_model_len,
     }
     tiers = kv_tier_specs(cfg, executor.bytes_per_block)
-    store = tiered_store(cfg, classes["kv_tier_policy"], tiers, executor.bytes_per_block, executor.computes_tokens,
-                         connector)
+    store = tiered_store(cfg, classes["kv_tier_policy"], tiers, executor, connector)
     if store is not None:
         connector = available["connector"] = store
     available.update(kv_tiers=tiers, bytes_per_block=executor.bytes_per_block)

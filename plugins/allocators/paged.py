@@ -79,9 +79,9 @@ class PagedAllocator(BlockAllocator):
         self.free_host: deque[int] = deque(range(self.num_swap_blocks))
         self.swapped: dict[str, tuple[list[int], int]] = {}  # seq id -> (host blocks, slots used)
         self.prompt_digests: dict[str, list[bytes]] = {}  # seq id -> its prompt's block digests, until it leaves
-        # Told the digest of each cached block the pool gives up, before its block is reused (KV tiers
-        # below the GPU spill it: servelab.run.kv_tier_store); empty: nobody listens.
-        self.evict_listeners: list[Callable[[bytes], None]] = []
+        # Told (digest, block id) of each cached block the pool gives up, before the block is reused and
+        # while it still holds that KV (tiers below the GPU spill it: servelab.run.kv_tier_store).
+        self.evict_listeners: list[Callable[[bytes, int], None]] = []
 
     # ---- the interface ------------------------------------------------------------------
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
@@ -332,7 +332,7 @@ class PagedAllocator(BlockAllocator):
         del self.cached[digest]
         self.block_hash[block] = None
         for listener in self.evict_listeners:
-            listener(digest)
+            listener(digest, block)
         return block
 
     def _evictor_error(self, event: str, arg, exc: Exception) -> EvictorError:
