@@ -72,3 +72,13 @@ def test_the_ledger_catches_a_load_of_a_dropped_block_and_an_overfull_tier():
     assert _replay([("store", 0, d), ("drop", 0, d), ("load", 0, d)], [2])[0] == "loads return the stored blocks"
     assert _replay([("store", 0, b"a"), ("store", 0, b"b")], [1])[0] == "capacities respected"
     assert _replay([("store", 0, d), ("move", 0, d, 1), ("load", 1, d)], [1, 1]) is None
+
+
+def test_grade_scores_a_policy_against_write_back_on_a_multi_turn_workload():
+    from servelab.kit.grading import grade
+
+    result = grade("kv_tier_policy", "reuse_aware")
+    scores = {row.policy: row.score for row in result.rows}
+    assert set(scores) == {"reuse_aware", "none", "write_back", "write_through"}
+    assert scores["write_back"] == 1.0 and scores["none"] < 1.0  # storing nothing loses to the tiers
+    assert {row.workload for row in result.rows} == {"tier_chat"}
