@@ -52,6 +52,9 @@ def test_serialised_loads_add_their_whole_time(tmp_path):
     summary, _ = _run(tmp_path, "ser", "kv_tiers=host", "kv_tier_policy=write_back", "kv_tiers.load=serialize",
                       "kv_tiers.tiers.0.read_gb_s=1")
     assert summary["kv_tier_load_added_s"] > 0 and summary["kv_tier_load_hidden_s"] == 0
+    split = summary["kv_tier_ttft_split_ms"]
+    assert split["load"] > 0 and split["queueing"] >= 0 and split["prefill_and_rest"] > 0
+    assert split["queueing"] + split["load"] + split["prefill_and_rest"] == pytest.approx(summary["ttft_ms"]["mean"])
 
 
 def test_a_small_host_tier_demotes_to_disk(tmp_path):

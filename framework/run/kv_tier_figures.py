@@ -15,6 +15,20 @@ from typing import Any
 from servelab.run.kv_tier_store import TieredKVConnector
 
 
+def ttft_split(summary: dict, connector: Any) -> dict | None:
+    """``kv_tier_ttft_split_ms``: mean TTFT as queueing (arrival to first scheduled), tier load (the
+    step time a request's own load added to its first step: the added time of a step shared among its
+    loaders by link time), and prefill with everything else (the rest). Means over requests with a
+    first token (None without them). On the wall clock (a real engine) the copies run inside the steps
+    and are not priced apart: the load part is 0 there."""
+    ttft, queue = summary.get("ttft_ms") or {}, summary.get("queue_ms") or {}
+    n = summary.get("num_finished") or 0
+    if not isinstance(connector, TieredKVConnector) or ttft.get("mean") is None or queue.get("mean") is None or not n:
+        return None
+    load = 1e3 * sum(connector.added_s_by_request.values()) / n
+    return {"queueing": queue["mean"], "load": load, "prefill_and_rest": ttft["mean"] - queue["mean"] - load}
+
+
 def kv_tier_figures(connector: Any) -> dict:
     """The figures of ``connector`` when it is the tiered store; ``{}`` otherwise (no tiers: no keys)."""
     if not isinstance(connector, TieredKVConnector):

@@ -65,7 +65,9 @@ class TieredKVConnector(KVConnector):
         self.loads = 0  # requests that loaded anything
         self.load_added_s = 0.0  # step time loads added (serialised, or not hidden behind compute)
         self.load_hidden_s = 0.0  # load time hidden behind the step's compute
-        self.load_s_by_request: dict[str, float] = {}
+        self.load_s_by_request: dict[str, float] = {}  # each loading request's link time
+        self.added_s_by_request: dict[str, float] = {}  # of the step time loads added, each loader's share
+        self._pending_requests: dict[str, float] = {}  # loaded since the last step was priced
         # A list: every event is appended, ("store"|"drop"|"load", tier, digest) or ("move", tier,
         # digest, to_tier), in order (the conformance kit replays them); None: not recorded.
         self.trace: list[tuple] | None = None
@@ -128,7 +130,8 @@ class TieredKVConnector(KVConnector):
             self.hit_blocks[tier] += n
             self._pending_blocks[tier] += n
         self.loads += 1
-        self.load_s_by_request[seq.id] = sum(t.read_s(n, self.bytes_per_block) for t, n in zip(self.tiers, per_tier))
+        load_s = sum(t.read_s(n, self.bytes_per_block) for t, n in zip(self.tiers, per_tier))
+        self.load_s_by_request[seq.id] = self._pending_requests[seq.id] = load_s
 
     def request_finished(self, seq: Sequence, block_ids: Seq[int]) -> bool:
         self._looked_up.discard(seq.id)
@@ -151,8 +154,14 @@ class TieredKVConnector(KVConnector):
         return sum(t.read_s(n, self.bytes_per_block) for t, n in zip(self.tiers, pending))
 
     def record_load_time(self, added_s: float, hidden_s: float) -> None:
+        """The last priced step's loads added ``added_s`` to it and hid ``hidden_s`` behind compute; the
+        added time is shared among that step's loading requests in proportion to their link time."""
         self.load_added_s += added_s
         self.load_hidden_s += hidden_s
+        pending, self._pending_requests = self._pending_requests, {}
+        total = sum(pending.values())
+        for request_id, load_s in pending.items():
+            self.added_s_by_request[request_id] = added_s * load_s / total if total else 0.0
 
     # ---- the books ------------------------------------------------------------------------
     def _from_gpu(self, block_id: int) -> Callable[[int, int], None] | None:
