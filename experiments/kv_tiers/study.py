@@ -73,6 +73,9 @@ def study(sessions: int, num_kv_blocks: int) -> dict:
                     _row(f"GPU + host {HOST_GIB:g} GiB + disk", _run(work + host_disk + ["kv_tier_policy=write_back"]))]
     out["policies"] = [_row(p, _run(work + host_disk + [f"kv_tier_policy={p}"]))
                        for p in ("none", "write_back", "write_through", "reuse_aware")]
+    small_host = host + [f"kv_tiers.tiers.0.capacity_gib={HOST_GIB}"]
+    out["policies_host_only"] = [_row(p, _run(work + small_host + [f"kv_tier_policy={p}"]))
+                                 for p in ("write_back", "write_through", "reuse_aware")]
     out["bandwidth"] = [_row(f"{mode} {bw:g} GB/s", _run(work + host + ["kv_tier_policy=write_back", f"kv_tiers.load={mode}",
                                                                           f"kv_tiers.tiers.0.read_gb_s={bw}"]))
                         for mode in ("serialize", "overlap") for bw in (0.25, 1.0, 4.0, 25.0)]
@@ -117,6 +120,13 @@ def findings(res: dict) -> list[str]:
                f"write_through writes {wt['host_written_gb']:.1f} GB to the host against write_back's "
                f"{wb['host_written_gb']:.1f} GB, and its host tier serves {_pct(wt['host_hit'])} against "
                f"{_pct(wb['host_hit'])} (it fills with finished requests' blocks the GPU still holds).")
+    only = {r["label"]: r for r in res["policies_host_only"]}
+    wb1, ra1, wt1 = only["write_back"], only["reuse_aware"], only["write_through"]
+    verdict = "fewer" if ra1["prefill_tokens"] < wb1["prefill_tokens"] else "not fewer"
+    out.append(f"With a full {HOST_GIB:g} GiB host tier and no disk, where the victim choice matters, reuse_aware "
+               f"computes {ra1['prefill_tokens']:,} prefill tokens against write_back's {wb1['prefill_tokens']:,} "
+               f"({verdict}; write_through {wt1['prefill_tokens']:,}): on these chats its leaves-first, "
+               f"loaded-least victims {'beat' if verdict == 'fewer' else 'do not beat'} plain LRU.")
     mgpu, mhost = res["mooncake"][:2]
     out.append(f"On the Mooncake trace (first {res['mooncake_requests']} rows, TP 8, {res['mooncake_kv_blocks']:,} GPU "
                f"blocks) a 64 GiB host tier loads {_pct(mhost['host_hit'])} of the GPU's misses: prefill tokens "
@@ -150,6 +160,8 @@ def page(res: dict, wall_s: float, command: str) -> str:
         "## Findings", "", *[f"- {f}" for f in findings(res)], "",
         "## Tiers at equal GPU memory (write_back)", "", _table(res["tiers"]), "",
         f"## Policies (GPU + host {HOST_GIB:g} GiB + disk)", "", _table(res["policies"]), "",
+        f"## Policies with a full host tier and no disk (GPU + host {HOST_GIB:g} GiB)", "",
+        _table(res["policies_host_only"]), "",
         f"## Mooncake conversation trace, first {res['mooncake_requests']} rows, TP 8", "",
         f"`workload=hash_ids` (128 tokens per 512-token trace block, the trace's own arrival times), "
         f"`num_kv_blocks={res['mooncake_kv_blocks']}`, llama3_70b on 8 H100s.", "",
