@@ -14,7 +14,8 @@ Eager and light: importing it loads no torch, Hydra or OmegaConf (``tests/test_p
   :class:`PredictorContext`, :class:`Evictor` / :class:`EvictorContext` (with the
   :class:`CachedBlock` events it receives), :class:`Router` / :class:`RouterContext` (with the
   :class:`ReplicaView` s it places among), :class:`Executor` / :class:`ExecutorContext`; the
-  :class:`KVConnector` by which KV enters or leaves an engine;
+  :class:`KVConnector` by which KV enters or leaves an engine; :class:`KVTierPolicy` /
+  :class:`KVTierPolicyContext` (with the :class:`TierSpec` s and :class:`TierBlock` s it decides on);
 - the data they exchange: :class:`Request`, :class:`SamplingParams`, :class:`Sequence`,
   :class:`Status`, :class:`SchedulePlan`, :class:`ScheduledSeq`, :class:`PreemptionDecision`,
   :class:`Drafts`, :class:`EngineLimits`, :class:`NextDecision` (with :data:`EVERY_STEP`,
@@ -41,7 +42,7 @@ from typing import NoReturn
 
 from servelab.core.batch import StepBatch
 from servelab.core.contexts import (AllocatorContext, DrafterContext, EvictorContext, ExecutorContext,
-                                    PredictorContext, PreemptionContext, RouterContext, SchedulerContext,
+                                    KVTierPolicyContext, PredictorContext, PreemptionContext, RouterContext, SchedulerContext,
                                     TimeModelContext)
 from servelab.core.cost_model import StepCostModel, StepFeatures
 from servelab.core.errors import ConfigError
@@ -53,6 +54,7 @@ from servelab.core.interfaces import (BlockAllocator, CachedBlock, Drafts, Engin
                                       ScheduledSeq, SchedulePlan, Scheduler, SpeculativeDrafter, TimeModel)
 from servelab.core.kinds import KINDS, KindSpec, register_kind
 from servelab.core.kv_connector import KVConnector
+from servelab.core.kv_tiers import KVTierPolicy, TierBlock, TierSpec
 from servelab.core.packaged import PACKAGED_CHECKPOINTS
 from servelab.core.request import Request, SamplingParams, Sequence, Status
 from servelab.core.shapes import INT8_SCALE_BYTES, HardwareProfile, ModelShape
@@ -67,6 +69,7 @@ __all__ = [
     "PreemptionPolicy", "PreemptionContext", "SpeculativeDrafter", "DrafterContext", "TimeModel",
     "TimeModelContext", "LengthPredictor", "PredictorContext", "Evictor", "EvictorContext", "CachedBlock",
     "Router", "RouterContext", "ReplicaView", "Executor", "ExecutorContext", "KVConnector",
+    "KVTierPolicy", "KVTierPolicyContext", "TierSpec", "TierBlock",
     # the data they exchange
     "Request", "SamplingParams", "Sequence", "Status", "SchedulePlan", "ScheduledSeq", "PreemptionDecision",
     "Drafts", "EngineLimits", "NextDecision", "EVERY_STEP", "UNTIL_ARRIVAL", "StepWork", "DraftWork", "StepBatch", "StepOutput", "NoConfig", "StepCostModel",

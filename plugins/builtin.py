@@ -21,7 +21,7 @@ def _registration(package: str):
 
 
 def _kind_of(folder: str):
-    return next((k for k in KINDS.values() if folder in (k.name, k.name + "s")), None)
+    return next((k for k in KINDS.values() if folder in (k.name, k.name + "s", k.name[:-1] + "ies")), None)
 
 
 _PLUGINS = importlib.import_module(__package__)

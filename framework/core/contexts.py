@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from servelab.core.interfaces import (BlockAllocator, EngineLimits, Evictor, LengthPredictor, PreemptionPolicy,
                                           ReplicaView)
     from servelab.core.kv_connector import KVConnector
+    from servelab.core.kv_tiers import TierSpec
     from servelab.core.shapes import HardwareProfile, ModelShape
 
 
@@ -83,6 +84,23 @@ class EvictorContext:
     num_blocks: int
     block_size: int
     cost_model: "StepCostModel"
+
+
+@dataclass(frozen=True)
+class KVTierPolicyContext:
+    """What a KV tier policy is built for: the tiers below the GPU (``kv_tiers.tiers``, nearest
+    first, each sized in blocks), the GPU pool's size and a block's bytes per rank, and the seed
+    (a randomised policy draws from it, so runs repeat)."""
+
+    kv_tiers: "tuple[TierSpec, ...]" = ()
+    num_blocks: int = 0
+    block_size: int = 16
+    bytes_per_block: int = 0
+    seed: int = 0
+
+    @property
+    def tiers(self) -> "tuple[TierSpec, ...]":
+        return self.kv_tiers
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,13 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from servelab.core.contexts import (LEGACY_CONTEXT, AllocatorContext, DrafterContext, EvictorContext, ExecutorContext,
-                                    PredictorContext, PreemptionContext, RouterContext, SchedulerContext,
+                                    KVTierPolicyContext, PredictorContext, PreemptionContext, RouterContext, SchedulerContext,
                                     TimeModelContext)
 from servelab.core.errors import ConfigError
 from servelab.core.executor import Executor
 from servelab.core.interfaces import (BlockAllocator, Evictor, LengthPredictor, Plugin, PreemptionPolicy, Router,
                                       Scheduler, SpeculativeDrafter, TimeModel)
+from servelab.core.kv_tiers import KVTierPolicy
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,11 @@ BUILTIN_KINDS = (
              "which cached prefix block a prefix cache gives up (allocator.prefix_caching=true)",
              checks=("evictor_script", "scenarios", "evictor_ladder", "real_model"), template="evictor",
              guide="docs/write-an-evictor.md", grade_reference="lru"),
+    KindSpec("kv_tier_policy", KVTierPolicy, "servelab_register_kv_tier_policies", KVTierPolicyContext, "none",
+             "what KV goes to the host / disk tiers below the GPU and comes back (kv_tiers=host|host_disk)",
+             checks=("servelab.kit.conformance_kv_tiers:check_kv_tier_policy",),
+             template="servelab.kit.kv_tier_policy_template:TEMPLATE", guide="docs/write-a-kv-tier-policy.md",
+             grade_reference="write_back"),
     KindSpec("router", Router, "servelab_register_routers", RouterContext, "round_robin",
              "which replica of a cluster serves each request (cluster.replicas > 1)", scope="cluster",
              checks=("router", "servelab.cli.route_conformance:stage_behind_route"), template="router", guide="docs/write-a-router.md", grade_reference="round_robin"),

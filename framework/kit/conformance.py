@@ -51,6 +51,7 @@ from servelab.kit.conformance_cases import VOCAB, Scenario, make_scenario
 from servelab.kit.conformance_evictor import (LADDER_BLOCK_SIZE, SCRIPT_BLOCKS, SCRIPT_SEEDS, drain_problem,
                                               event_script, ideal_cached_tokens, ladder, ladder_requests,
                                               real_model_case, victim_problem)
+from servelab.kit.conformance_kv_tiers import KV_TIER_CONTRACTS
 from servelab.kit.conformance_router import (ROUTER_CONTRACTS, context_of, router_scenario, scenario_problem,
                                              spread_problem, spread_scenario)
 from servelab.kit.conformance_starvation import promises_bound, starvation_message, starvation_scenario
@@ -86,6 +87,7 @@ CONTRACTS = {
     "blocks reusable": "once a run ended every block is free, and a request for the whole pool gets every block "
                        "(each cached one evicted once)",
     **ROUTER_CONTRACTS,
+    **KV_TIER_CONTRACTS,
 }
 REAL_MODEL = ("model=tiny", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=1",
               "model.num_attention_heads=2", "model.num_key_value_heads=1", "max_model_len=128")

@@ -162,6 +162,9 @@ WORKLOADS = (
     GradeWorkload("cluster_chat", "multi-turn chat with shared system prompts through 4 busy replicas",
                   ("max_model_len=8192", "cluster.replicas=4", "allocator.prefix_caching=true"), cluster_chat,
                   kinds=("router",)),
+    GradeWorkload("tier_chat", "prefix_thrash's traffic over a 3,072-block GPU pool, a 1 GiB host tier and a disk",
+                  ("max_model_len=8192", "allocator.prefix_caching=true", "num_kv_blocks=3072", "kv_tiers=host_disk",
+                   "kv_tiers.tiers.0.capacity_gib=1"), prefix_thrash, kinds=("kv_tier_policy",)),
 )
 
 

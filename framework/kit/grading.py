@@ -15,7 +15,9 @@ score is the geometric mean of its prefix-cache hit rate and its goodput, each r
 is graded on a cluster (``cluster_chat``: 4 busy replicas, multi-turn chat sharing system prompts)
 against ``round_robin`` and the other built-in routers: its score is the geometric mean of its goodput
 relative to round_robin's and round_robin's TTFT p99 relative to its own (a lower tail scores higher);
-the table shows the prefix-cache hit rate, what placing for cache hits buys. Drafters, time models and
+the table shows the prefix-cache hit rate, what placing for cache hits buys. A KV tier policy is
+graded on ``tier_chat`` (``prefix_thrash``'s traffic above a host tier and a disk) against
+``write_back``, scored like a router (goodput and TTFT p99: what loading instead of computing buys). Drafters, time models and
 length predictors are not graded: they change no simulated schedule worth scoring on their own (a
 length predictor shows through ``scheduler=sjf``).
 Deterministic: the same numbers on every machine and every run.
@@ -114,12 +116,12 @@ def grade(kind: str, name: str, registry: Registry | None = None,
 
 def score_of(kind: str, row: Row, reference: Row | None) -> float | None:
     """``row``'s goodput relative to ``reference``'s; an evictor's: the geometric mean of that and
-    its prefix-cache hit rate relative to the reference's; a router's: the geometric mean of that and
+    its prefix-cache hit rate relative to the reference's; a router's or a KV tier policy's: the geometric mean of that and
     the reference's TTFT p99 relative to its own. None when a reference value is 0 or missing."""
     if reference is None or not reference.goodput_req_s:
         return None
     goodput = row.goodput_req_s / reference.goodput_req_s
-    if kind == "router":
+    if kind in ("router", "kv_tier_policy"):
         if not (reference.ttft_p99_ms and row.ttft_p99_ms):
             return None
         return math.sqrt(goodput * reference.ttft_p99_ms / row.ttft_p99_ms)
@@ -192,7 +194,8 @@ def _cells(row: Row, kind: str = "scheduler") -> tuple[str, ...]:
 
 def title(g: Grade) -> str:
     overall = "-" if g.score is None else f"{g.score:.3f}"
-    measure = {"evictor": "prefix hit rate and goodput", "router": "goodput and TTFT p99"}.get(g.kind, "goodput")
+    measure = {"evictor": "prefix hit rate and goodput", "router": "goodput and TTFT p99",
+               "kv_tier_policy": "goodput and TTFT p99"}.get(g.kind, "goodput")
     workloads = list(dict.fromkeys(r.workload for r in g.rows))
     over = f"geometric mean over {len(workloads)} workloads" if len(workloads) != 1 else f"on {workloads[0]}"
     return (f"{g.kind}={g.name}: score {overall} ({measure} vs {GRADED[g.kind]}, {over}; "

@@ -429,6 +429,52 @@ class FrontendConfig:
     source: Optional[str] = None  # where a preset's figures come from (a command, a URL and its quote)
 
 
+class KVTierKind(enum.Enum):
+    host = "host"
+    disk = "disk"
+
+
+class KVTierLoad(enum.Enum):
+    """``kv_tiers.load``: how a load from a tier meets the step that reads it (servelab.run.kv_tier_clock)."""
+
+    overlap = "overlap"  # layer by layer behind compute: the step takes max(load, compute)
+    serialize = "serialize"  # before compute: the step takes load + compute
+
+
+@dataclass
+class KVTierConfig:
+    """One tier below the GPU (``kv_tiers.tiers[i]``, nearest first). Capacity per GPU (tensor-parallel
+    rank), like ``backend.swap_space_gb``; bandwidths in GB/s (1e9 bytes) of that rank's link to the GPU;
+    ``latency_us`` per transfer. ``shared``: one store for a cluster's replicas (not yet: refused)."""
+
+    kind: KVTierKind = KVTierKind.host
+    capacity_gib: float = 64.0
+    read_gb_s: float = 25.0
+    write_gb_s: float = 25.0
+    latency_us: float = 10.0
+    shared: bool = False
+
+
+@dataclass
+class KVTiersConfig:
+    """``kv_tiers``: the KV cache tiers below the GPU pool (``kv_tiers=none|host|host_disk``; docs/kv-tiers.md).
+    What goes down and comes back is ``kv_tier_policy=<name>`` (``none``: nothing, whatever this says)."""
+
+    name: str = "none"
+    tiers: List[KVTierConfig] = field(default_factory=list)
+    load: KVTierLoad = KVTierLoad.overlap
+    disk_dir: Optional[str] = None  # real engine: the folder of a disk tier's files (memory-mapped)
+
+
+def kv_tier_presets() -> dict[str, KVTiersConfig]:
+    """``kv_tiers=<name>``: PCIe 5 x16 host memory (about 25 GB/s achieved per direction of its 64) and an
+    NVMe drive (7 GB/s read, 5 GB/s write, about 100 us per request) per GPU."""
+    host = KVTierConfig(KVTierKind.host, 64.0, 25.0, 25.0, 10.0)
+    disk = KVTierConfig(KVTierKind.disk, 1024.0, 7.0, 5.0, 100.0)
+    return {"none": KVTiersConfig(), "host": KVTiersConfig("host", [host]),
+            "host_disk": KVTiersConfig("host_disk", [host, disk])}
+
+
 @dataclass
 class DebugConfig:
     log_steps: bool = False  # write steps.jsonl (per-step decisions)
@@ -539,6 +585,7 @@ class ServelabConfig:
     debug: DebugConfig = field(default_factory=DebugConfig)
     sim: SimConfig = field(default_factory=SimConfig)
     frontend: FrontendConfig = MISSING
+    kv_tiers: KVTiersConfig = MISSING
     eval_ppl: EvalPPLConfig = field(default_factory=EvalPPLConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
     route: RouteConfig = field(default_factory=RouteConfig)
@@ -625,6 +672,9 @@ def register_configs(registry: Registry | None = None) -> None:
     cs.store(group="workload", name="chat_sessions", node=ChatSessionsWorkload)
     cs.store(group="workload", name="prompts", node=PromptsWorkload)
     cs.store(group="workload", name="corpus", node=CorpusWorkload)
+    for name, tiers in kv_tier_presets().items():  # tiers hold prefix-cache blocks: the presets turn it on
+        node = {"kv_tiers": tiers, **({"allocator": {"prefix_caching": True}} if tiers.tiers else {})}
+        cs.store(group="kv_tiers", name=name, node=node, package="_global_")
     cs.store(group="logger", name="wandb", node=LoggerConfig)
     cs.store(group="logger", name="none", node=LoggerConfig(name="none", mode="disabled"))
 

@@ -27,6 +27,7 @@ from servelab.run.cluster_run import run_cluster_job
 from servelab.run.results import (RequestWriter, RunResult, drop_placeholder_tokens, kv_pool_metrics,
                                   run_and_write)
 from servelab.run.stack import Stack, build_stack, model_shape, run_arrivals, validate
+from servelab.run.kv_tier_figures import kv_tier_figures, ttft_split
 from servelab.workloads.text import checkpoint_text, text_decorator
 from servelab.workloads.arrivals import workload_concurrency
 from servelab.workloads.build import build_requests
@@ -59,6 +60,7 @@ def collect_results(engine: Engine, time_scale: float, status: str = "completed"
         "max_concurrent_requests": totals.max_concurrent,
         "kv_waste_fraction": totals.gauge_mean("kv_waste_fraction"),
         **_memory_metrics(engine),
+        **kv_tier_figures(engine.connector),
         "num_kv_blocks": engine.allocator.num_blocks,
         **kv_pool_metrics(engine.executor),
         "num_swap_blocks": engine.executor.num_swap_blocks,
@@ -68,6 +70,8 @@ def collect_results(engine: Engine, time_scale: float, status: str = "completed"
         "comm_time_s": totals.comm_s,
         **(extra or {}),
     }, fairness_weights)
+    if "kv_tiers" in summary:
+        summary["kv_tier_ttft_split_ms"] = ttft_split(summary, engine.connector)
     return RunResult(records, summary, engine.steps, writer.path if writer else None)
 
 

@@ -27,6 +27,7 @@ from servelab.exec.model.random_checkpoint import cached_random_checkpoint
 from servelab.core.registry import Registry, default_registry
 from servelab.core.shapes import HardwareProfile, ModelShape, StorageBytes
 from servelab.sim.executor import plan_memory
+from servelab.run.kv_tier_build import kv_tier_specs, tier_load_clock, tiered_store
 from servelab.run.block_size import resolve_block_size
 from servelab.run.config import check_known_keys
 from servelab.run.preflight import check_device
@@ -316,6 +317,11 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
         "num_blocks": executor.num_kv_blocks, "block_size": cfg.block_size,
         "num_swap_blocks": executor.num_swap_blocks, "seed": cfg.seed, "max_model_len": max_model_len,
     }
+    tiers = kv_tier_specs(cfg, executor.bytes_per_block)
+    store = tiered_store(cfg, classes["kv_tier_policy"], tiers, executor, connector)
+    if store is not None:
+        connector = available["connector"] = store
+    available.update(kv_tiers=tiers, bytes_per_block=executor.bytes_per_block)
     prebuilt = {TimeModelContext: time_model_context(cfg, executor),
                 PredictorContext: PredictorContext(
                     model_name=cfg.model.name, model_path=None if cfg.model.path is None else str(cfg.model.path),
@@ -328,6 +334,8 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
             # On the virtual clock the host link is the time model's, not a copy timed now on this machine.
             _swap_bandwidth(cfg, executor, cost_model, plugins["time_model"].swap_bytes_per_s()
                             if clock_kind == "virtual" and clock is None else None)
+    if store is not None:
+        store.bind(plugins["kv_tier_policy"], plugins["allocator"])
     drafter = plugins["drafter"]
     if drafter.num_speculative_tokens and not executor.computes_tokens:
         raise ConfigError(f"drafter={cfg.drafter.name}: backend={cfg.backend.name} computes no tokens, so there is "
@@ -339,6 +347,8 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
                  else WallClock())
     else:
         clock_kind = "custom"
+    if store is not None and clock_kind == "virtual":
+        clock = tier_load_clock(cfg, clock, store)
     engine = Engine(limits, plugins["scheduler"], plugins["allocator"], executor, cost_model, seed=cfg.seed,
                     clock=clock, drafter=drafter, **({"connector": connector} if connector is not None else {}))
     engine.fast_forward_enabled = bool(cfg.sim.fast_forward)

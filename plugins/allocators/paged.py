@@ -27,6 +27,7 @@ import hashlib
 from array import array
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 from servelab.plugin_api import (BlockAllocator, CachedBlock, EvictorContext, EvictorError, Sequence, Status,
                                  StepCostModel)
@@ -78,6 +79,9 @@ class PagedAllocator(BlockAllocator):
         self.free_host: deque[int] = deque(range(self.num_swap_blocks))
         self.swapped: dict[str, tuple[list[int], int]] = {}  # seq id -> (host blocks, slots used)
         self.prompt_digests: dict[str, list[bytes]] = {}  # seq id -> its prompt's block digests, until it leaves
+        # Told (digest, block id) of each cached block the pool gives up, before the block is reused and
+        # while it still holds that KV (tiers below the GPU spill it: servelab.run.kv_tier_store).
+        self.evict_listeners: list[Callable[[bytes, int], None]] = []
 
     # ---- the interface ------------------------------------------------------------------
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
@@ -192,6 +196,14 @@ class PagedAllocator(BlockAllocator):
                 digests.append(parent)
             self.prompt_digests[seq.id] = digests
         return digests
+
+    def prompt_block_digests(self, seq: Sequence) -> list[bytes]:
+        """The digests of ``seq``'s full prompt blocks but the last token's (what a prefix hit matches)."""
+        return self._prompt_digests(seq)
+
+    def computed_block_digests(self, seq: Sequence) -> list[bytes]:
+        """The digests of ``seq``'s full computed blocks (prefix caching on; else empty)."""
+        return self.hashes.get(seq.id, [])
 
     def on_tokens_computed(self, seq: Sequence) -> None:
         if not self.config.prefix_caching:
@@ -319,6 +331,8 @@ class PagedAllocator(BlockAllocator):
         assert digest is not None  # checked above: a cached block
         del self.cached[digest]
         self.block_hash[block] = None
+        for listener in self.evict_listeners:
+            listener(digest, block)
         return block
 
     def _evictor_error(self, event: str, arg, exc: Exception) -> EvictorError:

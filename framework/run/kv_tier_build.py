@@ -1,0 +1,74 @@
+"""``kv_tiers`` and ``kv_tier_policy`` of a run's config, checked and turned into the tiered store.
+
+On an engine that computes tokens the tiers hold real bytes (:mod:`servelab.exec.kv_tier_pools`).
+Bad input is one :class:`ConfigError` line naming the key: a tier smaller than one block, a
+shared tier (a cluster-wide store: not built yet), a disk tier whose ``kv_tiers.disk_dir`` is not
+writable, a policy that stores with no tier to store in, tiers beside another connector
+(prefill/decode hand-off), a real engine over several ranks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig
+
+from servelab.core.errors import ConfigError
+from servelab.core.kv_tiers import KVTierPolicy, TierSpec
+from servelab.run.kv_tier_clock import TierLoadClock
+from servelab.run.kv_tier_store import TieredKVConnector
+
+
+def _value(x: Any) -> Any:
+    return getattr(x, "value", x)
+
+
+def kv_tier_specs(cfg: DictConfig, bytes_per_block: int) -> tuple[TierSpec, ...]:
+    """The tiers ``cfg.kv_tiers.tiers`` configures, each sized in blocks of ``bytes_per_block``."""
+    node = cfg.get("kv_tiers")
+    if node is None:
+        return ()
+    specs = []
+    for i, tier in enumerate(node.tiers):
+        key = f"kv_tiers.tiers.{i}"
+        kind = str(_value(tier.kind))
+        for field in ("read_gb_s", "write_gb_s"):
+            if not float(tier[field]) > 0:
+                raise ConfigError(f"{key}.{field}={tier[field]}: a {kind} tier's link needs a bandwidth above 0")
+        if float(tier.latency_us) < 0:
+            raise ConfigError(f"{key}.latency_us={tier.latency_us}: must be 0 or more")
+        num_blocks = int(float(tier.capacity_gib) * 2**30 // bytes_per_block) if bytes_per_block else 0
+        if num_blocks < 1:
+            raise ConfigError(f"{key}.capacity_gib={tier.capacity_gib}: below one KV block ({bytes_per_block} bytes "
+                              f"= {bytes_per_block / 2**30:.6f} GiB per GPU); raise it or drop the tier")
+        if tier.shared:
+            raise ConfigError(f"{key}.shared=true: a tier shared by a cluster's replicas is not built yet (and a "
+                              "single-engine run has nothing to share it with); use shared=false")
+        specs.append(TierSpec(kind, float(tier.capacity_gib), float(tier.read_gb_s), float(tier.write_gb_s),
+                              float(tier.latency_us), bool(tier.shared), num_blocks))
+    return tuple(specs)
+
+
+def tiered_store(cfg: DictConfig, policy_cls: type[KVTierPolicy], tiers: tuple[TierSpec, ...], executor: Any,
+                 connector: Any) -> TieredKVConnector | None:
+    """The store this run needs (None: no tiers, or a policy that stores nothing)."""
+    policy = cfg.kv_tier_policy.name
+    if not policy_cls.stores:
+        return None
+    if not tiers:
+        raise ConfigError(f"kv_tier_policy={policy} stores KV below the GPU but kv_tiers has no tier: add "
+                          "kv_tiers=host (or host_disk), or kv_tier_policy=none")
+    if connector is not None:
+        raise ConfigError(f"kv_tiers={cfg.kv_tiers.name}: this engine has a KV connector already "
+                          f"({type(connector).__name__}, prefill/decode hand-off); tiers beside it are not built yet")
+    store = TieredKVConnector(tiers, executor.bytes_per_block, int(cfg.block_size))
+    if executor.computes_tokens:
+        from servelab.exec.kv_tier_pools import tier_pools  # noqa: PLC0415 - torch, only for a real engine
+
+        store.attach_bytes(tier_pools(executor, tiers, cfg.kv_tiers.get("disk_dir")))
+    return store
+
+
+def tier_load_clock(cfg: DictConfig, clock: Any, store: TieredKVConnector) -> TierLoadClock:
+    """``clock`` with the store's loads priced into each step as ``kv_tiers.load`` says."""
+    return TierLoadClock(clock, store, str(_value(cfg.kv_tiers.load)))

@@ -1,0 +1,235 @@
+"""The tiered KV store below the GPU pool, seen by the engine only as a KV connector.
+
+It keeps, per tier (``kv_tiers.tiers``, nearest first), the blocks it holds by prefix digest, in
+least-recently-used order, never more than the tier's capacity; a block lives in at most one tier.
+The run's :class:`~servelab.core.kv_tiers.KVTierPolicy` decides what is stored and where, and what
+leaves a full tier; this class keeps the books and checks every answer (a policy that names a
+block the tier does not hold, or a tier that does not exist, stops the run naming it).
+
+The connector's side of a request (:mod:`servelab.core.kv_connector`):
+
+- ``get_num_new_matched_tokens``: after the GPU prefix hit, the next prompt blocks whose digests
+  the tiers hold, in chain order (one missing block ends the match): those tokens are loaded, not
+  computed. Loads are synchronous: the bytes are in place before the next forward pass.
+- ``update_state_after_alloc``: the load is booked (bytes per tier, the policy's ``on_load``)
+  and its seconds wait for the step that reads it (:meth:`take_load_s`, priced by
+  :class:`~servelab.run.kv_tier_clock.TierLoadClock`);
+- ``request_finished``: the policy may store the sequence's blocks now (write-through); the
+  blocks are never kept (this connector reads nothing later);
+- the allocator's eviction listener: the policy may spill the block (write-back).
+
+In the simulator a block is its digest (no tensors); the bytes moved are counted and priced per
+link. On a real engine :meth:`TieredKVConnector.attach_bytes` gives it the tiers' tensors
+(:class:`servelab.exec.kv_tier_pools.TierPools`): each held block has a slot, and every store, move
+and load copies the block's KV there and back. Stores are asynchronous to the step (copy engines), so they cost no step time; they are
+counted in ``bytes written`` per tier.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Callable, Sequence as Seq
+
+from servelab.core.errors import ConfigError
+from servelab.core.kv_connector import KVConnector
+from servelab.core.kv_tiers import KVTierPolicy, TierBlock, TierSpec
+from servelab.core.request import Sequence
+
+
+class KVTierPolicyError(RuntimeError):
+    """A tier policy answered something the store may not do (names the plugin and the answer)."""
+
+
+class TieredKVConnector(KVConnector):
+    """Host / disk tiers below one engine's GPU pool."""
+
+    name = "kv_tiers"
+
+    def __init__(self, tiers: Seq[TierSpec], bytes_per_block: int, block_size: int) -> None:
+        self.tiers = tuple(tiers)
+        self.bytes_per_block = bytes_per_block
+        self.block_size = block_size
+        self.blocks: list[OrderedDict[bytes, TierBlock]] = [OrderedDict() for _ in self.tiers]
+        self.where: dict[bytes, int] = {}  # digest -> the tier holding it
+        self.positions: dict[bytes, int] = {}  # digest -> its index in its chain, as last seen
+        self.policy: KVTierPolicy | None = None
+        self.allocator: Any = None
+        self._looked_up: set[str] = set()
+        self._pending_blocks = [0] * len(self.tiers)  # loaded since the last step was priced, per tier
+        # figures (summary.json: kv_tier_figures)
+        self.lookup_blocks = 0  # prompt blocks of new requests the GPU cache missed
+        self.hit_blocks = [0] * len(self.tiers)  # of those, loaded from each tier
+        self.written_blocks = [0] * len(self.tiers)
+        self.dropped_blocks = [0] * len(self.tiers)
+        self.max_held = [0] * len(self.tiers)
+        self.loads = 0  # requests that loaded anything
+        self.load_added_s = 0.0  # step time loads added (serialised, or not hidden behind compute)
+        self.load_hidden_s = 0.0  # load time hidden behind the step's compute
+        self.load_s_by_request: dict[str, float] = {}  # each loading request's link time
+        self.added_s_by_request: dict[str, float] = {}  # of the step time loads added, each loader's share
+        self._pending_requests: dict[str, float] = {}  # loaded since the last step was priced
+        # A list: every event is appended, ("store"|"drop"|"load", tier, digest) or ("move", tier,
+        # digest, to_tier), in order (the conformance kit replays them); None: not recorded.
+        self.trace: list[tuple] | None = None
+        self.pools: Any = None  # the tiers' real bytes (attach_bytes); None: digests only (the simulator)
+        self.slots: list[dict[bytes, int]] = [{} for _ in self.tiers]
+        self.free_slots: list[list[int]] = [[] for _ in self.tiers]
+
+    def attach_bytes(self, pools: Any) -> "TieredKVConnector":
+        """Hold real bytes: ``pools`` has ``save(tier, slot, block)``, ``load(tier, slot, block)`` and
+        ``move(tier, slot, to_tier, to_slot)`` over ``num_blocks`` slots per tier."""
+        self.pools = pools
+        self.free_slots = [list(range(t.num_blocks - 1, -1, -1)) for t in self.tiers]
+        return self
+
+    def bind(self, policy: KVTierPolicy, allocator: Any) -> "TieredKVConnector":
+        """Use ``policy`` and listen to ``allocator``'s evictions (a prefix-caching paged allocator)."""
+        if not hasattr(allocator, "evict_listeners") or not getattr(allocator.config, "prefix_caching", False):
+            raise ConfigError(f"kv_tiers: tiers below the GPU hold prefix-cache blocks; allocator="
+                              f"{type(allocator).name} needs allocator=paged allocator.prefix_caching=true")
+        self.policy, self.allocator = policy, allocator
+        allocator.evict_listeners.append(self._on_gpu_evict)
+        return self
+
+    # ---- scheduler side -----------------------------------------------------------------
+    def get_num_new_matched_tokens(self, seq: Sequence, num_computed_tokens: int) -> tuple[int, bool]:
+        digests = self.allocator.prompt_block_digests(seq)
+        first = num_computed_tokens // self.block_size
+        if seq.id not in self._looked_up:  # counted once, however often the scheduler asks
+            self._looked_up.add(seq.id)
+            self.lookup_blocks += max(0, len(digests) - first)
+        where, n = self.where, 0
+        for digest in digests[first:]:
+            if digest not in where:
+                break
+            n += 1
+        return n * self.block_size, False
+
+    def update_state_after_alloc(self, seq: Sequence, block_ids: Seq[int], num_external_tokens: int) -> None:
+        self._looked_up.discard(seq.id)
+        if num_external_tokens <= 0:
+            return
+        assert self.policy is not None, "bind() the store to its policy first"
+        digests = self.allocator.prompt_block_digests(seq)
+        first = seq.num_computed_tokens // self.block_size
+        per_tier = [0] * len(self.tiers)
+        for j in range(first, first + num_external_tokens // self.block_size):
+            digest = digests[j]
+            tier = self.where[digest]
+            entry = self.blocks[tier].pop(digest)
+            entry = TierBlock(digest, j, entry.loads + 1)
+            self.blocks[tier][digest] = entry  # most recently used now
+            self.positions[digest] = j
+            per_tier[tier] += 1
+            if self.pools is not None:
+                self.pools.load(tier, self.slots[tier][digest], block_ids[j])
+            if self.trace is not None:
+                self.trace.append(("load", tier, digest))
+            self.policy.on_load(tier, entry)
+        for tier, n in enumerate(per_tier):
+            self.hit_blocks[tier] += n
+            self._pending_blocks[tier] += n
+        self.loads += 1
+        load_s = sum(t.read_s(n, self.bytes_per_block) for t, n in zip(self.tiers, per_tier))
+        self.load_s_by_request[seq.id] = self._pending_requests[seq.id] = load_s
+
+    def request_finished(self, seq: Sequence, block_ids: Seq[int]) -> bool:
+        self._looked_up.discard(seq.id)
+        policy = self.policy
+        assert policy is not None, "bind() the store to its policy first"
+        for j, digest in enumerate(self.allocator.computed_block_digests(seq)):
+            self.positions[digest] = j
+            if digest in self.where:
+                continue
+            tier = self._checked_tier(policy.store_on_finish(TierBlock(digest, j)), "store_on_finish", digest)
+            if tier is not None:
+                self._insert(tier, TierBlock(digest, j), self._from_gpu(block_ids[j]))
+        return False
+
+    # ---- worker side ----------------------------------------------------------------------
+    def take_load_s(self) -> float:
+        """Seconds the loads booked since the last call take over their links (one transfer per
+        tier, one after the other); resets the count. The clock prices them with the step."""
+        pending, self._pending_blocks = self._pending_blocks, [0] * len(self.tiers)
+        return sum(t.read_s(n, self.bytes_per_block) for t, n in zip(self.tiers, pending))
+
+    def record_load_time(self, added_s: float, hidden_s: float) -> None:
+        """The last priced step's loads added ``added_s`` to it and hid ``hidden_s`` behind compute; the
+        added time is shared among that step's loading requests in proportion to their link time."""
+        self.load_added_s += added_s
+        self.load_hidden_s += hidden_s
+        pending, self._pending_requests = self._pending_requests, {}
+        total = sum(pending.values())
+        for request_id, load_s in pending.items():
+            self.added_s_by_request[request_id] = added_s * load_s / total if total else 0.0
+
+    # ---- the books ------------------------------------------------------------------------
+    def _from_gpu(self, block_id: int) -> Callable[[int, int], None] | None:
+        pools = self.pools
+        return None if pools is None else (lambda tier, slot: pools.save(tier, slot, block_id))
+
+    def _on_gpu_evict(self, digest: bytes, block_id: int) -> None:
+        if digest in self.where:
+            return  # written through already
+        assert self.policy is not None
+        block = TierBlock(digest, self.positions.get(digest, -1))
+        tier = self._checked_tier(self.policy.store_on_evict(block), "store_on_evict", digest)
+        if tier is not None:
+            self._insert(tier, block, self._from_gpu(block_id))
+
+    def _insert(self, tier: int, block: TierBlock, write: Callable[[int, int], None] | None,
+                moved_from: int | None = None) -> None:
+        """Put ``block`` in ``tier`` (from the GPU, or demoted from tier ``moved_from``), making room
+        first (the policy's victims, demoted or dropped); ``write(tier, slot)`` copies its bytes
+        (None: no bytes, the simulator)."""
+        assert self.policy is not None
+        held, spec = self.blocks[tier], self.tiers[tier]
+        while len(held) >= spec.num_blocks:
+            digest = self.policy.victim(tier, held)
+            if digest not in held:
+                raise KVTierPolicyError(f"kv_tier_policy plugin {self.policy.name!r}: victim({tier}) returned "
+                                        f"{digest!r}, which tier {tier} ({spec.kind}) does not hold")
+            victim = held.pop(digest)
+            del self.where[digest]
+            slot = self.slots[tier].pop(digest, None)
+            below = self._checked_tier(self.policy.demote(tier, victim), "demote", digest, above=tier)
+            if below is None:
+                self.dropped_blocks[tier] += 1
+                if self.trace is not None:
+                    self.trace.append(("drop", tier, digest))
+            else:
+                self._insert(below, victim, self._from_slot(tier, slot), moved_from=tier)
+            if slot is not None:
+                self.free_slots[tier].append(slot)
+        if self.pools is not None:
+            slot = self.slots[tier][block.digest] = self.free_slots[tier].pop()
+            assert write is not None, "a store with bytes writes every block it takes"
+            write(tier, slot)
+        held[block.digest] = block
+        self.where[block.digest] = tier
+        self.written_blocks[tier] += 1
+        if self.trace is not None:
+            self.trace.append(("store", tier, block.digest) if moved_from is None
+                              else ("move", moved_from, block.digest, tier))
+        self.max_held[tier] = max(self.max_held[tier], len(held))
+
+    def _from_slot(self, tier: int, slot: int | None) -> Callable[[int, int], None] | None:
+        pools = self.pools
+        if pools is None or slot is None:
+            return None
+        return lambda to_tier, to_slot: pools.move(tier, slot, to_tier, to_slot)
+
+    def _checked_tier(self, tier: int | None, call: str, digest: bytes, above: int = -1) -> int | None:
+        if tier is None:
+            return None
+        if not (isinstance(tier, int) and above < tier < len(self.tiers)):
+            assert self.policy is not None
+            wanted = f"a tier below {above}" if above >= 0 else f"a tier index 0..{len(self.tiers) - 1}"
+            raise KVTierPolicyError(f"kv_tier_policy plugin {self.policy.name!r}: {call} returned {tier!r} for "
+                                    f"block {digest.hex()[:12]}, not {wanted} or None")
+        return tier
+
+    def leaked(self) -> int:
+        """Books that disagree (0 when sound): blocks over a capacity, or held by no / two tiers."""
+        over = sum(max(0, len(b) - t.num_blocks) for b, t in zip(self.blocks, self.tiers))
+        return over + abs(sum(len(b) for b in self.blocks) - len(self.where))

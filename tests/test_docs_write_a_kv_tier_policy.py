@@ -1,0 +1,43 @@
+"""The policy of docs/write-a-kv-tier-policy.md registers, composes as ``kv_tier_policy=keep_roots``,
+validates its key, keeps roots a full tier holds, and passes the conformance kit."""
+
+from collections import OrderedDict
+
+import pytest
+
+from conftest import compose
+from doc_plugins import page_code_blocks, register_page_plugin
+from servelab.core.contexts import KVTierPolicyContext
+from servelab.core.errors import ConfigError
+from servelab.core.kv_tiers import TierBlock
+from servelab.run.stack import build_stack
+
+PAGE = "write-a-kv-tier-policy.md"
+SIM = ("backend=sim", "model=tiny_code", "kv_tiers=host", "logger=none")
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    code = page_code_blocks(PAGE)[1]  # the complete example
+    return register_page_plugin(code, tmp_path_factory.mktemp("doc_plugin"), "keep_roots")
+
+
+def test_the_pages_policy_gives_up_deep_blocks_first(registry):
+    cls = registry.get("kv_tier_policy", "keep_roots")
+    policy = cls(cls.Config(roots=2), KVTierPolicyContext())
+    blocks = OrderedDict((bytes([i]), TierBlock(bytes([i]), p)) for i, p in enumerate([0, 1, 5, 3]))
+    assert policy.victim(0, blocks) == bytes([2])  # the oldest block past the roots
+    roots_only = OrderedDict(list(blocks.items())[:2])
+    assert policy.victim(0, roots_only) == bytes([0])
+
+
+def test_the_pages_policy_validates_its_key(registry):
+    with pytest.raises(ConfigError, match="kv_tier_policy.roots=-1"):
+        build_stack(compose(*SIM, "kv_tier_policy=keep_roots", "kv_tier_policy.roots=-1"), registry)
+
+
+def test_the_pages_policy_passes_the_conformance_kit(registry):
+    from servelab.testing import check_plugin
+
+    report = check_plugin("kv_tier_policy", "keep_roots", registry=registry, cases=2)
+    assert report.ok, str(report)

@@ -1,0 +1,85 @@
+"""KV tiers below the GPU (kv_tiers=..., kv_tier_policy=...): the simulator's tiered store."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import compose
+from servelab.core.errors import ConfigError
+from servelab.run.session import run_job
+from servelab.run.stack import build_stack
+
+# 70B at TP 4 on a GPU pool far below the chat's working set: the tiers get hits
+CHAT = ("backend=sim", "model=llama3_70b", "tensor_parallel_size=4", "workload=chat_sessions",
+        "workload.num_sessions=24", "workload.session_rate=2.0", "workload.think_time_s=4.0", "num_kv_blocks=1200",
+        "logger=none")
+
+
+def _run(tmp_path, name, *overrides):
+    out = tmp_path / name
+    run_job(compose(*CHAT, *overrides), out)
+    return json.loads((out / "summary.json").read_text()), (out / "requests.jsonl").read_bytes()
+
+
+def test_policy_none_is_todays_engine_exactly(tmp_path):
+    plain = _run(tmp_path, "plain", "allocator.prefix_caching=true")
+    tiers = _run(tmp_path, "none", "kv_tiers=host_disk", "kv_tier_policy=none")
+    assert "kv_tiers" not in tiers[0]  # no store was built
+    assert tiers[1] == plain[1]
+    assert tiers[0] == plain[0]
+
+
+def test_write_back_spills_evictions_and_loads_them_back(tmp_path):
+    summary, _ = _run(tmp_path, "wb", "kv_tiers=host", "kv_tier_policy=write_back")
+    host, = summary["kv_tiers"]
+    assert host["kind"] == "host" and host["written_bytes"] > 0 and host["hit_blocks"] > 0
+    assert 0 < summary["kv_tier_host_hit_rate"] == host["hit_rate"] <= 1
+    assert host["read_bytes"] == host["hit_blocks"] * summary["bytes_per_block"]
+    assert summary["kv_tier_load_added_s"] + summary["kv_tier_load_hidden_s"] > 0
+    assert summary["kv_tier_books_broken"] == 0 and summary["leaked_blocks"] == 0
+    assert summary["num_finished"] == summary["num_requests"]
+
+
+def test_host_tier_cuts_prefill_against_gpu_only(tmp_path):
+    gpu, _ = _run(tmp_path, "gpu", "allocator.prefix_caching=true")
+    host, _ = _run(tmp_path, "host", "kv_tiers=host", "kv_tier_policy=write_back")
+    assert host["prefill_tokens_computed"] < gpu["prefill_tokens_computed"]
+
+
+def test_serialised_loads_add_their_whole_time(tmp_path):
+    summary, _ = _run(tmp_path, "ser", "kv_tiers=host", "kv_tier_policy=write_back", "kv_tiers.load=serialize",
+                      "kv_tiers.tiers.0.read_gb_s=1")
+    assert summary["kv_tier_load_added_s"] > 0 and summary["kv_tier_load_hidden_s"] == 0
+    split = summary["kv_tier_ttft_split_ms"]
+    assert split["load"] > 0 and split["queueing"] >= 0 and split["prefill_and_rest"] > 0
+    assert split["queueing"] + split["load"] + split["prefill_and_rest"] == pytest.approx(summary["ttft_ms"]["mean"])
+
+
+def test_a_small_host_tier_demotes_to_disk(tmp_path):
+    summary, _ = _run(tmp_path, "disk", "kv_tiers=host_disk", "kv_tier_policy=write_through",
+                      "kv_tiers.tiers.0.capacity_gib=0.5")
+    host, disk = summary["kv_tiers"]
+    assert host["max_held_blocks"] <= host["capacity_blocks"] < host["written_bytes"] // summary["bytes_per_block"]
+    assert disk["written_bytes"] > 0 and host["dropped_blocks"] == 0
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (("kv_tiers=host", "kv_tiers.tiers.0.capacity_gib=0.0001"), "kv_tiers.tiers.0.capacity_gib=0.0001: below one"),
+    (("kv_tiers=host", "kv_tiers.tiers.0.shared=true"), "kv_tiers.tiers.0.shared=true"),
+    (("kv_tiers=none",), "kv_tier_policy=write_back stores KV below the GPU but kv_tiers has no tier"),
+    (("kv_tiers=host", "allocator.prefix_caching=false"), "allocator.prefix_caching=true"),
+])
+def test_bad_tier_config_is_one_line(overrides, words):
+    cfg = compose(*CHAT, "kv_tier_policy=write_back", *overrides)
+    with pytest.raises(ConfigError) as err:
+        build_stack(cfg)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_real_engine_over_ranks_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match="one worker in this process") as err:
+        build_stack(compose("kv_tiers=host", "kv_tier_policy=write_back", "model=tiny", "backend=tp",
+                            "tensor_parallel_size=2", "num_kv_blocks=32"))
+    assert "\n" not in str(err.value)
