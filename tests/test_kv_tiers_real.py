@@ -53,10 +53,24 @@ def test_a_disk_tier_holds_real_bytes_in_its_file_and_tokens_equal_a_run_without
     small = _blocks_gib(6)  # the host tier overflows into the disk tier
     disk, summary = _tokens(tmp_path, "disk", "kv_tiers=host_disk", "kv_tier_policy=write_through",
                             f"kv_tiers.tiers.0.capacity_gib={small}", f"kv_tiers.tiers.1.capacity_gib={_blocks_gib(400)}",
-                            f"kv_tiers.disk_dir={tmp_path / 'disk'}")
+                            f"kv_tiers.disk_dir={tmp_path / 'tier_files'}")
     assert summary["kv_tier_disk_hit_rate"] > 0
-    assert (tmp_path / "disk" / "kv_tier_1.bin").stat().st_size > 0
+    assert summary["kv_tier_disk_read_bytes"] > 0  # read back from the file
+    assert not (tmp_path / "tier_files").exists()  # the run's end removed its files (and the folder it made)
     assert disk == plain
+
+
+def test_a_disk_tier_goes_under_the_run_folder_unless_told_otherwise_and_is_removed_at_the_end(tmp_path):
+    _, summary = _tokens(tmp_path, "run", "kv_tiers=host_disk", "kv_tier_policy=write_through",
+                         f"kv_tiers.tiers.0.capacity_gib={_blocks_gib(6)}",
+                         f"kv_tiers.tiers.1.capacity_gib={_blocks_gib(400)}")
+    assert summary["kv_tier_disk_written_bytes"] > 0
+    assert (tmp_path / "run" / "summary.json").exists() and not (tmp_path / "run" / "kv_tier_disk").exists()
+    stack = build_stack(compose(*CHATS, "kv_tiers=host_disk", "kv_tier_policy=write_back"))  # no run folder
+    folder = stack.engine.connector.pools.paths[0].parent  # a temporary folder of its own
+    assert folder.is_dir()
+    stack.executor.shutdown()
+    assert not folder.exists()
 
 
 def test_a_disk_tier_needs_a_writable_folder(tmp_path):

@@ -46,3 +46,11 @@ def test_seeded_and_clipped_to_max_model_len():
 def test_bad_values_name_the_key(key, value):
     with pytest.raises(WorkloadError, match=f"workload.{key}="):
         _requests(**{key: value})
+
+
+def test_a_model_too_short_for_any_first_turn_is_told_which_lengths_to_shorten():
+    with pytest.raises(WorkloadError, match=r"max_model_len=256; shorten workload.system_prompt_len") as info:
+        _requests(max_model_len=256)
+    assert "system_prompt_len.min=256 now" in str(info.value)
+    assert _requests(max_model_len=256, system_prompt_len={"min": 32, "max": 128}, user_len={"max": 64},
+                     output_len={"max": 64})  # the suggested lengths fit

@@ -7,6 +7,7 @@ never see which executor runs.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -258,9 +259,13 @@ class LocalExecutor(Executor):
         self.bytes_per_block = self.worker.bytes_per_block()
         self.num_swap_blocks = self.worker.swap_pool_blocks()
         self.worker.allocate_kv_cache(self.num_kv_blocks)
+        self.resources = contextlib.ExitStack()  # what lives beside the pool (KV tier pools): closed at shutdown
 
     def execute(self, batch: StepBatch) -> StepOutput:
         return self.worker.execute(batch)
+
+    def shutdown(self) -> None:
+        self.resources.close()
 
     def draft(self, batch: DraftBatch) -> Drafts:
         if self.worker.draft_model is None:

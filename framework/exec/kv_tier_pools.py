@@ -3,8 +3,8 @@
 Each tier has ``num_blocks`` slots, a slot holding one device block's K and V over all layers
 (``KVPool.data[:, :, block]``, scales too for a quantised cache): a ``host`` tier in this process's
 memory, a slot allocated when first written (a 64 GiB tier costs what it holds), a ``disk`` tier a
-file ``kv_tier_<i>.bin`` in ``disk_dir`` mapped into memory (``torch.from_file``; sparse until
-written, the OS pages it in and out). The tiered store
+file ``kv_tier_<i>.bin`` in ``disk_dir`` (a run's ``<run dir>/kv_tier_disk``, else a temporary folder)
+mapped into memory (``torch.from_file``; sparse until written, the OS pages it in and out). The tiered store
 (:mod:`servelab.run.kv_tier_store`) decides which slot holds which block and calls these copies:
 
 - :meth:`save`: a device block into a tier slot (a write-back before the block is reused, or a
@@ -18,6 +18,8 @@ Copies are synchronous: the bytes are in place when the call returns.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Sequence as Seq
 
@@ -55,13 +57,13 @@ class TierPools:
 
     def __init__(self, device_pool: KVPool, tiers: Seq[TierSpec], disk_dir: str | None) -> None:
         self.device = device_pool
+        self._temporary_dir: str | None = None
         block = device_pool.data[:, :, 0]
         scale = device_pool.scales[:, :, 0] if device_pool.scales is not None else None
         if any(t.kind == "disk" for t in tiers):
-            folder = Path(disk_dir) if disk_dir else None
-            if folder is None:
-                raise ConfigError("kv_tiers: a disk tier on a real engine needs kv_tiers.disk_dir (a folder for its "
-                                  "files, e.g. the run's own)")
+            if not disk_dir:  # a stack built outside a run (servelab.LLM, a test): a folder of its own
+                disk_dir = self._temporary_dir = tempfile.mkdtemp(prefix="servelab-kv-tier-")
+            folder = Path(disk_dir)
             try:
                 folder.mkdir(parents=True, exist_ok=True)
                 probe = folder / ".servelab_write_probe"
@@ -106,6 +108,13 @@ class TierPools:
             for p in (path, path.with_suffix(".scales.bin")):
                 if p.exists():
                     os.unlink(p)
+        for folder in {path.parent for path in self.paths}:
+            try:
+                folder.rmdir()  # only when empty: a folder the user named may hold other files
+            except OSError:
+                pass
+        if self._temporary_dir is not None:
+            shutil.rmtree(self._temporary_dir, ignore_errors=True)
 
 
 def tier_pools(executor: object, tiers: Seq[TierSpec], disk_dir: str | None) -> TierPools:
@@ -117,4 +126,6 @@ def tier_pools(executor: object, tiers: Seq[TierSpec], disk_dir: str | None) -> 
     if not isinstance(pool, KVPool):
         raise ConfigError(f"kv_tiers on a real engine need one worker in this process (backend=local, or "
                           f"backend=torch with tensor_parallel_size=1), not {type(executor).__name__}")
-    return TierPools(pool, tiers, disk_dir)
+    pools = TierPools(pool, tiers, disk_dir)
+    executor.resources.callback(pools.close)  # type: ignore[attr-defined]  # a LocalExecutor: checked above
+    return pools

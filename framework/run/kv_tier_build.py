@@ -9,9 +9,10 @@ writable, a policy that stores with no tier to store in, tiers beside another co
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from servelab.core.errors import ConfigError
 from servelab.core.kv_tiers import KVTierPolicy, TierSpec
@@ -72,3 +73,13 @@ def tiered_store(cfg: DictConfig, policy_cls: type[KVTierPolicy], tiers: tuple[T
 def tier_load_clock(cfg: DictConfig, clock: Any, store: TieredKVConnector) -> TierLoadClock:
     """``clock`` with the store's loads priced into each step as ``kv_tiers.load`` says."""
     return TierLoadClock(clock, store, str(_value(cfg.kv_tiers.load)))
+
+
+def default_disk_dir(cfg: DictConfig, output_dir: Path) -> None:
+    """A disk tier's files go under the run's folder (``<output_dir>/kv_tier_disk``, removed at the end)
+    unless ``kv_tiers.disk_dir`` names another folder."""
+    node = cfg.get("kv_tiers")
+    if node is None or node.get("disk_dir") or not any(str(_value(t.kind)) == "disk" for t in node.tiers):
+        return
+    with open_dict(node):
+        node.disk_dir = str(Path(output_dir) / "kv_tier_disk")

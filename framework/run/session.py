@@ -26,6 +26,7 @@ from servelab.run.cluster_run import run_cluster_job
 # RunResult and RequestWriter: also importable from here, as before
 from servelab.run.results import (RequestWriter, RunResult, drop_placeholder_tokens, kv_pool_metrics,
                                   run_and_write)
+from servelab.run.kv_tier_build import default_disk_dir
 from servelab.run.stack import Stack, build_stack, model_shape, run_arrivals, validate
 from servelab.run.kv_tier_figures import kv_tier_figures, ttft_split
 from servelab.workloads.text import checkpoint_text, text_decorator
@@ -113,6 +114,7 @@ def run_job(cfg: DictConfig, output_dir: str | Path, requests: list[Request] | N
     if requests is None and cfg.block_size == "auto":  # built once: block_size=auto reads them, the run replays them
         validate(cfg)  # a missing key is named before the workload trips on it
         requests = workload_requests(cfg, model_shape(cfg))
+    default_disk_dir(cfg, output_dir)
     stack = build_stack(cfg, requests=requests)
     try:
         return _run_on_stack(cfg, output_dir, requests, stack, banner)

@@ -53,7 +53,10 @@ def no_requests_message(cfg, max_model_len: int) -> str:
         if cfg.get(key) == 0:
             return f"workload.{key}=0: the workload has no requests; set workload.{key}>=1"
     if cfg.get("path") is None:  # chat_sessions: every session ended before its first turn
-        return f"workload={cfg.name}: the workload has no requests that fit max_model_len={max_model_len}"
+        return (f"workload={cfg.name}: no session's first turn fits max_model_len={max_model_len}; shorten "
+                f"workload.system_prompt_len / user_len / output_len (system_prompt_len.min="
+                f"{cfg.system_prompt_len.min} now), e.g. workload.system_prompt_len.min=32 "
+                f"workload.system_prompt_len.max=128 workload.user_len.max=64 workload.output_len.max=64")
     path = Path(cfg.path) if cfg.name == "jsonl" else trace_path(cfg.path)
     if cfg.get("start_row"):
         return f"{path}: no requests in this file from workload.start_row={cfg.start_row} on"
