@@ -20,6 +20,7 @@ from servelab.core.registry import Registry, default_registry
 from servelab.core.shapes import HardwareProfile, ModelShape
 from servelab.run.block_size import resolve_block_size
 from servelab.run.config import HardwareConfig
+from servelab.run.kv_tier_shared import SharedTiers, check_shared_tiers
 from servelab.run.stack import Stack, _clock_kind, _plugin_config, build_stack, model_shape, storage_bytes, validate
 
 POOL_KEYS = ("tensor_parallel_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype",
@@ -61,6 +62,7 @@ def validate_cluster(cfg: DictConfig) -> None:
                     raise ConfigError(f"cluster.{pool} has tensor_parallel_size={tp}: a prefill/decode engine "
                                       "process moves its KV from one worker's pool, so real prefill/decode runs "
                                       "tensor_parallel_size=1 (backend=sim prices larger ones)")
+    check_shared_tiers(cfg)
     _clock_kind(cfg)  # the clock, backend and time model agree (wall: engine processes; virtual: one loop)
 
 
@@ -114,6 +116,7 @@ def build_cluster(cfg: DictConfig, requests=None, registry: Registry | None = No
     stacks: list[Stack] = []
     replicas: list[Replica] = []
     transfers = PDTransfers() if c.prefill_replicas is not None else None  # every replica's KV connector
+    shared_tiers = SharedTiers.of(cfg)  # one book per shared KV tier, for every replica
     gpu = 0
     try:
         for role, count, pcfg in pools:
@@ -125,7 +128,7 @@ def build_cluster(cfg: DictConfig, requests=None, registry: Registry | None = No
                 if gpu % c.gpus_per_node + tp > c.gpus_per_node:  # it would straddle two nodes: next node
                     gpu += c.gpus_per_node - gpu % c.gpus_per_node
                 connector = transfers.endpoint(len(replicas), role) if transfers is not None else None
-                stack = build_stack(pcfg, registry, requests=requests, connector=connector)
+                stack = build_stack(pcfg, registry, requests=requests, connector=connector, shared_tiers=shared_tiers)
                 stacks.append(stack)
                 replicas.append(Replica(len(replicas), role, stack.engine, tp, pcfg.hardware.name, gpu))
                 gpu += tp

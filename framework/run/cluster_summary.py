@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from servelab.cluster.figures import ReplicaCounts, load_imbalance, replica_figures
 from servelab.engine.step_totals import StepTotals
+from servelab.run.kv_tier_cluster_figures import cluster_tier_figures, replica_tier_hit_rate
 from servelab.run.metrics import summarize
 from servelab.run.replica_report import ReplicaReport
 from servelab.run.results import RequestWriter, RunResult
@@ -37,7 +38,8 @@ def cluster_summary(cfg: DictConfig, replicas: Sequence[ReplicaCounts], reports:
     leaks = [p.leaked_blocks for p in reports]
     leaked = None if any(n is None for n in leaks) else sum(n for n in leaks if n is not None)
     duration = totals.last_time_s
-    per_replica = [replica_figures(r, duration, p.totals, p.num_kv_blocks) for r, p in zip(replicas, reports)]
+    per_replica = [{**replica_figures(r, duration, p.totals, p.num_kv_blocks), **replica_tier_hit_rate(p.kv_tiers)}
+                   for r, p in zip(replicas, reports)]
     first = reports[0]
     summary = summarize(requests, totals, duration, leaked, {
         "status": status,
@@ -75,6 +77,9 @@ def cluster_summary(cfg: DictConfig, replicas: Sequence[ReplicaCounts], reports:
         "kv_transfer_exposed_s": kv.kv_transfer_exposed_s,
         "per_replica": per_replica,
     }, weights)
+    tiers = cluster_tier_figures([p.kv_tiers for p in reports], summary.get("num_finished") or 0,
+                                 summary.get("ttft_ms") or {}, summary.get("queue_ms") or {})
+    summary.update(tiers)
     return RunResult(None, summary, [s for p in reports for s in p.steps], writer.path)
 
 

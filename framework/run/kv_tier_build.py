@@ -2,7 +2,7 @@
 
 On an engine that computes tokens the tiers hold real bytes (:mod:`servelab.exec.kv_tier_pools`).
 Bad input is one :class:`ConfigError` line naming the key: a tier smaller than one block, a
-shared tier (a cluster-wide store: not built yet), a disk tier whose ``kv_tiers.disk_dir`` is not
+shared tier outside a simulated cluster (:mod:`servelab.run.kv_tier_shared`), a disk tier whose ``kv_tiers.disk_dir`` is not
 writable, a policy that stores with no tier to store in, tiers beside another connector
 (prefill/decode hand-off), a real engine over several ranks.
 """
@@ -17,6 +17,7 @@ from omegaconf import DictConfig, open_dict
 from servelab.core.errors import ConfigError
 from servelab.core.kv_tiers import KVTierPolicy, TierSpec
 from servelab.run.kv_tier_clock import TierLoadClock
+from servelab.run.kv_tier_shared import SharedTieredKVConnector, SharedTiers
 from servelab.run.kv_tier_store import TieredKVConnector
 
 
@@ -24,8 +25,9 @@ def _value(x: Any) -> Any:
     return getattr(x, "value", x)
 
 
-def kv_tier_specs(cfg: DictConfig, bytes_per_block: int) -> tuple[TierSpec, ...]:
-    """The tiers ``cfg.kv_tiers.tiers`` configures, each sized in blocks of ``bytes_per_block``."""
+def kv_tier_specs(cfg: DictConfig, bytes_per_block: int, shared: SharedTiers | None = None) -> tuple[TierSpec, ...]:
+    """The tiers ``cfg.kv_tiers.tiers`` configures, each sized in blocks of ``bytes_per_block``; a
+    ``shared`` one priced over ``shared``'s network link (None: not in a simulated cluster: refused)."""
     node = cfg.get("kv_tiers")
     if node is None:
         return ()
@@ -42,17 +44,19 @@ def kv_tier_specs(cfg: DictConfig, bytes_per_block: int) -> tuple[TierSpec, ...]
         if num_blocks < 1:
             raise ConfigError(f"{key}.capacity_gib={tier.capacity_gib}: below one KV block ({bytes_per_block} bytes "
                               f"= {bytes_per_block / 2**30:.6f} GiB per GPU); raise it or drop the tier")
-        if tier.shared:
-            raise ConfigError(f"{key}.shared=true: a tier shared by a cluster's replicas is not built yet (and a "
-                              "single-engine run has nothing to share it with); use shared=false")
-        specs.append(TierSpec(kind, float(tier.capacity_gib), float(tier.read_gb_s), float(tier.write_gb_s),
-                              float(tier.latency_us), bool(tier.shared), num_blocks))
+        if tier.shared and shared is None:
+            raise ConfigError(f"{key}.shared=true: a single-engine run has no replicas to share a tier with; use "
+                              "shared=false, or a simulated cluster (backend=sim cluster.replicas=N)")
+        spec = TierSpec(kind, float(tier.capacity_gib), float(tier.read_gb_s), float(tier.write_gb_s),
+                        float(tier.latency_us), bool(tier.shared), num_blocks)
+        specs.append(shared.priced(spec) if spec.shared and shared is not None else spec)
     return tuple(specs)
 
 
 def tiered_store(cfg: DictConfig, policy_cls: type[KVTierPolicy], tiers: tuple[TierSpec, ...], executor: Any,
-                 connector: Any) -> TieredKVConnector | None:
-    """The store this run needs (None: no tiers, or a policy that stores nothing)."""
+                 connector: Any, shared: SharedTiers | None = None) -> TieredKVConnector | None:
+    """The store this run needs (None: no tiers, or a policy that stores nothing); its shared tiers
+    are ``shared``'s books."""
     policy = cfg.kv_tier_policy.name
     if not policy_cls.stores:
         return None
@@ -62,6 +66,11 @@ def tiered_store(cfg: DictConfig, policy_cls: type[KVTierPolicy], tiers: tuple[T
     if connector is not None:
         raise ConfigError(f"kv_tiers={cfg.kv_tiers.name}: this engine has a KV connector already "
                           f"({type(connector).__name__}, prefill/decode hand-off); tiers beside it are not built yet")
+    if shared is not None and any(t.shared for t in tiers):
+        if executor.computes_tokens:
+            raise ConfigError(f"kv_tiers={cfg.kv_tiers.name}: a shared tier holds no real bytes (not built on an "
+                              "engine that computes tokens); use shared=false or backend=sim")
+        return SharedTieredKVConnector(tiers, executor.bytes_per_block, int(cfg.block_size), shared)
     store = TieredKVConnector(tiers, executor.bytes_per_block, int(cfg.block_size))
     if executor.computes_tokens:
         from servelab.exec.kv_tier_pools import tier_pools  # noqa: PLC0415 - torch, only for a real engine

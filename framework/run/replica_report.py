@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from servelab.engine.step_totals import StepTotals
+from servelab.run.kv_tier_cluster_figures import replica_tier_report
 from servelab.run.results import kv_pool_metrics
 from servelab.run.stack import Stack
 
@@ -30,6 +31,7 @@ class ReplicaReport:
     time: dict = field(default_factory=dict)
     block_size_auto: dict | None = None
     steps: list = field(default_factory=list)  # its StepRecords (debug.log_steps)
+    kv_tiers: dict = field(default_factory=dict)  # its KV tier figures ({}: no tiers)
 
     @classmethod
     def of(cls, stack: Stack, live: bool) -> "ReplicaReport":
@@ -40,4 +42,4 @@ class ReplicaReport:
                    executor.bytes_per_block, executor.num_swap_blocks, pool["kv_pool_blocks"], pool["kv_pool_bytes"],
                    engine.cost_model.swap_bytes_per_s or 0.0, engine.limits.block_size,
                    engine.cost_model.coefficients, executor.summary(), stack.describe_time(), stack.block_size_auto,
-                   list(engine.steps))
+                   list(engine.steps), replica_tier_report(engine.connector))

@@ -281,14 +281,15 @@ def build_executor(cfg: DictConfig, draft_model_path: str | None = None, registr
 
 
 def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Executor | None = None,
-                clock=None, requests=None, connector=None) -> Stack:
+                clock=None, requests=None, connector=None, shared_tiers=None) -> Stack:
     """Validate ``cfg``, build the executor (unless given) and every engine-scope plugin kind in
     the order their contexts need (:func:`servelab.core.kinds.build_order`), and wire the engine.
 
     Each plugin is ``cls(config, context)``, its context filled by field name from the run's values
     and the plugins built before it. ``block_size=auto`` is resolved first (``cfg.block_size`` becomes
     the chosen size) from ``requests`` (the run's; built from ``cfg.workload`` when None).
-    ``connector``: the KV connector through which KV enters or leaves this engine (None: none)."""
+    ``connector``: the KV connector through which KV enters or leaves this engine (None: none).
+    ``shared_tiers``: a cluster's shared KV tiers (:class:`servelab.run.kv_tier_shared.SharedTiers`)."""
     validate(cfg)
     auto = resolve_block_size(cfg, model_shape(cfg), requests) if cfg.block_size == "auto" else None
     registry = registry or default_registry()
@@ -317,8 +318,8 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
         "num_blocks": executor.num_kv_blocks, "block_size": cfg.block_size,
         "num_swap_blocks": executor.num_swap_blocks, "seed": cfg.seed, "max_model_len": max_model_len,
     }
-    tiers = kv_tier_specs(cfg, executor.bytes_per_block)
-    store = tiered_store(cfg, classes["kv_tier_policy"], tiers, executor, connector)
+    tiers = kv_tier_specs(cfg, executor.bytes_per_block, shared_tiers)
+    store = tiered_store(cfg, classes["kv_tier_policy"], tiers, executor, connector, shared_tiers)
     if store is not None:
         connector = available["connector"] = store
     available.update(kv_tiers=tiers, bytes_per_block=executor.bytes_per_block)
