@@ -176,7 +176,8 @@ def page(res: dict, wall_s: float, command: str) -> str:
         "- SGLang HiCache and vLLM's CPU offloading load layer by layer behind compute; the bandwidth table shows "
         "how much of a load that hides on this model (the overlapped rows' load added against the serialised ones).",
         "- Not reproduced yet: the real CPU model as a study (tests/test_kv_tiers_real.py checks its tokens), "
-        "shared (cluster) tiers, prefetch.", "",
+        "prefetch. Shared (cluster) tiers: [cluster.md](cluster.md) "
+        "(`python experiments/kv_tiers/cluster_study.py --update-readme`).", "",
     ])
 
 

@@ -445,7 +445,8 @@ class KVTierLoad(enum.Enum):
 class KVTierConfig:
     """One tier below the GPU (``kv_tiers.tiers[i]``, nearest first). Capacity per GPU (tensor-parallel
     rank), like ``backend.swap_space_gb``; bandwidths in GB/s (1e9 bytes) of that rank's link to the GPU;
-    ``latency_us`` per transfer. ``shared``: one store for a cluster's replicas (not yet: refused)."""
+    ``latency_us`` per transfer. ``shared``: one store for a simulated cluster's replicas, priced over the network
+    (:mod:`servelab.run.kv_tier_shared`; refused on one engine and on the real backend)."""
 
     kind: KVTierKind = KVTierKind.host
     capacity_gib: float = 64.0
