@@ -42,6 +42,18 @@ def test_write_back_spills_evictions_and_loads_them_back(tmp_path):
     assert summary["num_finished"] == summary["num_requests"]
 
 
+def test_every_prompt_token_is_a_gpu_hit_a_tier_load_or_computed(tmp_path):
+    """A request whose prefix a tier loads still counts its GPU prefix hit (the hit rate is not
+    lowered by the tier), and nothing is counted twice."""
+    summary, records = _run(tmp_path, "wb", "kv_tiers=host", "kv_tier_policy=write_back")
+    rows = [json.loads(line) for line in records.decode().splitlines()]
+    prompt = sum(r["prompt_len"] for r in rows)
+    gpu_hits = sum(r["num_cached_prompt_tokens"] for r in rows)
+    loaded = sum(t["hit_blocks"] for t in summary["kv_tiers"]) * summary["block_size"]
+    assert loaded > 0 and summary["recomputed_tokens"] == 0
+    assert gpu_hits + loaded + summary["prefill_tokens_computed"] == prompt
+
+
 def test_host_tier_cuts_prefill_against_gpu_only(tmp_path):
     gpu, _ = _run(tmp_path, "gpu", "allocator.prefix_caching=true")
     host, _ = _run(tmp_path, "host", "kv_tiers=host", "kv_tier_policy=write_back")

@@ -322,6 +322,8 @@ class QueueScheduler(Scheduler):
                 allocator.reset(seq)
                 return
             queue.popleft()
+            if seq.num_preemptions == 0 and seq.num_output_tokens == 0:  # a new request (a tier's load), not
+                seq.num_cached_prompt_tokens = hit  # a hand-off, which carries its prefill's hit: as _admit counts
             n, load_async = connector.get_num_new_matched_tokens(seq, hit)
             connector.update_state_after_alloc(seq, allocator.block_table(seq.id), n)
             self.kv_loading[seq.id] = (seq, n)
