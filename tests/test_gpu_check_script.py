@@ -26,6 +26,7 @@ NOT_CARRIED = {
     "uvicorn": "servelab serve (the serve extra)",
     "prometheus-client": "servelab serve (the serve extra)",
     "pydantic": "servelab serve (the serve extra)",
+    "httpx": "servelab route (the serve extra)",
 }
 
 
