@@ -71,6 +71,29 @@ def test_prefetch_moves_serialised_loads_off_the_steps_and_computes_the_same(tmp
     assert early["kv_tier_books_broken"] == 0 and early["leaked_blocks"] == 0
 
 
+def test_requests_queued_for_gpu_blocks_are_prefetched_and_their_staging_is_released(tmp_path):
+    from servelab.run import kv_tier_store
+
+    queued = []
+
+    class Counting(kv_tier_store.TieredKVConnector):
+        def prefetch_queued(self):
+            before = self.prefetched_blocks
+            super().prefetch_queued()
+            queued.append(self.prefetched_blocks - before)
+
+    cfg = compose(*CHAT, "workload.session_rate=20", "num_kv_blocks=300", "kv_tiers=host",
+                  "kv_tier_policy=write_back_prefetch", "kv_tier_policy.max_staged=64")
+    stack = build_stack(cfg)
+    stack.engine.connector.__class__ = Counting
+    summary = run_job(cfg, tmp_path / "busy", stack=stack).summary
+    assert sum(queued) > 0  # prefetched while the requests waited in the queue, not only at admission
+    assert summary["kv_tier_prefetch_used_blocks"] > 0 and summary["kv_tier_prefetch_wasted_blocks"] >= 0
+    assert summary["kv_tier_prefetch_blocks"] > 64  # staged blocks no request wants any more free their room
+    assert summary["kv_tier_books_broken"] == 0 and summary["leaked_blocks"] == 0
+    assert summary["num_finished"] == summary["num_requests"]
+
+
 def test_max_staged_bounds_the_prefetch_and_zero_is_refused(tmp_path):
     pf = ("kv_tiers=host", "kv_tiers.load=serialize", "kv_tier_policy=write_back_prefetch")
     capped, _ = _run(tmp_path, "cap", *pf, "kv_tier_policy.max_staged=1")

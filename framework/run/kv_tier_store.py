@@ -25,7 +25,7 @@ The connector's side of a request (:mod:`servelab.core.kv_connector`):
   scheduler sees a request on arrival, the simulated engine between steps; never added to a step;
   the synchronous loads of admissions are not queued behind it), and the block is *staged*; the request's
   admission then loads it as before but waits only for what of that transfer is not done yet
-  (usually nothing). A staged block stays in its tier (the books are unchanged); one that leaves its
+  (usually nothing; never more than loading those blocks then would take). A staged block stays in its tier (the books are unchanged); one that leaves its
   tier, or is never read by an admission, is wasted. On a real engine the copy itself still happens
   at admission (a prefetch there only books the figures).
 
@@ -168,6 +168,9 @@ class TieredKVConnector(KVConnector):
             self.hit_blocks[tier] += n
             self._pending_blocks[tier] += link_tier[tier]
         self.loads += 1
+        # A prefetch still stuck behind others on its link is no worse than loading its blocks now.
+        staged_s = sum(t.read_s(n - m, self.bytes_per_block) for t, n, m in zip(self.tiers, per_tier, link_tier))
+        wait_s = min(wait_s, staged_s)
         self._pending_wait_s = max(self._pending_wait_s, wait_s)
         load_s = wait_s + sum(t.read_s(n, self.bytes_per_block) for t, n in zip(self.tiers, link_tier))
         self.load_s_by_request[seq.id] = self._pending_requests[seq.id] = load_s
@@ -200,9 +203,16 @@ class TieredKVConnector(KVConnector):
 
     def prefetch_queued(self) -> None:
         """Start the prefetches the policy wants for the queued requests (see the module's docstring)."""
-        if self.queue is not None and self._prefetches():
-            for seq in self.queue():
-                self._prefetch_for(seq)
+        if self.queue is None or not self._prefetches():
+            return
+        queued = list(self.queue())
+        # Between steps every staged block was staged for a request still queued; one that is no longer
+        # wanted (its request was served from the GPU cache, or ended) is wasted and frees its room.
+        wanted = {digest for seq in queued for digest in self.allocator.prompt_block_digests(seq)}
+        for digest in [d for d in self.staged if d not in wanted]:
+            del self.staged[digest]
+        for seq in queued:
+            self._prefetch_for(seq)
 
     def _prefetches(self) -> bool:
         return self.policy is not None and type(self.policy).prefetch is not KVTierPolicy.prefetch
