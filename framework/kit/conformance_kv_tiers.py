@@ -74,7 +74,7 @@ def check_kv_tier_policy(run: "KitRun") -> "Failure | None":
                 return Failure("deterministic", f"two runs of {' '.join(overrides)} differ")
     run.report.cases = len(seeds)
     run.report.notes.append(f"kv tiers: {len(seeds)} chat runs on the simulator (GPU 40 blocks, host {HOST_BLOCKS}, "
-                            f"disk {DISK_BLOCKS}), every store/move/drop/load replayed against a ledger")
+                            f"disk {DISK_BLOCKS}), every store/move/drop/load/prefetch replayed against a ledger")
     return None
 
 
