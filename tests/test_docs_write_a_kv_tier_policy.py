@@ -41,3 +41,10 @@ def test_the_pages_policy_passes_the_conformance_kit(registry):
 
     report = check_plugin("kv_tier_policy", "keep_roots", registry=registry, cases=2)
     assert report.ok, str(report)
+
+
+def test_the_pages_policy_prefetches_only_from_the_host_and_up_to_its_cap(registry):
+    cls = registry.get("kv_tier_policy", "keep_roots")
+    policy = cls(cls.Config(max_staged=2), KVTierPolicyContext())
+    block = TierBlock(b"x", 3)
+    assert policy.prefetch(0, block, 1) and not policy.prefetch(0, block, 2) and not policy.prefetch(1, block, 0)

@@ -53,7 +53,7 @@ def registry():
     return registry_with(sys.modules[__name__])
 
 
-@pytest.mark.parametrize("name", ["none", "write_back", "write_through", "reuse_aware"])
+@pytest.mark.parametrize("name", ["none", "write_back", "write_through", "reuse_aware", "write_back_prefetch"])
 def test_every_builtin_passes(name):
     report = check_plugin("kv_tier_policy", name, cases=2)
     assert report.ok, str(report)
@@ -74,11 +74,18 @@ def test_the_ledger_catches_a_load_of_a_dropped_block_and_an_overfull_tier():
     assert _replay([("store", 0, d), ("move", 0, d, 1), ("load", 1, d)], [1, 1]) is None
 
 
+def test_the_ledger_catches_a_prefetch_from_a_tier_that_does_not_hold_the_block():
+    d = b"d"
+    assert _replay([("store", 0, d), ("move", 0, d, 1), ("prefetch", 0, d)], [1, 1])[0] == \
+        "prefetches read stored blocks"
+    assert _replay([("store", 0, d), ("prefetch", 0, d), ("load", 0, d)], [1]) is None
+
+
 def test_grade_scores_a_policy_against_write_back_on_a_multi_turn_workload():
     from servelab.kit.grading import grade
 
     result = grade("kv_tier_policy", "reuse_aware")
     scores = {row.policy: row.score for row in result.rows}
-    assert set(scores) == {"reuse_aware", "none", "write_back", "write_through"}
+    assert set(scores) == {"reuse_aware", "none", "write_back", "write_through", "write_back_prefetch"}
     assert scores["write_back"] == 1.0 and scores["none"] < 1.0  # storing nothing loses to the tiers
     assert {row.workload for row in result.rows} == {"tier_chat"}

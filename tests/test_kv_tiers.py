@@ -69,6 +69,53 @@ def test_serialised_loads_add_their_whole_time(tmp_path):
     assert split["queueing"] + split["load"] + split["prefill_and_rest"] == pytest.approx(summary["ttft_ms"]["mean"])
 
 
+def test_prefetch_moves_serialised_loads_off_the_steps_and_computes_the_same(tmp_path):
+    slow = ("kv_tiers=host", "kv_tiers.load=serialize", "kv_tiers.tiers.0.read_gb_s=1")
+    plain, _ = _run(tmp_path, "wb", *slow, "kv_tier_policy=write_back")
+    early, _ = _run(tmp_path, "pf", *slow, "kv_tier_policy=write_back_prefetch")
+    assert plain["kv_tier_prefetch_blocks"] == 0  # write_back never prefetches: its figures as before
+    assert early["kv_tier_prefetch_used_blocks"] > 0
+    assert early["kv_tier_prefetch_blocks"] == early["kv_tier_prefetch_used_blocks"] + \
+        early["kv_tier_prefetch_wasted_blocks"]
+    assert early["kv_tier_prefetch_link_s"] > 0
+    assert early["kv_tier_load_added_s"] < plain["kv_tier_load_added_s"]
+    assert early["prefill_tokens_computed"] == plain["prefill_tokens_computed"]  # the same blocks come back
+    assert early["kv_tier_books_broken"] == 0 and early["leaked_blocks"] == 0
+
+
+def test_requests_queued_for_gpu_blocks_are_prefetched_and_their_staging_is_released(tmp_path):
+    from servelab.run import kv_tier_store
+
+    queued = []
+
+    class Counting(kv_tier_store.TieredKVConnector):
+        def prefetch_queued(self):
+            before = self.prefetched_blocks
+            super().prefetch_queued()
+            queued.append(self.prefetched_blocks - before)
+
+    cfg = compose(*CHAT, "workload.session_rate=20", "num_kv_blocks=300", "kv_tiers=host",
+                  "kv_tier_policy=write_back_prefetch", "kv_tier_policy.max_staged=64")
+    stack = build_stack(cfg)
+    stack.engine.connector.__class__ = Counting
+    summary = run_job(cfg, tmp_path / "busy", stack=stack).summary
+    assert sum(queued) > 0  # prefetched while the requests waited in the queue, not only at admission
+    assert summary["kv_tier_prefetch_used_blocks"] > 0 and summary["kv_tier_prefetch_wasted_blocks"] >= 0
+    assert summary["kv_tier_prefetch_blocks"] > 64  # staged blocks no request wants any more free their room
+    assert summary["kv_tier_books_broken"] == 0 and summary["leaked_blocks"] == 0
+    assert summary["num_finished"] == summary["num_requests"]
+
+
+def test_max_staged_bounds_the_prefetch_and_zero_is_refused(tmp_path):
+    pf = ("kv_tiers=host", "kv_tiers.load=serialize", "kv_tier_policy=write_back_prefetch")
+    capped, _ = _run(tmp_path, "cap", *pf, "kv_tier_policy.max_staged=1")
+    full, _ = _run(tmp_path, "full", *pf)
+    assert 0 < capped["kv_tier_prefetch_blocks"] < full["kv_tier_prefetch_blocks"]
+    with pytest.raises(ConfigError, match="max_staged"):
+        build_stack(compose(*CHAT, "kv_tiers=host", "kv_tier_policy=write_back_prefetch",
+                            "kv_tier_policy.max_staged=0"))
+
+
 def test_a_small_host_tier_demotes_to_disk(tmp_path):
     summary, _ = _run(tmp_path, "disk", "kv_tiers=host_disk", "kv_tier_policy=write_through",
                       "kv_tiers.tiers.0.capacity_gib=0.5")

@@ -14,6 +14,10 @@ def test_the_study_runs_and_writes_findings_with_numbers():
     spec.loader.exec_module(study)
     res = study.study(sessions=16, num_kv_blocks=1200)
     assert [r["label"] for r in res["policies"]] == ["none", "write_back", "write_through", "reuse_aware"]
+    prefetch = {r["label"]: r for r in res["prefetch"]}
+    early, plain = prefetch["write_back_prefetch 1 GB/s"], prefetch["write_back 1 GB/s"]
+    assert plain["prefetch_blocks"] == 0 and early["prefill_tokens"] == plain["prefill_tokens"]
+    assert len(res["selective"]) == 3 and len(res["chat_tp8"]) == len(res["mooncake_tp4"]) == 2
     gpu, host = res["tiers"][:2]
     assert host["prefill_tokens"] <= gpu["prefill_tokens"]
     text = study.page(res, 1.0, "python experiments/kv_tiers/study.py")

@@ -80,3 +80,9 @@ def test_a_disk_tier_needs_a_writable_folder(tmp_path):
         build_stack(compose(*CHATS, "kv_tiers=host_disk", "kv_tier_policy=write_back",
                             f"kv_tiers.tiers.1.capacity_gib={_blocks_gib(8)}", f"kv_tiers.disk_dir={blocker / 'sub'}"))
     assert "\n" not in str(err.value)
+
+
+def test_prefetched_blocks_come_back_with_the_same_tokens(tmp_path, plain):
+    early, summary = _tokens(tmp_path, "prefetch", "kv_tiers=host", "kv_tier_policy=write_back_prefetch")
+    assert summary["kv_tier_prefetch_used_blocks"] > 0
+    assert early == plain

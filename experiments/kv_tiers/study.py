@@ -45,6 +45,8 @@ def _row(label: str, s: dict) -> dict:
         "output_tok_s": s["output_throughput_tok_s"], "host_written_gb": tiers.get("host", {}).get("written_bytes", 0) / 1e9,
         "read_gb": sum(t["read_bytes"] for t in tiers.values()) / 1e9,
         "load_added_s": s.get("kv_tier_load_added_s", 0.0), "load_hidden_s": s.get("kv_tier_load_hidden_s", 0.0),
+        "prefetch_blocks": s.get("kv_tier_prefetch_blocks", 0), "prefetch_used": s.get("kv_tier_prefetch_used_blocks", 0),
+        "prefetch_wasted": s.get("kv_tier_prefetch_wasted_blocks", 0),
     }
 
 
@@ -54,6 +56,10 @@ MOONCAKE = ["tensor_parallel_size=8", "workload=hash_ids", "workload.block_token
 def mooncake(num_requests: int, num_kv_blocks: int) -> list[dict]:
     """The Mooncake conversation trace (first rows, 128 tokens per trace block) at TP 8."""
     work = MOONCAKE + [f"workload.num_requests={num_requests}", f"num_kv_blocks={num_kv_blocks}"]
+    return _mooncake_rows(work)
+
+
+def _mooncake_rows(work: list[str]) -> list[dict]:
     disk = ["kv_tiers=host_disk", f"kv_tiers.tiers.0.capacity_gib={HOST_GIB}"]
     return [_row("GPU only", _run(work)),
             _row("GPU + host 64 GiB", _run(work + ["kv_tiers=host", "kv_tier_policy=write_back"])),
@@ -81,7 +87,27 @@ def study(sessions: int, num_kv_blocks: int) -> dict:
                         for mode in ("serialize", "overlap") for bw in (0.25, 1.0, 4.0, 25.0)]
     out["mooncake_requests"], out["mooncake_kv_blocks"] = (200, 10000) if sessions < 100 else (800, 41000)
     out["mooncake"] = mooncake(out["mooncake_requests"], out["mooncake_kv_blocks"])
+    out["prefetch"] = prefetch(work)
+    out["selective"] = [_row(f"reuse_aware min_reuse={m:g}", _run(work + small_host + [
+        "kv_tier_policy=reuse_aware", f"kv_tier_policy.min_reuse={m}"])) for m in SELECTIVE_MIN_REUSE]
+    out["chat_tp8"] = [_row(label, _run(work + ["tensor_parallel_size=8"] + extra)) for label, extra in
+                       (("GPU only", []), ("GPU + host 64 GiB", host + ["kv_tier_policy=write_back"]))]
+    moon4 = MOONCAKE + ["tensor_parallel_size=4", f"workload.num_requests={out['mooncake_requests']}",
+                        f"num_kv_blocks={out['mooncake_kv_blocks']}"]
+    out["mooncake_tp4"] = [_row(label, _run(moon4 + extra)) for label, extra in
+                           (("GPU only", []), ("GPU + host 64 GiB", ["kv_tiers=host", "kv_tier_policy=write_back"]))]
     return out
+
+
+SELECTIVE_MIN_REUSE = (0.02, 0.05, 0.1)
+PREFETCH_GB_S = (1.0, 4.0, 25.0)
+
+
+def prefetch(work: list[str]) -> list[dict]:
+    """write_back against write_back_prefetch, loads serialised with the step (where a load shows), host 64 GiB."""
+    return [_row(f"{p} {bw:g} GB/s", _run(work + ["kv_tiers=host", "kv_tiers.load=serialize", f"kv_tier_policy={p}",
+                                                  f"kv_tiers.tiers.0.read_gb_s={bw}"]))
+            for bw in PREFETCH_GB_S for p in ("write_back", "write_back_prefetch")]
 
 
 def _pct(x) -> str:
@@ -132,6 +158,32 @@ def findings(res: dict) -> list[str]:
                f"blocks) a 64 GiB host tier loads {_pct(mhost['host_hit'])} of the GPU's misses: prefill tokens "
                f"{mgpu['prefill_tokens']:,} -> {mhost['prefill_tokens']:,}, TTFT p50 {mgpu['ttft_p50_ms']:.0f} -> "
                f"{mhost['ttft_p50_ms']:.0f} ms, p99 {mgpu['ttft_p99_ms']:.0f} -> {mhost['ttft_p99_ms']:.0f} ms.")
+    pf = res["prefetch"]
+    pairs = [(pf[i], pf[i + 1]) for i in range(0, len(pf), 2)]
+    out.append("Prefetch for queued requests (write_back_prefetch, loads serialised, host 64 GiB): TTFT p50 / p99 " +
+               "; ".join(f"{a['label'].split()[1]} GB/s {a['ttft_p50_ms']:.1f} / {a['ttft_p99_ms']:.1f} -> "
+                         f"{b['ttft_p50_ms']:.1f} / {b['ttft_p99_ms']:.1f} ms (load added {a['load_added_s']:.2f} -> "
+                         f"{b['load_added_s']:.2f} s; {b['prefetch_used']:,} of {b['prefetch_blocks']:,} prefetched "
+                         f"blocks used)" for a, b in pairs) +
+               "; the same blocks come back (prefill tokens equal), only the wait for the link moves off the steps.")
+    sel = res["selective"]
+    best = min(sel, key=lambda r: r["prefill_tokens"])
+    gain = 1 - best["prefill_tokens"] / wb1["prefill_tokens"]
+    out.append(f"Selective store (reuse_aware's min_reuse: store an evicted block only if its depth's learned reuse "
+               f"estimate reaches it), full {HOST_GIB:g} GiB host tier: the best setting, {best['label'].split()[1]}, "
+               f"computes {best['prefill_tokens']:,} prefill tokens against write_back's {wb1['prefill_tokens']:,} "
+               f"({'fewer by' if gain > 0 else 'more by'} {abs(100 * gain):.1f}%) and writes "
+               f"{best['host_written_gb']:.1f} GB to the host against {wb1['host_written_gb']:.1f} GB: it "
+               f"{'beats' if gain > 0 else 'does not beat'} write_back. Our reading (not isolated by a run): a block "
+               "is read only after its whole chain, so a skipped store also wastes the stored blocks behind it, "
+               "which a per-block estimate cannot see.")
+    c8g, c8h = res["chat_tp8"]
+    m4g, m4h = res["mooncake_tp4"]
+    out.append(f"The same at the other TP: chat at TP 8, 64 GiB host: prefill tokens {c8g['prefill_tokens']:,} -> "
+               f"{c8h['prefill_tokens']:,}, TTFT p99 {c8g['ttft_p99_ms']:.1f} -> {c8h['ttft_p99_ms']:.1f} ms; Mooncake at "
+               f"TP 4: prefill tokens {m4g['prefill_tokens']:,} -> {m4h['prefill_tokens']:,}, TTFT p50 "
+               f"{m4g['ttft_p50_ms']:.0f} -> {m4h['ttft_p50_ms']:.0f} ms, p99 {m4g['ttft_p99_ms']:.0f} -> "
+               f"{m4h['ttft_p99_ms']:.0f} ms.")
     for mode in ("serialize", "overlap"):
         rows = [r for r in res["bandwidth"] if r["label"].startswith(mode)]
         worse = [r["label"].split()[1] for r in rows if r["ttft_p99_ms"] > gpu["ttft_p99_ms"]]
@@ -168,6 +220,17 @@ def page(res: dict, wall_s: float, command: str) -> str:
         _table(res["mooncake"]), "",
         "## Host read bandwidth, loads serialised or overlapped (GPU + host 64 GiB, write_back)", "",
         _table(res["bandwidth"]), "",
+        "## Prefetch for queued requests (GPU + host 64 GiB, `kv_tiers.load=serialize`)", "",
+        "A prefetched block's link time runs in the background from its request's arrival; the admission waits "
+        "only for what is still in flight ([docs/kv-tiers.md](../../docs/kv-tiers.md#prefetch-for-queued-requests)).",
+        "", _table(res["prefetch"]), "",
+        "| run | prefetched blocks | used | wasted |\n|---|---|---|---|\n" + "\n".join(
+            f"| {r['label']} | {r['prefetch_blocks']:,} | {r['prefetch_used']:,} | {r['prefetch_wasted']:,} |"
+            for r in res["prefetch"] if r["prefetch_blocks"]), "",
+        f"## Selective store by predicted reuse (GPU + host {HOST_GIB:g} GiB, no disk; against write_back above)", "",
+        _table(res["selective"]), "",
+        "## Chat at TP 8 and Mooncake at TP 4 (write_back, host 64 GiB)", "",
+        _table(res["chat_tp8"] + [dict(r, label=f"Mooncake TP 4, {r['label']}") for r in res["mooncake_tp4"]]), "",
         "## Published claims beside ours", "",
         "- CachedAttention / AttentionStore (Gao et al., ATC 2024) report TTFT cut by up to 87% and prefill "
         "throughput up 7.8x on multi-turn chat with host + disk tiers. Ours points the same way and is smaller; "
@@ -175,8 +238,11 @@ def page(res: dict, wall_s: float, command: str) -> str:
         "the GPU cache keeps anyway (compare the GPU hit column), so fewer misses are left for the tiers.",
         "- SGLang HiCache and vLLM's CPU offloading load layer by layer behind compute; the bandwidth table shows "
         "how much of a load that hides on this model (the overlapped rows' load added against the serialised ones).",
+        "- SGLang HiCache prefetches a queued request's prefix from host/storage while it waits; ours "
+        "(write_back_prefetch) shows what that buys when loads are serialised with the step: the loads' added "
+        "step time moves into the queueing time the requests spend anyway.",
         "- Not reproduced yet: the real CPU model as a study (tests/test_kv_tiers_real.py checks its tokens), "
-        "prefetch. Shared (cluster) tiers: [cluster.md](cluster.md) "
+        "prefetch on the real engine. Shared (cluster) tiers: [cluster.md](cluster.md) "
         "(`python experiments/kv_tiers/cluster_study.py --update-readme`).", "",
     ])
 

@@ -14,7 +14,9 @@ store asks it, in this order of a block's life:
 - :meth:`KVTierPolicy.store_on_evict`: the GPU prefix cache gives a block up (write-back spills it);
 - :meth:`KVTierPolicy.victim`: a tier is full and must make room: which of its blocks goes;
 - :meth:`KVTierPolicy.demote`: where that victim goes (a farther tier, or nowhere: dropped);
-- :meth:`KVTierPolicy.on_load`: a new request's prefix was found below and loaded (its reuse).
+- :meth:`KVTierPolicy.on_load`: a new request's prefix was found below and loaded (its reuse);
+- :meth:`KVTierPolicy.prefetch`: a request still queued has its next prefix block below: start
+  bringing it over the link now, in the background, so its admission finds it already loaded.
 
 Each answer is a tier index or None (do not store). The store keeps the books: capacities are
 never exceeded, a block is in at most one tier, a block being loaded is never dropped (loads are
@@ -106,3 +108,12 @@ class KVTierPolicy(Plugin):
 
     def on_load(self, tier: int, block: TierBlock) -> None:
         """A request reused ``block`` from ``tier`` (it is copied to the GPU and stays below too)."""
+
+    def prefetch(self, tier: int, block: TierBlock, staged: int) -> bool:
+        """A request waiting in the scheduler's queue will need ``block`` (its next prefix block after
+        the GPU hit and any block already prefetched), which sits in ``tier``; ``staged`` blocks are
+        prefetched and not yet used. True: start its load now, in the background (the store prices it
+        over the tier's link off the step; the request's admission reads it without waiting for the
+        link). False: leave it (and the rest of that request's chain) to load at admission. Asked
+        before every step, for the queued requests in queue order. Default: False (load on hit)."""
+        return False

@@ -4,13 +4,17 @@ A tier policy never changes what is computed, only which blocks are kept below t
 long, so it is checked in the simulator: multi-turn chats (every turn repeats the conversation) on
 the tiny model with a GPU pool far below the working set, above a host tier of
 :data:`HOST_BLOCKS` blocks and a disk tier of :data:`DISK_BLOCKS`, so that the GPU evicts, the host
-fills and demotes, and the disk drops. The store records every event (store, move, drop, load);
+fills and demotes, and the disk drops. The store records every event (store, move, drop, load,
+prefetch);
 the kit replays them against its own ledger:
 
 - "valid answers": every answer of the policy is one the store may act on (a held victim, a tier
   below, ...); the store stops the run naming the policy otherwise;
 - "loads return the stored blocks": every load reads a block the ledger has in that tier (stored
   there, not moved or dropped since): in the simulator a block *is* its prefix digest;
+- "prefetches read stored blocks": every block a policy prefetches (``prefetch``) for a queued
+  request is one the ledger has in that tier, and no more blocks are read by admissions as
+  prefetched than were prefetched (a prefetch never takes a block out of its tier);
 - "capacities respected": no tier ever holds more blocks than its capacity, and a block is in one
   tier at most;
 - "no block lost while referenced": every request ends and no GPU block stays held;
@@ -33,6 +37,8 @@ KV_TIER_CONTRACTS = {
                      "or None, and a victim the full tier holds",
     "loads return the stored blocks": "every block loaded from a tier is one stored there and neither moved nor "
                                       "dropped since (in the simulator: the same prefix digest)",
+    "prefetches read stored blocks": "every block prefetched for a queued request is held by the tier it is read "
+                                     "from, and admissions use no more prefetched blocks than were prefetched",
     "capacities respected": "no tier ever holds more blocks than its capacity; a block is in at most one tier",
     "no block lost while referenced": "every request ends and no GPU block stays held once the run ends",
     "deterministic": "the same run twice gives the same requests and the same figures",
@@ -68,7 +74,7 @@ def check_kv_tier_policy(run: "KitRun") -> "Failure | None":
                 return Failure("deterministic", f"two runs of {' '.join(overrides)} differ")
     run.report.cases = len(seeds)
     run.report.notes.append(f"kv tiers: {len(seeds)} chat runs on the simulator (GPU 40 blocks, host {HOST_BLOCKS}, "
-                            f"disk {DISK_BLOCKS}), every store/move/drop/load replayed against a ledger")
+                            f"disk {DISK_BLOCKS}), every store/move/drop/load/prefetch replayed against a ledger")
     return None
 
 
@@ -99,6 +105,9 @@ def _run(run: "KitRun", overrides: tuple[str, ...]):
     if summary["num_finished"] + summary["num_rejected"] != summary["num_requests"] or summary["leaked_blocks"]:
         return Failure("no block lost while referenced", f"{summary['num_finished']} of {summary['num_requests']} "
                        f"requests finished, {summary['leaked_blocks']} GPU blocks left held")
+    if not 0 <= summary["kv_tier_prefetch_used_blocks"] <= summary["kv_tier_prefetch_blocks"]:
+        return Failure("prefetches read stored blocks", f"{summary['kv_tier_prefetch_used_blocks']} prefetched "
+                       f"blocks read by admissions, of {summary['kv_tier_prefetch_blocks']} prefetched")
     figures = {k: v for k, v in summary.items() if k.startswith("kv_tier")}
     return requests, json.dumps(figures, sort_keys=True)
 
@@ -108,6 +117,11 @@ def _replay(trace: list[tuple], capacity: list[int]) -> tuple[str, str] | None:
     held: list[set[bytes]] = [set() for _ in capacity]
     where: dict[bytes, int] = {}
     for n, (event, tier, digest, *rest) in enumerate(trace):
+        if event == "prefetch":
+            if where.get(digest) != tier:
+                return ("prefetches read stored blocks", f"event {n}: block {digest.hex()[:12]} prefetched from "
+                        f"tier {tier}, where the ledger has {where.get(digest)}")
+            continue
         if event == "load":
             if where.get(digest) != tier:
                 return ("loads return the stored blocks", f"event {n}: block {digest.hex()[:12]} loaded from tier "

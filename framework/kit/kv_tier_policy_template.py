@@ -13,6 +13,7 @@ from servelab.plugin_api import KVTierPolicy
 @dataclass
 class ${Class}Config:
     min_position: int = 0  # spill only blocks at least this deep in their chain (0: every block)
+    max_staged: int = 0  # prefetch for queued requests while fewer blocks are staged (0: load on hit only)
 
 
 class $Class(KVTierPolicy):
@@ -34,6 +35,9 @@ class $Class(KVTierPolicy):
 
     def demote(self, tier, block):
         return tier + 1 if tier + 1 < len(self.tiers) else None
+
+    def prefetch(self, tier, block, staged):
+        return staged < self.config.max_staged  # True: load it now, while its request queues
 
 
 @hookimpl

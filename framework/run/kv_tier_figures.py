@@ -57,6 +57,10 @@ def kv_tier_figures(connector: Any) -> dict:
         "kv_tier_load_added_s": store.load_added_s,
         "kv_tier_load_hidden_s": store.load_hidden_s,
         "kv_tier_books_broken": store.leaked(),
+        "kv_tier_prefetch_blocks": store.prefetched_blocks,
+        "kv_tier_prefetch_used_blocks": store.prefetch_used_blocks,
+        "kv_tier_prefetch_wasted_blocks": store.prefetched_blocks - store.prefetch_used_blocks,
+        "kv_tier_prefetch_link_s": store.prefetch_link_s,
     }
     for tier in reversed(tiers):  # the first tier of a kind wins
         for key in ("hit_rate", "read_bytes", "written_bytes", "dropped_blocks"):

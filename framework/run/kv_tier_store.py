@@ -16,7 +16,18 @@ The connector's side of a request (:mod:`servelab.core.kv_connector`):
   :class:`~servelab.run.kv_tier_clock.TierLoadClock`);
 - ``request_finished``: the policy may store the sequence's blocks now (write-through); the
   blocks are never kept (this connector reads nothing later);
-- the allocator's eviction listener: the policy may spill the block (write-back).
+- the allocator's eviction listener: the policy may spill the block (write-back);
+- ``get_finished`` (the engine's poll, before each schedule): prefetch. For each request waiting in
+  the scheduler's queue (:meth:`watch`), the policy's :meth:`~servelab.core.kv_tiers.KVTierPolicy.prefetch`
+  may start loading its next prefix blocks found below. A prefetch is a load started early: its
+  bytes cross the tier's link in the background (one transfer per request and tier, starting when
+  the request arrived or when that link's previous prefetch ends, whichever is later: a real
+  scheduler sees a request on arrival, the simulated engine between steps; never added to a step;
+  the synchronous loads of admissions are not queued behind it), and the block is *staged*; the request's
+  admission then loads it as before but waits only for what of that transfer is not done yet
+  (usually nothing; never more than loading those blocks then would take). A staged block stays in its tier (the books are unchanged); one that leaves its
+  tier, or is never read by an admission, is wasted. On a real engine the copy itself still happens
+  at admission (a prefetch there only books the figures).
 
 In the simulator a block is its digest (no tensors); the bytes moved are counted and priced per
 link. On a real engine :meth:`TieredKVConnector.attach_bytes` gives it the tiers' tensors
@@ -74,6 +85,15 @@ class TieredKVConnector(KVConnector):
         self.pools: Any = None  # the tiers' real bytes (attach_bytes); None: digests only (the simulator)
         self.slots: list[dict[bytes, int]] = [{} for _ in self.tiers]
         self.free_slots: list[list[int]] = [[] for _ in self.tiers]
+        # prefetch (watch(): the scheduler's waiting queue and the clock's now; None: no prefetch)
+        self.queue: Callable[[], Any] | None = None
+        self.now: Callable[[], float] = lambda: 0.0
+        self.staged: dict[bytes, float] = {}  # prefetched, not yet read: digest -> when its bytes have landed
+        self._link_free = [0.0] * len(self.tiers)  # when each tier's link finishes its last prefetch
+        self._pending_wait_s = 0.0  # admissions' wait for prefetches still in flight, since the last step
+        self.prefetched_blocks = 0
+        self.prefetch_used_blocks = 0
+        self.prefetch_link_s = 0.0  # link time prefetches took, off the steps
 
     def attach_bytes(self, pools: Any) -> "TieredKVConnector":
         """Hold real bytes: ``pools`` has ``save(tier, slot, block)``, ``load(tier, slot, block)`` and
@@ -89,6 +109,15 @@ class TieredKVConnector(KVConnector):
                               f"{type(allocator).name} needs allocator=paged allocator.prefix_caching=true")
         self.policy, self.allocator = policy, allocator
         allocator.evict_listeners.append(self._on_gpu_evict)
+        return self
+
+    def watch(self, queue: Callable[[], Any], now: Callable[[], float] | None = None) -> "TieredKVConnector":
+        """Prefetch for the requests ``queue()`` yields (the scheduler's waiting queue, in queue order)
+        when the policy overrides ``prefetch``; ``now``: the clock's (None: the real engine,
+        where a prefetch has landed at once)."""
+        self.queue = queue
+        if now is not None:
+            self.now = now
         return self
 
     # ---- scheduler side -----------------------------------------------------------------
@@ -110,17 +139,26 @@ class TieredKVConnector(KVConnector):
         if num_external_tokens <= 0:
             return
         assert self.policy is not None, "bind() the store to its policy first"
+        if self._prefetches():  # the scheduler admits it at once: it queued from its arrival to now
+            self._prefetch_for(seq)
         digests = self.allocator.prompt_block_digests(seq)
         first = seq.num_computed_tokens // self.block_size
         per_tier = [0] * len(self.tiers)
+        link_tier = [0] * len(self.tiers)  # of per_tier, the blocks not prefetched
+        wait_s = 0.0
         for j in range(first, first + num_external_tokens // self.block_size):
             digest = digests[j]
             tier = self.where[digest]
+            landed = self.staged.pop(digest, None)
+            if landed is not None:  # prefetched: no link time now, but what is still in flight
+                self.prefetch_used_blocks += 1
+                wait_s = max(wait_s, landed - self.now())
             entry = self.blocks[tier].pop(digest)
             entry = TierBlock(digest, j, entry.loads + 1)
             self.blocks[tier][digest] = entry  # most recently used now
             self.positions[digest] = j
             per_tier[tier] += 1
+            link_tier[tier] += landed is None
             if self.pools is not None:
                 self.pools.load(tier, self.slots[tier][digest], block_ids[j])
             if self.trace is not None:
@@ -128,9 +166,13 @@ class TieredKVConnector(KVConnector):
             self.policy.on_load(tier, entry)
         for tier, n in enumerate(per_tier):
             self.hit_blocks[tier] += n
-            self._pending_blocks[tier] += n
+            self._pending_blocks[tier] += link_tier[tier]
         self.loads += 1
-        load_s = sum(t.read_s(n, self.bytes_per_block) for t, n in zip(self.tiers, per_tier))
+        # A prefetch still stuck behind others on its link is no worse than loading its blocks now.
+        staged_s = sum(t.read_s(n - m, self.bytes_per_block) for t, n, m in zip(self.tiers, per_tier, link_tier))
+        wait_s = min(wait_s, staged_s)
+        self._pending_wait_s = max(self._pending_wait_s, wait_s)
+        load_s = wait_s + sum(t.read_s(n, self.bytes_per_block) for t, n in zip(self.tiers, link_tier))
         self.load_s_by_request[seq.id] = self._pending_requests[seq.id] = load_s
 
     def request_finished(self, seq: Sequence, block_ids: Seq[int]) -> bool:
@@ -151,7 +193,60 @@ class TieredKVConnector(KVConnector):
         """Seconds the loads booked since the last call take over their links (one transfer per
         tier, one after the other); resets the count. The clock prices them with the step."""
         pending, self._pending_blocks = self._pending_blocks, [0] * len(self.tiers)
-        return sum(t.read_s(n, self.bytes_per_block) for t, n in zip(self.tiers, pending))
+        wait_s, self._pending_wait_s = self._pending_wait_s, 0.0
+        return wait_s + sum(t.read_s(n, self.bytes_per_block) for t, n in zip(self.tiers, pending))
+
+    def get_finished(self) -> tuple[set[str], set[str]]:
+        """Nothing is ever sent or received asynchronously; the poll before each schedule prefetches."""
+        self.prefetch_queued()
+        return set(), set()
+
+    def prefetch_queued(self) -> None:
+        """Start the prefetches the policy wants for the queued requests (see the module's docstring)."""
+        if self.queue is None or not self._prefetches():
+            return
+        queued = list(self.queue())
+        # Between steps every staged block was staged for a request still queued; one that is no longer
+        # wanted (its request was served from the GPU cache, or ended) is wasted and frees its room.
+        wanted = {digest for seq in queued for digest in self.allocator.prompt_block_digests(seq)}
+        for digest in [d for d in self.staged if d not in wanted]:
+            del self.staged[digest]
+        for seq in queued:
+            self._prefetch_for(seq)
+
+    def _prefetches(self) -> bool:
+        return self.policy is not None and type(self.policy).prefetch is not KVTierPolicy.prefetch
+
+    def _prefetch_for(self, seq: Sequence) -> None:
+        policy = self.policy
+        assert policy is not None
+        per_tier: list[list[bytes]] = [[] for _ in self.tiers]
+        digests = self.allocator.prompt_block_digests(seq)
+        for j in range(self.allocator.cached_prefix_len(seq) // self.block_size, len(digests)):
+            digest = digests[j]
+            tier = self.where.get(digest)
+            if tier is None:
+                break
+            if digest in self.staged:
+                continue
+            if not policy.prefetch(tier, self.blocks[tier][digest], len(self.staged)):
+                break
+            self.staged[digest] = 0.0
+            per_tier[tier].append(digest)
+            if self.trace is not None:
+                self.trace.append(("prefetch", tier, digest))
+        self._send_prefetch(per_tier, min(seq.arrival_s, self.now()))
+
+    def _send_prefetch(self, per_tier: list[list[bytes]], arrived_s: float) -> None:
+        for tier, staged in enumerate(per_tier):
+            if not staged:
+                continue
+            link_s = self.tiers[tier].read_s(len(staged), self.bytes_per_block)
+            landed = self._link_free[tier] = max(arrived_s, self._link_free[tier]) + link_s
+            self.prefetch_link_s += link_s
+            self.prefetched_blocks += len(staged)
+            for digest in staged:
+                self.staged[digest] = landed
 
     def record_load_time(self, added_s: float, hidden_s: float) -> None:
         """The last priced step's loads added ``added_s`` to it and hid ``hidden_s`` behind compute; the
@@ -191,6 +286,7 @@ class TieredKVConnector(KVConnector):
                                         f"{digest!r}, which tier {tier} ({spec.kind}) does not hold")
             victim = held.pop(digest)
             del self.where[digest]
+            self.staged.pop(digest, None)  # a prefetch of it is wasted: the admission will not find it below
             slot = self.slots[tier].pop(digest, None)
             below = self._checked_tier(self.policy.demote(tier, victim), "demote", digest, above=tier)
             if below is None:

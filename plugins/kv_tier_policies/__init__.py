@@ -3,6 +3,7 @@
 from .none import NoTierPolicy
 from .reuse_aware import ReuseAwarePolicy
 from .write_back import WriteBackPolicy
+from .write_back_prefetch import WriteBackPrefetchPolicy
 from .write_through import WriteThroughPolicy
 
-BUILTIN = [NoTierPolicy, WriteBackPolicy, WriteThroughPolicy, ReuseAwarePolicy]
+BUILTIN = [NoTierPolicy, WriteBackPolicy, WriteThroughPolicy, ReuseAwarePolicy, WriteBackPrefetchPolicy]

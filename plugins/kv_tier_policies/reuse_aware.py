@@ -1,13 +1,26 @@
-"""``kv_tier_policy=reuse_aware``: write-back whose full tiers give up leaves before roots and
-never-reused blocks before reused ones.
+"""``kv_tier_policy=reuse_aware``: write-back that stores only blocks whose depth has paid off, and
+whose full tiers give up leaves before roots and never-reused blocks before reused ones.
 
-Why: a block is only ever hit after every block before it in its chain (a prompt matches a
-prefix), so a tier that keeps a deep block but drops its parent holds bytes that can never be
-read. LRU among a chat's blocks drops the oldest turn's *first* blocks first (they were stored
-first) and so cuts every longer chain behind them. Here, among the ``window`` least recently used
-blocks of a full tier, the victim is the one loaded least often, deepest first on ties; on the
-last tier that is the block dropped. ``demote_min_loads``: a victim goes one tier down only if it
-was loaded at least that often (0: always, like write-back), keeping one-off prompts off the disk.
+What to store (``min_reuse``): a block's chance of being read back is estimated by its depth in its
+chain, learned online. Blocks are grouped by ``position // depth_bucket``; per group the policy
+counts the stored blocks whose fate is known: loaded back by a request (at their first load), or
+taken out of a tier never loaded (wasted). It stores an evicted block only while its group's
+estimate ``(loaded + 1) / (loaded + wasted + 1)`` is at least ``min_reuse`` (every group starts at
+1: stored; blocks still waiting in a tier count for nothing yet, so a tier's early fill does not
+read as waste). A group below the bar still stores one block in ``explore`` so its estimate
+can recover. Why depth: on multi-turn chat the blocks of a conversation's tail return only if the
+conversation goes on, shared system prompts return often, and a tier full of never-read tails
+pushes out blocks that would be read. ``min_reuse=0`` (the default) stores every evicted block,
+exactly as ``write_back``.
+
+Which block leaves (``window``): a block is only ever hit after every block before it in its chain
+(a prompt matches a prefix), so a tier that keeps a deep block but drops its parent holds bytes
+that can never be read. LRU among a chat's blocks drops the oldest turn's *first* blocks first
+(they were stored first) and so cuts every longer chain behind them. Here, among the ``window``
+least recently used blocks of a full tier, the victim is the one loaded least often, deepest first
+on ties; on the last tier that is the block dropped. ``demote_min_loads``: a victim goes one tier
+down only if it was loaded at least that often (0: always, like write-back), keeping one-off
+prompts off the disk.
 """
 
 from __future__ import annotations
@@ -23,24 +36,60 @@ from servelab.plugin_api import ConfigError, KVTierPolicy, TierBlock
 class ReuseAwareConfig:
     window: int = 64  # how many of the least recently used blocks the victim is chosen among
     demote_min_loads: int = 0  # loads a victim needs to move one tier down rather than be dropped
+    min_reuse: float = 0.0  # store an evicted block only if its depth group's reuse estimate is at least this
+    depth_bucket: int = 8  # blocks per depth group of the reuse estimate
+    explore: int = 8  # a group below min_reuse still stores one evicted block in this many
 
 
 class ReuseAwarePolicy(KVTierPolicy):
-    """Write-back; victims: fewest loads, then deepest, among the LRU window."""
+    """Write-back of the depths that get reused; victims: fewest loads, then deepest, among the LRU window."""
 
     name = "reuse_aware"
     Config = ReuseAwareConfig
 
     def __init__(self, config, context) -> None:
         super().__init__(config, context)
-        if config.window < 1:
-            raise ConfigError(f"kv_tier_policy.window={config.window}: must be at least 1")
+        for key, least in (("window", 1), ("depth_bucket", 1), ("explore", 1)):
+            if getattr(config, key) < least:
+                raise ConfigError(f"kv_tier_policy.{key}={getattr(config, key)}: must be at least {least}")
+        if not 0.0 <= config.min_reuse <= 1.0:
+            raise ConfigError(f"kv_tier_policy.min_reuse={config.min_reuse}: must be between 0 and 1")
+        self.loaded: dict[int, int] = {}  # depth group -> stored blocks loaded at least once
+        self.wasted: dict[int, int] = {}  # depth group -> stored blocks taken out of a tier never loaded
+        self.skipped: dict[int, int] = {}  # depth group -> evicted blocks not stored since the last explored one
+
+    def _group(self, block: TierBlock) -> int:
+        return block.position // self.config.depth_bucket if block.position >= 0 else -1
+
+    def reuse_estimate(self, block: TierBlock) -> float:
+        """The estimated chance that a stored block at ``block``'s depth is loaded back."""
+        group = self._group(block)
+        loaded = self.loaded.get(group, 0)
+        return (loaded + 1) / (loaded + self.wasted.get(group, 0) + 1)
+
+    def store_on_evict(self, block: TierBlock) -> int | None:
+        if not self.tiers:
+            return None
+        group = self._group(block)
+        if self.config.min_reuse > 0 and self.reuse_estimate(block) < self.config.min_reuse:
+            skipped = self.skipped[group] = self.skipped.get(group, 0) + 1
+            if skipped < self.config.explore:
+                return None
+            self.skipped[group] = 0
+        return 0
+
+    def on_load(self, tier: int, block: TierBlock) -> None:
+        if block.loads == 1:  # its first reuse
+            group = self._group(block)
+            self.loaded[group] = self.loaded.get(group, 0) + 1
 
     def victim(self, tier: int, blocks: "OrderedDict[bytes, TierBlock]") -> bytes:
         oldest = islice(blocks.values(), self.config.window)
         return min(oldest, key=lambda b: (b.loads, -b.position)).digest
 
     def demote(self, tier: int, block: TierBlock) -> int | None:
-        if block.loads < self.config.demote_min_loads:
-            return None
-        return super().demote(tier, block)
+        below = None if block.loads < self.config.demote_min_loads else super().demote(tier, block)
+        if below is None and block.loads == 0:  # it leaves the tiers never read
+            group = self._group(block)
+            self.wasted[group] = self.wasted.get(group, 0) + 1
+        return below
