@@ -51,7 +51,7 @@ from servelab.kit.conformance_cases import VOCAB, Scenario, make_scenario
 from servelab.kit.conformance_evictor import (LADDER_BLOCK_SIZE, SCRIPT_BLOCKS, SCRIPT_SEEDS, drain_problem,
                                               event_script, ideal_cached_tokens, ladder, ladder_requests,
                                               real_model_case, victim_problem)
-from servelab.kit.conformance_kv_tiers import KV_TIER_CONTRACTS
+from servelab.kit.kv_tier_contracts import KV_TIER_CONTRACTS
 from servelab.kit.conformance_router import (ROUTER_CONTRACTS, context_of, router_scenario, scenario_problem,
                                              spread_problem, spread_scenario)
 from servelab.kit.conformance_starvation import promises_bound, starvation_message, starvation_scenario

@@ -32,17 +32,6 @@ if TYPE_CHECKING:
     from servelab.kit.conformance import Failure, KitRun
 
 HOST_BLOCKS, DISK_BLOCKS = 12, 40
-KV_TIER_CONTRACTS = {
-    "valid answers": "every store / victim / demote answer names a tier that exists (a demotion: a farther one) "
-                     "or None, and a victim the full tier holds",
-    "loads return the stored blocks": "every block loaded from a tier is one stored there and neither moved nor "
-                                      "dropped since (in the simulator: the same prefix digest)",
-    "prefetches read stored blocks": "every block prefetched for a queued request is held by the tier it is read "
-                                     "from, and admissions use no more prefetched blocks than were prefetched",
-    "capacities respected": "no tier ever holds more blocks than its capacity; a block is in at most one tier",
-    "no block lost while referenced": "every request ends and no GPU block stays held once the run ends",
-    "deterministic": "the same run twice gives the same requests and the same figures",
-}
 RUN = ("backend=sim", "model=tiny_code", "workload=chat_sessions", "workload.num_sessions=10",
        "workload.session_rate=4.0", "workload.think_time_s=1.0", "workload.num_system_prompts=3",
        "workload.system_prompt_len.min=32", "workload.system_prompt_len.max=96", "workload.user_len.max=48",
