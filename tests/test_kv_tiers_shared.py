@@ -99,6 +99,14 @@ def test_a_cluster_summary_states_its_tiers_summed_and_each_replicas_hit_rate(tm
     assert split["queueing"] + split["load"] + split["prefill_and_rest"] == pytest.approx(summary["ttft_ms"]["mean"])
 
 
+def test_a_cluster_summary_sums_its_replicas_prefetches(tmp_path):
+    summary, _ = _run(tmp_path, "pf", "kv_tier_policy=write_back_prefetch", "kv_tiers.load=serialize")
+    keys = ("kv_tier_prefetch_blocks", "kv_tier_prefetch_used_blocks", "kv_tier_prefetch_wasted_blocks")
+    assert all(key in summary for key in keys)
+    assert summary["kv_tier_prefetch_blocks"] == summary["kv_tier_prefetch_used_blocks"] + \
+        summary["kv_tier_prefetch_wasted_blocks"]
+
+
 def test_a_cluster_without_tiers_states_no_tier_figures(tmp_path):
     summary, _ = _run(tmp_path, "plain", "kv_tiers=none", "kv_tier_policy=none")
     assert "kv_tiers" not in summary and all("kv_tier_hit_rate" not in p for p in summary["per_replica"])

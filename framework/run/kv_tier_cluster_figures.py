@@ -18,6 +18,8 @@ from servelab.run.kv_tier_figures import kv_tier_figures
 from servelab.run.kv_tier_store import TieredKVConnector
 
 SUMMED = ("hit_blocks", "read_bytes", "written_bytes", "dropped_blocks")
+PREFETCH_SUMS = ("kv_tier_prefetch_blocks", "kv_tier_prefetch_used_blocks", "kv_tier_prefetch_wasted_blocks",
+                 "kv_tier_prefetch_link_s")  # summed over the replicas
 FLAT = ("hit_rate", "read_bytes", "written_bytes", "dropped_blocks")
 
 
@@ -63,6 +65,7 @@ def cluster_tier_figures(reports: list[dict], num_finished: int, ttft: dict, que
         "kv_tier_load_added_s": sum(p["kv_tier_load_added_s"] for p in parts),
         "kv_tier_load_hidden_s": sum(p["kv_tier_load_hidden_s"] for p in parts),
         "kv_tier_books_broken": sum(p["kv_tier_books_broken"] for p in parts),
+        **{key: sum(p[key] for p in parts) for key in PREFETCH_SUMS},
     }
     for tier in reversed(tiers):  # the first tier of a kind wins, as on one engine
         for key in FLAT:
