@@ -151,13 +151,20 @@ def findings(res: dict) -> list[str]:
     verdict = "fewer" if ra1["prefill_tokens"] < wb1["prefill_tokens"] else "not fewer"
     out.append(f"With a full {HOST_GIB:g} GiB host tier and no disk, where the victim choice matters, reuse_aware "
                f"computes {ra1['prefill_tokens']:,} prefill tokens against write_back's {wb1['prefill_tokens']:,} "
-               f"({verdict}; write_through {wt1['prefill_tokens']:,}): on these chats its leaves-first, "
-               f"loaded-least victims {'beat' if verdict == 'fewer' else 'do not beat'} plain LRU.")
-    mgpu, mhost = res["mooncake"][:2]
+               f"({'fewer' if verdict == 'fewer' else 'not fewer'}: {100 * (1 - ra1['prefill_tokens'] / wb1['prefill_tokens']):.1f}% "
+               f"saved; write_through "
+               f"{wt1['prefill_tokens']:,}), host hit {_pct(ra1['host_hit'])} against {_pct(wb1['host_hit'])}, TTFT p99 "
+               f"{ra1['ttft_p99_ms']:.1f} against {wb1['ttft_p99_ms']:.1f} ms: its victims (first a loaded block the "
+               f"GPU still holds, a duplicate; then the deepest of the 32 least recently used, so chains are cut "
+               f"from their ends) {'beat' if verdict == 'fewer' else 'do not beat'} plain LRU.")
+    mgpu, mhost, mwb, mra = res["mooncake"]
     out.append(f"On the Mooncake trace (first {res['mooncake_requests']} rows, TP 8, {res['mooncake_kv_blocks']:,} GPU "
                f"blocks) a 64 GiB host tier loads {_pct(mhost['host_hit'])} of the GPU's misses: prefill tokens "
                f"{mgpu['prefill_tokens']:,} -> {mhost['prefill_tokens']:,}, TTFT p50 {mgpu['ttft_p50_ms']:.0f} -> "
-               f"{mhost['ttft_p50_ms']:.0f} ms, p99 {mgpu['ttft_p99_ms']:.0f} -> {mhost['ttft_p99_ms']:.0f} ms.")
+               f"{mhost['ttft_p50_ms']:.0f} ms, p99 {mgpu['ttft_p99_ms']:.0f} -> {mhost['ttft_p99_ms']:.0f} ms; with "
+               f"host {HOST_GIB:g} GiB + disk, reuse_aware computes {mra['prefill_tokens']:,} prefill tokens against "
+               f"write_back's {mwb['prefill_tokens']:,} (TTFT p99 {mra['ttft_p99_ms']:.0f} against "
+               f"{mwb['ttft_p99_ms']:.0f} ms).")
     pf = res["prefetch"]
     pairs = [(pf[i], pf[i + 1]) for i in range(0, len(pf), 2)]
     out.append("Prefetch for queued requests (write_back_prefetch, loads serialised, host 64 GiB): TTFT p50 / p99 " +

@@ -15,6 +15,8 @@ store asks it, in this order of a block's life:
 - :meth:`KVTierPolicy.victim`: a tier is full and must make room: which of its blocks goes;
 - :meth:`KVTierPolicy.demote`: where that victim goes (a farther tier, or nowhere: dropped);
 - :meth:`KVTierPolicy.on_load`: a new request's prefix was found below and loaded (its reuse);
+- :meth:`KVTierPolicy.on_gpu_evict`: the GPU gives up its copy of a block a tier holds (loaded
+  earlier): the tier's copy is the only one again;
 - :meth:`KVTierPolicy.prefetch`: a request still queued has its next prefix block below: start
   bringing it over the link now, in the background, so its admission finds it already loaded.
 
@@ -108,6 +110,10 @@ class KVTierPolicy(Plugin):
 
     def on_load(self, tier: int, block: TierBlock) -> None:
         """A request reused ``block`` from ``tier`` (it is copied to the GPU and stays below too)."""
+
+    def on_gpu_evict(self, tier: int, block: TierBlock) -> None:
+        """The GPU prefix cache gave up its copy of ``block``, which ``tier`` holds (a request loaded
+        it, or it was written through): from now on the tier's copy is the only one."""
 
     def prefetch(self, tier: int, block: TierBlock, staged: int) -> bool:
         """A request waiting in the scheduler's queue will need ``block`` (its next prefix block after

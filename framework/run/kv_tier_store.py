@@ -264,9 +264,11 @@ class TieredKVConnector(KVConnector):
         return None if pools is None else (lambda tier, slot: pools.save(tier, slot, block_id))
 
     def _on_gpu_evict(self, digest: bytes, block_id: int) -> None:
-        if digest in self.where:
-            return  # written through already
         assert self.policy is not None
+        tier = self.where.get(digest)
+        if tier is not None:  # written through or loaded: the GPU copy was a second one
+            self.policy.on_gpu_evict(tier, self.blocks[tier][digest])
+            return
         block = TierBlock(digest, self.positions.get(digest, -1))
         tier = self._checked_tier(self.policy.store_on_evict(block), "store_on_evict", digest)
         if tier is not None:

@@ -1,5 +1,5 @@
 """``kv_tier_policy=reuse_aware``: write-back that stores only blocks whose depth has paid off, and
-whose full tiers give up leaves before roots and never-reused blocks before reused ones.
+whose full tiers give up the blocks the GPU holds too, then deep blocks before shallow ones.
 
 What to store (``min_reuse``): a block's chance of being read back is estimated by its depth in its
 chain, learned online. Blocks are grouped by ``position // depth_bucket``; per group the policy
@@ -13,13 +13,16 @@ conversation goes on, shared system prompts return often, and a tier full of nev
 pushes out blocks that would be read. ``min_reuse=0`` (the default) stores every evicted block,
 exactly as ``write_back``.
 
-Which block leaves (``window``): a block is only ever hit after every block before it in its chain
-(a prompt matches a prefix), so a tier that keeps a deep block but drops its parent holds bytes
-that can never be read. LRU among a chat's blocks drops the oldest turn's *first* blocks first
-(they were stored first) and so cuts every longer chain behind them. Here, among the ``window``
-least recently used blocks of a full tier, the victim is the one loaded least often, deepest first
-on ties; on the last tier that is the block dropped. ``demote_min_loads``: a victim goes one tier
-down only if it was loaded at least that often (0: always, like write-back), keeping one-off
+Which block leaves: first a block the GPU holds too (the oldest such): a request loaded it and
+the GPU prefix cache still has that copy, so dropping the tier's copy loses nothing now, and when
+the GPU gives its copy up the block is offered to the tiers again (``store_on_evict``) as the most
+recently used. Write-back keeps both copies and so spends the tier on duplicates. Failing that,
+among the ``window`` least recently used blocks, the deepest in its chain: a block is only ever hit
+after every block before it (a prompt matches a prefix), so LRU, which drops a conversation's
+*first* blocks first (they were stored first), leaves the deeper blocks behind them unreadable.
+On the kv_tiers study (full 1 GiB host tier, no disk) the two together compute fewer prefill tokens
+than write_back's LRU (experiments/kv_tiers/README.md). ``demote_min_loads``: a victim goes one
+tier down only if it was loaded at least that often (0: always, like write-back), keeping one-off
 prompts off the disk.
 """
 
@@ -34,7 +37,7 @@ from servelab.plugin_api import ConfigError, KVTierPolicy, TierBlock
 
 @dataclass
 class ReuseAwareConfig:
-    window: int = 64  # how many of the least recently used blocks the victim is chosen among
+    window: int = 32  # how many of the least recently used blocks the deepest victim is chosen among
     demote_min_loads: int = 0  # loads a victim needs to move one tier down rather than be dropped
     min_reuse: float = 0.0  # store an evicted block only if its depth group's reuse estimate is at least this
     depth_bucket: int = 8  # blocks per depth group of the reuse estimate
@@ -42,7 +45,8 @@ class ReuseAwareConfig:
 
 
 class ReuseAwarePolicy(KVTierPolicy):
-    """Write-back of the depths that get reused; victims: fewest loads, then deepest, among the LRU window."""
+    """Write-back of the depths that get reused; victims: a block the GPU holds too, else the deepest
+    of the LRU window."""
 
     name = "reuse_aware"
     Config = ReuseAwareConfig
@@ -57,6 +61,8 @@ class ReuseAwarePolicy(KVTierPolicy):
         self.loaded: dict[int, int] = {}  # depth group -> stored blocks loaded at least once
         self.wasted: dict[int, int] = {}  # depth group -> stored blocks taken out of a tier never loaded
         self.skipped: dict[int, int] = {}  # depth group -> evicted blocks not stored since the last explored one
+        # per tier: its blocks the GPU holds a copy of too (loaded, not yet given up by the GPU), oldest first
+        self.on_gpu: list[dict[bytes, None]] = [{} for _ in self.tiers]
 
     def _group(self, block: TierBlock) -> int:
         return block.position // self.config.depth_bucket if block.position >= 0 else -1
@@ -79,15 +85,25 @@ class ReuseAwarePolicy(KVTierPolicy):
         return 0
 
     def on_load(self, tier: int, block: TierBlock) -> None:
+        on_gpu = self.on_gpu[tier]
+        on_gpu.pop(block.digest, None)
+        on_gpu[block.digest] = None  # the most recently loaded last
         if block.loads == 1:  # its first reuse
             group = self._group(block)
             self.loaded[group] = self.loaded.get(group, 0) + 1
 
+    def on_gpu_evict(self, tier: int, block: TierBlock) -> None:
+        self.on_gpu[tier].pop(block.digest, None)
+
     def victim(self, tier: int, blocks: "OrderedDict[bytes, TierBlock]") -> bytes:
+        for digest in self.on_gpu[tier]:
+            if digest in blocks:
+                return digest
         oldest = islice(blocks.values(), self.config.window)
-        return min(oldest, key=lambda b: (b.loads, -b.position)).digest
+        return max(oldest, key=lambda b: b.position).digest
 
     def demote(self, tier: int, block: TierBlock) -> int | None:
+        self.on_gpu[tier].pop(block.digest, None)  # it leaves this tier
         below = None if block.loads < self.config.demote_min_loads else super().demote(tier, block)
         if below is None and block.loads == 0:  # it leaves the tiers never read
             group = self._group(block)
