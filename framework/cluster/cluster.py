@@ -240,12 +240,7 @@ class Cluster:
         if r.role == "prefill":
             self._prefilled(r, seq)
             return
-        transferred = self._in_flight.pop(seq.id, None) is not None
-        r.end(seq.request)
-        r.output_tokens += seq.num_output_tokens - (1 if transferred else 0)
-        if not transferred:
-            r.prompt_tokens += seq.request.prompt_len
-            r.cached_prompt_tokens += seq.num_cached_prompt_tokens
+        r.count_end(seq.request, seq, handed_on=self._in_flight.pop(seq.id, None) is not None)
         self._tell(functools.partial(self._told_end, r.index, seq))
 
     def _told_end(self, index: int, seq: Sequence) -> None:
@@ -262,20 +257,10 @@ class Cluster:
         continues = self._continues(pseq)  # (what the prefill's connector was told when it ended)
         assert pseq.finish_time is not None  # it ended
         request = self._origin.pop(pseq.id)
-        p.end(request)
-        p.prompt_tokens += request.prompt_len
-        p.cached_prompt_tokens += pseq.num_cached_prompt_tokens
-        p.output_tokens += pseq.num_output_tokens
+        p.count_end(request, pseq)
         self.router.on_finish(request, p.index)
         if not continues:  # rejected, or stopped at its first token: the record is the prefill's
-            final = continued(pseq, request)
-            if pseq.status is Status.REJECTED:
-                assert pseq.rejected_reason is not None
-                final.reject(pseq.rejected_reason, pseq.finish_time)
-            else:
-                assert pseq.finish_reason is not None
-                final.finish(pseq.finish_reason, pseq.finish_time)
-            self._request_ended(final)
+            self._request_ended(ended_at_prefill(pseq, request))
             return
         self._at(pseq.finish_time, lambda: self._hand_off(p, pseq, request))
 
@@ -349,6 +334,20 @@ def checked_route(router: Router, request: Request, views: list[ReplicaView], t:
         raise RouterError(f"router plugin {name!r} placed request {request.id!r} on replica {choice}, which cannot "
                           f"hold it ({request.prompt_len} prompt + {request.max_tokens} max tokens)")
     return choice
+
+
+def ended_at_prefill(pseq: Sequence, request: Request) -> Sequence:
+    """The record of ``request`` that ended on its prefill replica as ``pseq`` (rejected, or stopped at
+    its first token): the whole request, ended as ``pseq`` ended."""
+    final = continued(pseq, request)
+    assert pseq.finish_time is not None  # it ended
+    if pseq.status is Status.REJECTED:
+        assert pseq.rejected_reason is not None
+        final.reject(pseq.rejected_reason, pseq.finish_time)
+    else:
+        assert pseq.finish_reason is not None
+        final.finish(pseq.finish_reason, pseq.finish_time)
+    return final
 
 
 def continued(pseq: Sequence, request: Request) -> Sequence:

@@ -3,16 +3,59 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
-from servelab.core.interfaces import ReplicaView
-from servelab.core.request import Request
+from servelab.core.interfaces import EngineLimits, ReplicaView
+from servelab.core.request import Request, Sequence
 from servelab.engine.engine import Engine
 
 ROLES = ("mixed", "prefill", "decode")
 
 
+@dataclass(kw_only=True)
+class RouterCounts:
+    """What a router process knows of a replica by itself: the requests (and their prompt + max_tokens)
+    it placed there and saw end, and the figures ``per_replica`` reports. Both kinds of cluster keep
+    these: the simulator's :class:`Replica` and the wall-clock cluster's record of an engine process."""
+
+    placed: int = 0
+    placed_tokens: int = 0
+    ended: int = 0
+    ended_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    output_tokens: int = 0
+
+    def place(self, request: Request) -> None:
+        self.placed += 1
+        self.placed_tokens += request.prompt_len + request.max_tokens
+
+    def end(self, request: Request) -> None:
+        self.ended += 1
+        self.ended_tokens += request.prompt_len + request.max_tokens
+
+    def count_end(self, request: Request, seq: Sequence, handed_on: bool = False) -> None:
+        """``request`` ended here as ``seq``: the router's count, and the figures. ``handed_on``: its
+        prompt was computed (and counted) on a prefill replica, whose first token ``seq`` carries."""
+        self.end(request)
+        self.output_tokens += seq.num_output_tokens - (1 if handed_on else 0)
+        if not handed_on:
+            self.prompt_tokens += request.prompt_len
+            self.cached_prompt_tokens += seq.num_cached_prompt_tokens
+
+
+def request_fits(request: Request, limits: EngineLimits, can_ever_fit: Callable[[int], bool],
+                 tokens: int | None = None) -> bool:
+    """Whether ``tokens`` (default prompt + max_tokens) of ``request`` fit an engine of ``limits`` whose
+    pool can ever hold ``n`` tokens when ``can_ever_fit(n)``."""
+    prompt = request.prompt_len
+    if prompt == 0 or request.max_tokens < 1 or prompt >= limits.max_model_len:
+        return False
+    return can_ever_fit(min(prompt + request.max_tokens if tokens is None else tokens, limits.max_model_len))
+
+
 @dataclass
-class Replica:
+class Replica(RouterCounts):
     """An engine in a cluster, with the router's own counts of what it placed there.
 
     ``gpu_offset``: the first of its ``tensor_parallel_size`` GPUs, numbered across the cluster
@@ -27,15 +70,6 @@ class Replica:
     tensor_parallel_size: int = 1
     hardware: str = ""
     gpu_offset: int = 0
-    # the router's counts: requests (and their prompt + max_tokens) placed here, and ended here
-    placed: int = 0
-    placed_tokens: int = 0
-    ended: int = 0
-    ended_tokens: int = 0
-    # the figures per_replica reports
-    prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0
-    output_tokens: int = 0
     stalled: bool = False  # its last step found nothing to run: wait for something to change
     _gauges_at_step_start: tuple = field(default=(0, 0, 0, 0.0), repr=False)  # (ended, ended_tokens, queues, kv)
 
@@ -60,12 +94,7 @@ class Replica:
 
     def can_hold(self, request: Request, tokens: int | None = None) -> bool:
         """Whether ``tokens`` (default prompt + max_tokens) of ``request`` fit this replica at all."""
-        limits = self.engine.limits
-        prompt = request.prompt_len
-        if prompt == 0 or request.max_tokens < 1 or prompt >= limits.max_model_len:
-            return False
-        needed = min(prompt + request.max_tokens if tokens is None else tokens, limits.max_model_len)
-        return self.engine.allocator.can_ever_fit(needed)
+        return request_fits(request, self.engine.limits, self.engine.allocator.can_ever_fit, tokens)
 
     def mark_step_start(self) -> None:
         """Keep the gauges a router may read while the coming step is under way."""
@@ -88,11 +117,3 @@ class Replica:
         allocator = self.engine.allocator
         waiting = queues.get("waiting", 0) + queues.get("swapped", 0)
         return (waiting, queues.get("running", 0)), allocator.num_used_blocks() / max(1, allocator.num_blocks)
-
-    def place(self, request: Request) -> None:
-        self.placed += 1
-        self.placed_tokens += request.prompt_len + request.max_tokens
-
-    def end(self, request: Request) -> None:
-        self.ended += 1
-        self.ended_tokens += request.prompt_len + request.max_tokens

@@ -35,9 +35,9 @@ from typing import Callable
 import torch.multiprocessing as mp
 from omegaconf import DictConfig, OmegaConf
 
-from servelab.cluster.cluster import checked_route, continued
+from servelab.cluster.cluster import checked_route, continued, ended_at_prefill
 from servelab.core.interfaces import ReplicaView, Router
-from servelab.core.request import Request, Sequence, Status
+from servelab.core.request import Request, Sequence
 from servelab.engine.arrival_source import ArrivalSource
 from servelab.exec.process_connector import KVPayload, Loaded
 from servelab.run.cluster_summary import KVTransferSums
@@ -233,27 +233,12 @@ class ProcessCluster:
         r.live.pop(seq.id, None)
         if r.role == "prefill":  # rejected, or stopped at its first token: the record is the prefill's
             request = self._origin.pop(seq.id)
-            r.end(request)
-            r.prompt_tokens += request.prompt_len
-            r.cached_prompt_tokens += seq.num_cached_prompt_tokens
-            r.output_tokens += seq.num_output_tokens
-            final = continued(seq, request)
-            assert seq.finish_time is not None
-            if seq.status is Status.REJECTED:
-                assert seq.rejected_reason is not None
-                final.reject(seq.rejected_reason, seq.finish_time)
-            else:
-                assert seq.finish_reason is not None
-                final.finish(seq.finish_reason, seq.finish_time)
-            seq = final
+            r.count_end(request, seq)
+            seq = ended_at_prefill(seq, request)
         else:
             handed = seq.id in self._handed  # its prompt was computed and counted on a prefill replica
             self._handed.discard(seq.id)
-            r.end(seq.request)
-            r.output_tokens += seq.num_output_tokens - (1 if handed else 0)
-            if not handed:
-                r.prompt_tokens += seq.request.prompt_len
-                r.cached_prompt_tokens += seq.num_cached_prompt_tokens
+            r.count_end(seq.request, seq, handed_on=handed)
         self.router.on_finish(seq.request, r.index)
         self.num_ended += 1
         for listener in self.request_listeners:

@@ -7,6 +7,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
+from servelab.cluster.replica import RouterCounts, request_fits
 from servelab.core.interfaces import EngineLimits, ReplicaView
 from servelab.core.request import Request, Sequence
 from servelab.run.replica_report import ReplicaReport
@@ -17,9 +18,9 @@ class ReplicaProcessError(RuntimeError):
 
 
 @dataclass
-class ProcReplica:
-    """An engine process as the parent knows it: the router's counts, the replica's last gauges, and
-    the figures ``per_replica`` reports (:class:`~servelab.cluster.figures.ReplicaCounts`)."""
+class ProcReplica(RouterCounts):
+    """An engine process as the parent knows it: the router's counts
+    (:class:`~servelab.cluster.replica.RouterCounts`) and the gauges the replica last reported."""
 
     index: int
     role: str
@@ -30,13 +31,6 @@ class ProcReplica:
     hardware: str = "this machine"
     limits: EngineLimits | None = None
     num_kv_blocks: int = 0
-    placed: int = 0
-    placed_tokens: int = 0
-    ended: int = 0
-    ended_tokens: int = 0
-    prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0
-    output_tokens: int = 0
     gauges: tuple[int, int, float] = (0, 0, 0.0)  # waiting, running, KV utilisation after its last step
     report: ReplicaReport | None = None
     closed: bool = False  # its pipe reached end-of-file (the process exited)
@@ -47,11 +41,7 @@ class ProcReplica:
         the engine itself rejects, with its reason, what it can never hold)."""
         limits = self.limits
         assert limits is not None  # it reported ready
-        prompt = request.prompt_len
-        if prompt == 0 or request.max_tokens < 1 or prompt >= limits.max_model_len:
-            return False
-        needed = min(prompt + request.max_tokens if tokens is None else tokens, limits.max_model_len)
-        return -(-needed // limits.block_size) <= self.num_kv_blocks
+        return request_fits(request, limits, lambda n: -(-n // limits.block_size) <= self.num_kv_blocks, tokens)
 
     def view(self, can_hold: bool) -> ReplicaView:
         waiting, running, kv = self.gauges
@@ -60,14 +50,6 @@ class ProcReplica:
                            outstanding_tokens=self.placed_tokens - self.ended_tokens, num_waiting=waiting,
                            num_running=running, kv_utilization=kv, num_kv_blocks=self.num_kv_blocks,
                            block_size=self.limits.block_size, tensor_parallel_size=self.tensor_parallel_size)
-
-    def place(self, request: Request) -> None:
-        self.placed += 1
-        self.placed_tokens += request.prompt_len + request.max_tokens
-
-    def end(self, request: Request) -> None:
-        self.ended += 1
-        self.ended_tokens += request.prompt_len + request.max_tokens
 
 
 def exit_text(code: int | None) -> str:

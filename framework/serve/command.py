@@ -59,16 +59,24 @@ def compose_serve_config(argv: list[str]) -> DictConfig:
     """The composed config with the flags applied; refuses what cannot serve on the wall clock.
     ``serve.output_dir`` is set to where the results will go (``hydra.run.dir`` first)."""
     flags, overrides = parse_args(argv)
+    cfg = compose_command("serve", overrides)
+    for key, value in (("host", flags.host), ("port", flags.port), ("api_key", flags.api_key)):
+        if value is not None:
+            cfg.serve[key] = value
+    check_serve_config(cfg)
+    return cfg
+
+
+def compose_command(command: str, overrides: list[str]) -> DictConfig:
+    """The composed config of a server command (``serve``, ``route``): Hydra's errors as one line,
+    unknown keys refused, ``<command>.output_dir`` set to where its results go (``hydra.run.dir`` first)."""
     try:
         cfg, run_dir = compose_with_run_dir(overrides)
     except HydraException as exc:
         raise ConfigError(config_error_message(exc)) from None
     check_known_keys(cfg)
-    cfg.serve.output_dir = str(command_output_dir("serve", run_dir, cfg.serve.output_dir))
-    for key, value in (("host", flags.host), ("port", flags.port), ("api_key", flags.api_key)):
-        if value is not None:
-            cfg.serve[key] = value
-    check_serve_config(cfg)
+    node = cfg[command]
+    node.output_dir = str(command_output_dir(command, run_dir, node.output_dir))
     return cfg
 
 

@@ -20,17 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hydra.errors import HydraException
 from omegaconf import DictConfig
 
-from servelab.api import command_output_dir, compose_with_run_dir
 from servelab.core.contexts import RouterContext
 from servelab.core.errors import ConfigError
 from servelab.core.registry import Registry, default_registry
 from servelab.core.request import Request
-from servelab.run.config import check_known_keys, config_error_message
 from servelab.run.stack import _plugin_config
-from servelab.serve.command import check_port_free
+from servelab.serve.command import check_port_free, compose_command
 from servelab.serve.route_backends import Backend, BackendPool, probe_backends
 from servelab.serve.route_launch import ReplicaProcess, start_replicas, stop_replicas
 
@@ -66,12 +63,7 @@ def _alias(override: str) -> str:
 def compose_route_config(argv: list[str]) -> tuple[DictConfig, list[str]]:
     """The composed config with the flags applied, and the overrides the replicas get."""
     flags, overrides = parse_args(argv)
-    try:
-        cfg, run_dir = compose_with_run_dir(overrides)
-    except HydraException as exc:
-        raise ConfigError(config_error_message(exc)) from None
-    check_known_keys(cfg)
-    cfg.route.output_dir = str(command_output_dir("route", run_dir, cfg.route.output_dir))
+    cfg = compose_command("route", overrides)
     for key, value in (("host", flags.host), ("port", flags.port)):
         if value is not None:
             cfg.route[key] = value
