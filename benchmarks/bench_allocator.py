@@ -125,7 +125,7 @@ def test_scheduler_step_decode_64_seqs(benchmark, prefix_caching):
 
 def test_prefix_caching_throughput_no_sharing(benchmark):
     """Real tiny model, unique prompts: output throughput with prefix caching on / off (ratio)."""
-    from servelab.run.stack import build_stack
+    from servelab.assemble.stack import build_stack
 
     small = ("model.hidden_size=64", "model.intermediate_size=128", "model.num_hidden_layers=2",
              "model.num_attention_heads=4", "model.num_key_value_heads=2", "num_kv_blocks=1024")

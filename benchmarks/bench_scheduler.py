@@ -18,7 +18,7 @@ import pytest
 
 from servelab.api import compose
 from servelab.core.request import Request, Sequence, Status
-from servelab.run.stack import build_stack
+from servelab.assemble.stack import build_stack
 from servelab.kit.testing import FakeExecutor, VirtualClock
 
 NUM_RUNNING, NUM_WAITING, BLOCK_SIZE, STEP_S = 256, 1000, 16, 0.01

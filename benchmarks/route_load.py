@@ -44,7 +44,7 @@ import httpx
 import numpy as np
 import openai
 
-from servelab.serve.route_launch import start_replicas, stop_replicas
+from servelab.serve.route.launch import start_replicas, stop_replicas
 
 REPLICA = ["model=tiny_code", "logger=none", "backend.num_threads=1", "allocator.prefix_caching=true",
            "num_kv_blocks=48", "max_num_seqs=16"]

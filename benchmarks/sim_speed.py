@@ -80,7 +80,8 @@ def startup(name: str) -> dict:
     t0 = time.perf_counter()
     from servelab.api import compose
     from servelab.run.session import run_job  # noqa: F401 - what run.py imports before the run
-    from servelab.run.stack import build_stack, model_shape
+    from servelab.assemble.executor import model_shape
+    from servelab.assemble.stack import build_stack
     from servelab.workloads.build import build_requests
     t1 = time.perf_counter()
     cfg = compose(CASES[name], logger="none", progress=False)

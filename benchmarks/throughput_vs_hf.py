@@ -25,7 +25,7 @@ import torch
 
 from servelab.api import LLM, compose
 from servelab.core.request import Request
-from servelab.run.stack import model_path
+from servelab.assemble.executor import model_path
 
 SHAPE = dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
              num_key_value_heads=4, vocab_size=4096)

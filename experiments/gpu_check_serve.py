@@ -179,7 +179,7 @@ def run(overrides: list[str], out: Path, warmup: list[str] | None = None) -> tup
     from servelab.engine.step_totals import StepTotals
     from servelab.run.runner import run_workload
     from servelab.run.session import run_job
-    from servelab.run.stack import build_stack
+    from servelab.assemble.stack import build_stack
     from servelab.workloads.build import build_requests
 
     cfg = compose(overrides)

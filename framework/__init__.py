@@ -2,8 +2,9 @@
 
 Layers, each importing only those before it (import-linter contracts in ``pyproject.toml``):
 ``core`` (the plugin contract, no torch) <- ``engine`` (the step) <- ``plugin_api`` <- ``exec`` |
-``sim`` | ``workloads`` | ``cluster`` <- ``time_model_api`` <- ``run`` <- ``api`` <- ``serve`` |
-``kit`` <- ``cli`` | ``testing``. Plugin authors import :mod:`servelab.plugin_api` (their tests
+``sim`` | ``workloads`` | ``config`` <- ``kv`` (the connectors) <- ``time_model_api`` <- ``assemble``
+<- ``results`` <- ``cluster`` <- ``run`` (the job drivers) <- ``api`` <- ``serve`` | ``kit`` <- ``cli`` |
+``testing``. Plugin authors import :mod:`servelab.plugin_api` (their tests
 :mod:`servelab.testing`); the Python API is :mod:`servelab.api`.
 """
 

@@ -8,7 +8,8 @@ hold) and warns once with a :class:`DeprecationWarning` naming the new path. New
 :mod:`servelab.plugin_api` (plugins) or the new modules.
 
 Only names that are no module of their own are listed (an old ``servelab.engine`` or
-``servelab.serve`` is today's package of that name), and the finder sits first on
+``servelab.serve`` is today's package of that name; ``servelab.run.stack`` is listed because
+``run/stack.py`` is gone while ``servelab.run`` stays a package), and the finder sits first on
 ``sys.meta_path``, so a dotted old name (``servelab.model.llama``) is the new module too rather
 than a second copy loaded through the aliased package's folder; a real module always wins (the
 finder steps aside for a name that has a file of its own, as ``servelab.testing`` has now).
@@ -42,7 +43,7 @@ MOVED: dict[str, str] = {
     "batch": "engine.batch",
     "clock": "engine.clock",
     "drafting": "engine.drafting",
-    "swap_pool": "run.swap_pool",
+    "swap_pool": "assemble.swap_pool",
     "step_totals": "engine.step_totals",
     "executor": "exec.executor",
     "kv_pool": "exec.kv_pool",
@@ -64,15 +65,14 @@ MOVED: dict[str, str] = {
     "corpus": "workloads.corpus",
     "text": "workloads.text",
     "chat": "workloads.chat",
-    "config": "run.config",
-    "stack": "run.stack",
+    "stack": "assemble.stack",
     "session": "run.session",
     "runner": "run.runner",
-    "loggers": "run.loggers",
-    "metrics": "run.metrics",
-    "report": "run.report",
-    "banner": "run.banner",
-    "preflight": "run.preflight",
+    "loggers": "results.loggers",
+    "metrics": "results.metrics",
+    "report": "results.report",
+    "banner": "results.banner",
+    "preflight": "assemble.preflight",
     "serve_app": "serve.app",
     "serve_engine": "serve.engine_thread",
     "serve_metrics": "serve.metrics",
@@ -88,6 +88,43 @@ MOVED: dict[str, str] = {
     "eval_ppl": "cli.eval_ppl",
     "usage": "cli.usage",
     "profiling": "cli.profile",
+    # the concerns that left run/, cluster/, serve/ and exec/ for folders of their own (Dec 7)
+    "run.config": "config",
+    "run.stack": "assemble.stack",
+    "run.block_size": "assemble.block_size",
+    "run.preflight": "assemble.preflight",
+    "run.swap_pool": "assemble.swap_pool",
+    "run.results": "results.writer",
+    "run.metrics": "results.metrics",
+    "run.fairness": "results.fairness",
+    "run.report": "results.report",
+    "run.loggers": "results.loggers",
+    "run.banner": "results.banner",
+    "run.replica_report": "results.replica_report",
+    "run.cluster_summary": "results.cluster_summary",
+    "cluster.figures": "results.cluster_figures",
+    "run.kv_tier_store": "kv.tiers.store",
+    "run.kv_tier_shared": "kv.tiers.shared",
+    "run.kv_tier_build": "kv.tiers.build",
+    "run.kv_tier_clock": "kv.tiers.clock",
+    "run.kv_tier_figures": "kv.tiers.figures",
+    "run.kv_tier_cluster_figures": "kv.tiers.cluster_figures",
+    "exec.kv_tier_pools": "kv.tiers.pools",
+    "cluster.pd_connector": "kv.pd.sim",
+    "cluster.transfer": "kv.link",
+    "exec.local_connector": "kv.pd.local",
+    "exec.process_connector": "kv.pd.process",
+    "cluster.cluster": "cluster.simulated",
+    "run.cluster_build": "cluster.build",
+    "run.proc_cluster": "cluster.procs.cluster",
+    "run.proc_engine": "cluster.procs.engine",
+    "run.proc_replica": "cluster.procs.replica",
+    "run.proc_cluster_job": "run.process_cluster",
+    "serve.route_app": "serve.route.app",
+    "serve.route_backends": "serve.route.backends",
+    "serve.route_command": "serve.route.command",
+    "serve.route_launch": "serve.route.launch",
+    "serve.route_metrics": "serve.route.metrics",
 }
 
 
@@ -112,8 +149,11 @@ class MovedModuleFinder(importlib.abc.MetaPathFinder):
             return None
         old = fullname[len("servelab."):]
         new = MOVED.get(old)
-        if new is None or _is_a_module(old.partition(".")[0]):
+        if new is None:
             return None
+        head, dot, _ = old.partition(".")
+        if _is_a_module(head) and (not dot or importlib.machinery.PathFinder.find_spec(fullname, path) is not None):
+            return None  # a real module wins (a moved module's package, servelab.run, is still one)
         new = "servelab." + new
         warnings.warn(f"{fullname} moved to {new} (the old path goes in servelab {REMOVED_IN}); plugins "
                       "import servelab.plugin_api", DeprecationWarning, stacklevel=3)

@@ -26,15 +26,16 @@ import yaml
 from hydra import compose as hydra_compose, initialize_config_module
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from servelab.run.config import register_configs
+from servelab.config import register_configs
 from servelab.core.errors import ConfigError
 from servelab.core.registry import check_selection
 from servelab.core.request import Request, SamplingParams
 from servelab.engine.engine import Engine
-from servelab.run.cluster_build import is_cluster, validate_cluster
+from servelab.cluster.build import is_cluster, validate_cluster
 from servelab.run.runner import run_workload
 from servelab.run.session import RunResult, collect_results, run_job
-from servelab.run.stack import Stack, build_stack, run_arrivals, validate
+from servelab.assemble.stack import Stack, build_stack, run_arrivals
+from servelab.assemble.validate import validate
 from servelab.workloads.text import attach_text, checkpoint_text
 
 

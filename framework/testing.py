@@ -28,10 +28,10 @@ from servelab.core.hookspecs import PROJECT
 from servelab.core.registry import PluginManager, Registry, build_registry, plugin_manager
 from servelab.kit.conformance import Report, check_plugin
 from servelab.kit.testing import FakeExecutor, KVCheckingExecutor, StepTimeModel, VirtualClock, fake_spec
-from servelab.run.config import register_configs
+from servelab.config import register_configs
 from servelab.run.runner import run_workload
 from servelab.run.session import run_job
-from servelab.run.stack import Stack, build_stack
+from servelab.assemble.stack import Stack, build_stack
 
 __all__ = ["FakeExecutor", "KVCheckingExecutor", "VirtualClock", "StepTimeModel", "fake_spec",
            "registry_with", "compose", "fake_stack", "run_workload", "check_plugin", "Report", "run_job"]

@@ -67,7 +67,7 @@ def compose(*overrides: str, **values):
 @pytest.fixture
 def fake_stack():
     """``fake_stack(*overrides, num_kv_blocks=N)`` -> (stack, clock) with a FakeExecutor (no model)."""
-    from servelab.run.stack import build_stack
+    from servelab.assemble.stack import build_stack
     from servelab.kit.testing import FakeExecutor, VirtualClock
 
     def make(*overrides: str, num_kv_blocks: int = 256, **values):

@@ -18,7 +18,7 @@ from servelab.kit.conformance_cases import VOCAB, Scenario, make_scenario
 from servelab.core.request import Request
 from servelab.run.runner import run_workload
 from servelab.run.session import collect_results
-from servelab.run.stack import build_stack
+from servelab.assemble.stack import build_stack
 from servelab.kit.testing import KVCheckingExecutor, VirtualClock
 
 MAX_STEPS = 5_000  # per case: far above what any case needs; reaching it is a livelock

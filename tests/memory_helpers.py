@@ -12,7 +12,7 @@ from servelab.api import compose
 from servelab.core.request import Request
 from servelab.run.runner import run_workload
 from servelab.run.session import RunResult, collect_results
-from servelab.run.stack import Stack, build_stack
+from servelab.assemble.stack import Stack, build_stack
 from servelab.kit.testing import KVCheckingExecutor, VirtualClock
 
 VOCAB = 1000

@@ -10,7 +10,8 @@ from servelab.core.interfaces import EngineLimits
 from servelab.plugins.allocators.contiguous import ContiguousAllocator, ContiguousConfig, ReserveFor
 from servelab.plugins.allocators.paged import PagedAllocator, PagedConfig
 from servelab.core.request import Request, Sequence
-from servelab.run.stack import ConfigError, validate
+from servelab.assemble.validate import validate
+from servelab.core.errors import ConfigError
 
 from memory_helpers import _cfg
 

@@ -103,7 +103,7 @@ def test_step_mode_refuses_a_duplicate_id_still_to_arrive():
 
 def test_a_negative_latency_is_an_error_naming_the_request():
     from servelab.core.request import Request, Sequence
-    from servelab.run.metrics import NegativeLatencyError, request_record
+    from servelab.results.metrics import NegativeLatencyError, request_record
 
     seq = Sequence(Request("early", (1, 2, 3), 2, 10.0), arrival_s=10.0)
     seq.append_token(5, 0.2)  # a token 9.8 s before the request arrived
@@ -116,7 +116,7 @@ def test_a_stack_runs_again_after_a_run_without_the_first_runs_writer(tmp_path):
     told of the second run's ends."""
     from servelab.core.request import Request
     from servelab.run.session import run_job
-    from servelab.run.stack import build_stack
+    from servelab.assemble.stack import build_stack
 
     cfg = compose("backend=sim", "model=llama3_8b", "hardware=h100", logger="none", progress=False)
     stack = build_stack(cfg)

@@ -11,10 +11,12 @@ import pytest
 from conftest import compose
 from servelab.core.errors import ConfigError
 from servelab.core.request import Request
-from servelab.run import block_size as auto_bs, session
-from servelab.run.block_size import SIZE_RANGE, LengthProfile, choose_block_size, shared_prefixes, waste
+from servelab.assemble import block_size as auto_bs
+from servelab.run import session
+from servelab.assemble.block_size import SIZE_RANGE, LengthProfile, choose_block_size, shared_prefixes, waste
 from servelab.run.session import run_job
-from servelab.run.stack import build_stack, validate
+from servelab.assemble.stack import build_stack
+from servelab.assemble.validate import validate
 
 
 def _profile(prompt, output, shared=None) -> LengthProfile:

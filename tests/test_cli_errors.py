@@ -158,7 +158,7 @@ def test_help_pages_are_plain_text_and_block_size_is_int_or_auto(capsys):
     ("model.path=/data/ckpt", "model.path=_data_ckpt"),
 ])
 def test_sweep_subdir_keeps_short_names_and_replaces_slashes(text, expected):
-    from servelab.run.config import safe_dirname
+    from servelab.config import safe_dirname
 
     assert safe_dirname(text) == expected
     long = safe_dirname("block_size=8," + "y" * 400)
@@ -182,7 +182,7 @@ def test_compose_errors_are_one_line_against_the_schema(override, message):
     from hydra.errors import HydraException
 
     from conftest import compose
-    from servelab.run.config import config_error_message
+    from servelab.config import config_error_message
 
     with pytest.raises(HydraException) as err:
         compose(override)
@@ -192,7 +192,7 @@ def test_compose_errors_are_one_line_against_the_schema(override, message):
 def test_a_plus_key_outside_the_schema_is_refused():
     from conftest import compose
     from servelab.core.errors import ConfigError
-    from servelab.run.config import check_known_keys
+    from servelab.config import check_known_keys
 
     with pytest.raises(ConfigError, match=r"^unknown key 'slo.ttft'; did you mean 'slo.ttft_ms'\?$"):
         check_known_keys(compose("+slo.ttft=3"))

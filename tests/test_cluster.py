@@ -11,15 +11,15 @@ import pytest
 
 from servelab.api import compose
 from servelab.cluster.replica import Replica
-from servelab.cluster.transfer import KVLink, schedule_transfer
+from servelab.kv.link import KVLink, schedule_transfer
 from servelab.core.errors import ConfigError
 from servelab.core.interfaces import RouterError
 from servelab.core.shapes import HardwareProfile
 from servelab.plugins.routers.round_robin import RoundRobinRouter
-from servelab.run.cluster_build import build_cluster, kv_bytes_per_token
+from servelab.cluster.build import build_cluster, kv_bytes_per_token
 from servelab.run.cluster_run import run_cluster_job
 from servelab.run.session import run_job
-from servelab.run.stack import model_shape
+from servelab.assemble.executor import model_shape
 
 SIM = ["backend=sim", "model=llama3_8b", "hardware=h100", "workload.num_requests=60", "workload.rate=40"]
 SIM_70B = ["backend=sim", "model=llama3_70b", "hardware=h100", "tensor_parallel_size=4",

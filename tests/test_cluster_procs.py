@@ -23,10 +23,10 @@ from servelab.api import LLM, compose
 from servelab.core.errors import ConfigError
 from servelab.core.interfaces import Router, RouterError
 from servelab.core.request import Request
-from servelab.run.cluster_build import kv_bytes_per_token
+from servelab.cluster.build import kv_bytes_per_token
 from servelab.run.cluster_run import run_cluster_job
-from servelab.run.proc_cluster import ReplicaProcessError
-from servelab.run.stack import model_shape
+from servelab.cluster.procs.cluster import ReplicaProcessError
+from servelab.assemble.executor import model_shape
 from servelab.testing import registry_with
 
 ROOT = Path(__file__).resolve().parent.parent

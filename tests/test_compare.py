@@ -15,7 +15,7 @@ import yaml
 
 from servelab.cli import compare
 
-from servelab.run import loggers
+from servelab.results import loggers
 from servelab.cli.compare import CompareError, find_runs, load_run
 
 from conftest import REPO

@@ -6,7 +6,8 @@ import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from conftest import compose
-from servelab.run.stack import ConfigError, validate
+from servelab.assemble.validate import validate
+from servelab.core.errors import ConfigError
 
 
 def test_default_stack_composes():

@@ -8,7 +8,7 @@ from servelab.api import compose
 from servelab.core.errors import ConfigError
 from servelab.run.runner import run_workload
 from servelab.run.session import collect_results
-from servelab.run.stack import build_stack
+from servelab.assemble.stack import build_stack
 from servelab.workloads.text import checkpoint_text
 from servelab.workloads.build import build_requests
 

@@ -10,7 +10,7 @@ from doc_plugins import page_code_blocks, register_page_plugin
 from servelab.core.contexts import KVTierPolicyContext
 from servelab.core.errors import ConfigError
 from servelab.core.kv_tiers import TierBlock
-from servelab.run.stack import build_stack
+from servelab.assemble.stack import build_stack
 
 PAGE = "write-a-kv-tier-policy.md"
 SIM = ("backend=sim", "model=tiny_code", "kv_tiers=host", "logger=none")

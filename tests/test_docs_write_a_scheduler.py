@@ -7,7 +7,7 @@ from doc_plugins import page_code_blocks, register_page_plugin
 from servelab.api import compose
 from servelab.core.request import Request
 from servelab.run.runner import run_workload
-from servelab.run.stack import build_stack
+from servelab.assemble.stack import build_stack
 from servelab.kit.testing import FakeExecutor, VirtualClock
 
 

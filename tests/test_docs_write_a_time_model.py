@@ -6,7 +6,7 @@ import pytest
 from doc_plugins import page_code_blocks, register_page_plugin
 from servelab.api import compose
 from servelab.core.request import Request
-from servelab.run.stack import build_stack
+from servelab.assemble.stack import build_stack
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):

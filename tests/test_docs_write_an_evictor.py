@@ -12,7 +12,7 @@ from servelab.core.errors import ConfigError
 from servelab.core.request import Request
 from servelab.kit.testing import KVCheckingExecutor, VirtualClock
 from servelab.run.runner import run_workload
-from servelab.run.stack import build_stack
+from servelab.assemble.stack import build_stack
 
 PAGE = "write-an-evictor.md"
 

@@ -52,7 +52,7 @@ def test_the_executor_gets_a_finished_batch_and_never_reaches_a_policy(fake_stac
 
 def test_the_simulator_gets_the_steps_work_not_a_batch(tmp_path):
     from servelab.api import compose
-    from servelab.run.stack import build_stack
+    from servelab.assemble.stack import build_stack
 
     cfg = compose(["backend=sim", "hardware=h100", "model=llama3_8b", "workload.num_requests=4"], logger="none")
     stack = build_stack(cfg)

@@ -18,7 +18,8 @@ from servelab.core.step_work import StepWork
 from servelab.engine.frontend import FrontEnd
 from servelab.kit.conformance_fast_forward import run_both_ways
 from servelab.run.session import run_job
-from servelab.run.stack import build_stack, model_shape
+from servelab.assemble.executor import model_shape
+from servelab.assemble.stack import build_stack
 from servelab.sim.all_reduce import CUSTOM_MAX_BYTES
 from servelab.sim.op_tables import custom_allreduce_curve, find_op_tables
 from servelab.sim.step_pricer import graph_sizes

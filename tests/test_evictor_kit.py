@@ -22,7 +22,7 @@ from servelab.kit.grading import grade, score_of, to_markdown
 from servelab.testing import check_plugin, servelab_plugin_manager
 from servelab.plugins.allocators.paged import PagedAllocator
 from servelab.plugins.evictors.lru import LruEvictor
-from servelab.run.config import register_configs
+from servelab.config import register_configs
 
 
 # ---- deliberately broken evictors (and allocators an evictor may be checked behind) -------------

@@ -25,7 +25,8 @@ from servelab.plugins.evictors.cost_aware import CostAwareConfig, CostAwareEvict
 from servelab.plugins.evictors.lfu import LfuConfig, LfuEvictor
 from servelab.plugins.evictors.lru import LruEvictor
 from servelab.run.session import run_job
-from servelab.run.stack import build_executor, build_stack
+from servelab.assemble.executor import build_executor
+from servelab.assemble.stack import build_stack
 from servelab.workloads.build import build_requests
 
 EVICTORS = default_registry().names("evictor")

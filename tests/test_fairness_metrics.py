@@ -13,9 +13,9 @@ from conftest import compose
 from servelab.core.errors import ConfigError
 from servelab.core.request import Request
 from servelab.kit.testing import FakeExecutor, VirtualClock
-from servelab.run.fairness import ServiceLog, config_weights, fairness_figures, fairness_over_time, jain_index
+from servelab.results.fairness import ServiceLog, config_weights, fairness_figures, fairness_over_time, jain_index
 from servelab.run.session import run_job
-from servelab.run.stack import build_stack
+from servelab.assemble.stack import build_stack
 
 FIGURES = ("service_by_client", "max_service_gap_tokens", "jain_fairness_index")
 
@@ -192,7 +192,7 @@ def test_a_run_with_clients_writes_the_figures_and_client_ids(tmp_path, capsys):
     records = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
     assert sorted(r["client_id"] for r in records) == ["a", "a", "a", "b", "b", "b"]
     assert result.summary == summary
-    from servelab.run.report import print_summary
+    from servelab.results.report import print_summary
 
     print_summary(summary, str(tmp_path))
     out = capsys.readouterr().out
@@ -205,7 +205,7 @@ def test_a_run_without_clients_has_null_figures_and_null_client_ids(tmp_path, ca
     assert all(summary[k] is None for k in FIGURES)
     records = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
     assert [r["client_id"] for r in records] == [None, None, None]
-    from servelab.run.report import print_summary
+    from servelab.results.report import print_summary
 
     print_summary(summary, str(tmp_path))
     assert "jain_fairness_index" not in capsys.readouterr().out

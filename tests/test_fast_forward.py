@@ -15,7 +15,7 @@ from servelab.kit.conformance_fast_forward import run_both_ways
 from servelab.plugin_api import EVERY_STEP, UNTIL_ARRIVAL, NextDecision, hookimpl
 from servelab.plugins.schedulers.fcfs import FCFSScheduler
 from servelab.run.session import run_job
-from servelab.run.stack import build_stack
+from servelab.assemble.stack import build_stack
 from servelab.testing import check_plugin, registry_with
 from servelab.workloads.build import build_requests
 

@@ -177,7 +177,7 @@ def test_the_lease_prediction_prices_the_catalogue_llama3_8b():
     finally:
         sys.path.remove(str(REPO / "experiments"))
     from servelab.api import compose
-    from servelab.run.stack import build_stack
+    from servelab.assemble.stack import build_stack
 
     p = serve.PRESETS["llama3_8b"]
     ours = build_stack(compose(serve.sim_overrides("llama3_8b", p, "h200", ["time_model=auto"])))

@@ -14,7 +14,7 @@ import pytest
 from conftest import compose
 from servelab.core.errors import ConfigError
 from servelab.core.step_work import StepWork
-from servelab.run.stack import build_stack
+from servelab.assemble.stack import build_stack
 from servelab.sim.gpu_ops import CALIBRATION_FILE, Calibration
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,7 +62,7 @@ def test_the_banner_and_summary_say_which_model_priced_the_run(tmp_path):
     s = result.summary
     assert s["time_model"]["name"] == "auto" and s["time_model"]["chosen"] == "op_profile"
     assert s["time_model"]["tables"]["model"] == "llama2_7b"
-    from servelab.run.banner import banner_lines
+    from servelab.results.banner import banner_lines
     stack = sim_stack("hardware=h100", "model=llama2_7b")
     text = dict(banner_lines(cfg, stack, tmp_path, "off"))["stack"]
     assert "time_model=auto -> op_profile (h100/llama2_7b" in text

@@ -10,10 +10,10 @@ import pytest
 
 from conftest import compose
 from servelab.core.errors import ConfigError
-from servelab.run.report import all_rejected_error, print_summary
+from servelab.results.report import all_rejected_error, print_summary
 from servelab.core.request import Request
 from servelab.run.session import run_job
-from servelab.run.stack import build_stack
+from servelab.assemble.stack import build_stack
 from servelab.kit.testing import FakeExecutor, VirtualClock
 
 
@@ -86,10 +86,10 @@ def test_strict_requests_turns_a_rejection_into_a_start_up_error(tmp_path):
 
 
 def test_slo_aware_without_any_target_warns(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="servelab.run.preflight"):
+    with caplog.at_level(logging.WARNING, logger="servelab.assemble.preflight"):
         _run(tmp_path, _reqs(2), "scheduler=slo_aware")
     assert "scheduler=slo_aware but no request has a TTFT or TPOT target" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="servelab.run.preflight"):
+    with caplog.at_level(logging.WARNING, logger="servelab.assemble.preflight"):
         _run(tmp_path, _reqs(2, ttft_slo_ms=100.0), "scheduler=slo_aware")
     assert "no request has" not in caplog.text

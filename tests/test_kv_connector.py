@@ -12,18 +12,18 @@ from dataclasses import replace
 import pytest
 
 from servelab.api import compose
-from servelab.cluster.cluster import continued
+from servelab.cluster.simulated import continued
 from servelab.core.contexts import AllocatorContext, EvictorContext
 from servelab.core.cost_model import StepCostModel
 from servelab.core.interfaces import EngineLimits
 from servelab.core.kv_connector import KVConnector
 from servelab.core.registry import default_registry
 from servelab.core.request import Request, Sequence
-from servelab.exec.local_connector import LocalKVLink
+from servelab.kv.pd.local import LocalKVLink
 from servelab.kit import conformance_disagg
 from servelab.plugins.allocators.paged import PagedAllocator
 from servelab.plugins.evictors.lru import LruEvictor
-from servelab.run.stack import build_stack
+from servelab.assemble.stack import build_stack
 
 REAL = ["model=tiny", "clock=virtual", "time_model=roofline", "hardware=h100", "num_kv_blocks=48",
         "allocator.prefix_caching=true"]

@@ -15,7 +15,7 @@ from servelab.core.contexts import KVTierPolicyContext
 from servelab.core.errors import ConfigError
 from servelab.core.kv_tiers import TierBlock, TierSpec
 from servelab.plugins.kv_tier_policies.reuse_aware import ReuseAwareConfig, ReuseAwarePolicy
-from servelab.run.kv_tier_store import TieredKVConnector
+from servelab.kv.tiers.store import TieredKVConnector
 
 HOST = TierSpec("host", 1.0, 25.0, 25.0, 0.0, False, 100)
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import compose
 from servelab.core.errors import ConfigError
 from servelab.run.session import run_job
-from servelab.run.stack import build_stack
+from servelab.assemble.stack import build_stack
 
 # 70B at TP 4 on a GPU pool far below the chat's working set: the tiers get hits
 CHAT = ("backend=sim", "model=llama3_70b", "tensor_parallel_size=4", "workload=chat_sessions",
@@ -84,7 +84,7 @@ def test_prefetch_moves_serialised_loads_off_the_steps_and_computes_the_same(tmp
 
 
 def test_requests_queued_for_gpu_blocks_are_prefetched_and_their_staging_is_released(tmp_path):
-    from servelab.run import kv_tier_store
+    from servelab.kv.tiers import store as kv_tier_store
 
     queued = []
 

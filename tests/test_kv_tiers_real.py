@@ -12,7 +12,7 @@ import pytest
 from conftest import compose
 from servelab.core.errors import ConfigError
 from servelab.run.session import run_job
-from servelab.run.stack import build_stack
+from servelab.assemble.stack import build_stack
 
 # chats whose turns repeat the conversation, over a GPU pool that cannot keep them: the tiers serve
 CHATS = ("model=tiny", "clock=virtual", "time_model=roofline", "hardware=h100", "num_kv_blocks=24", "block_size=8",

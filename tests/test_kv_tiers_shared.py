@@ -10,10 +10,10 @@ import pytest
 
 from conftest import compose
 from servelab.core.errors import ConfigError
-from servelab.run.cluster_build import build_cluster, validate_cluster
-from servelab.run.kv_tier_shared import SharedTieredKVConnector
+from servelab.cluster.build import build_cluster, validate_cluster
+from servelab.kv.tiers.shared import SharedTieredKVConnector
 from servelab.run.session import run_job
-from servelab.run.stack import build_stack
+from servelab.assemble.stack import build_stack
 
 # 70B at TP 4 on two replicas whose GPU pools are far below the chats' working set; round_robin sends a
 # conversation's turns to alternating replicas, so only a shared tier can serve a turn from the last one

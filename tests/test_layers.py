@@ -65,7 +65,7 @@ def test_an_upward_import_breaks_the_contracts(tmp_path):
     (repo / "framework" / "core" / "upward.py").write_text(
         '"""A deliberate breach: the plugin contract reaching up into the run layer, and torch."""\n'
         "import torch\n\n"
-        "from servelab.run import stack\n")
+        "from servelab.run import session\n")
 
     done = _lint_imports()(repo, [])
     out = done.stdout + done.stderr
@@ -75,7 +75,7 @@ def test_an_upward_import_breaks_the_contracts(tmp_path):
     assert _status(out, CONTRACTS["engine"]) == "KEPT", out
     assert _status(out, CONTRACTS["plugins"]) == "KEPT", out
     flat = _flat(out)
-    assert "servelab.core.upward -> servelab.run.stack" in flat, out
+    assert "servelab.core.upward -> servelab.run.session" in flat, out
     assert "servelab.core is not allowed to import torch" in flat, out
     assert "2 broken" in out, out
 

@@ -30,9 +30,9 @@ from servelab.plugins.length_predictors.bundle import PACKAGED_PREDICTORS, META
 from servelab.plugins.length_predictors.learned import LearnedConfig, LearnedPredictor
 from servelab.plugins.length_predictors.noisy_oracle import NoisyOracleConfig, NoisyOraclePredictor
 from servelab.plugins.length_predictors.oracle import OracleConfig, OraclePredictor
-from servelab.run.config import register_configs
+from servelab.config import register_configs
 from servelab.run.session import run_job
-from servelab.run.stack import build_stack
+from servelab.assemble.stack import build_stack
 
 BUILTINS = {"none", "oracle", "noisy_oracle", "learned"}
 TINY_CODE = str(PACKAGED_CHECKPOINTS / "tiny_code")

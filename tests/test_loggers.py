@@ -11,7 +11,7 @@ import pytest
 
 from servelab.api import compose
 from servelab.engine.engine import StepRecord
-from servelab.run.loggers import RequestSample, StepWindow
+from servelab.results.loggers import RequestSample, StepWindow
 from servelab.run.session import run_job
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from servelab.core.request import Request
 from servelab.run.session import collect_results
-from servelab.run.stack import build_stack
+from servelab.assemble.stack import build_stack
 
 from memory_helpers import _cfg, run_requests, tokens_by_id
 

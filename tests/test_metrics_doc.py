@@ -9,7 +9,7 @@ import pytest
 from conftest import REPO, compose
 from servelab.core.request import Request
 from servelab.run.session import run_job
-from servelab.run.stack import build_stack
+from servelab.assemble.stack import build_stack
 from servelab.kit.testing import FakeExecutor, VirtualClock
 
 DOC = REPO / "docs" / "metrics.md"

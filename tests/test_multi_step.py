@@ -12,7 +12,8 @@ from servelab.core.errors import ConfigError
 from servelab.core.request import Request
 from servelab.run.runner import run_workload
 from servelab.run.session import collect_results, run_job
-from servelab.run.stack import build_stack, validate
+from servelab.assemble.stack import build_stack
+from servelab.assemble.validate import validate
 from test_schedulers import compose, fake_engine, req, run
 
 

@@ -16,7 +16,8 @@ from conftest import REPO, compose
 from servelab.core.errors import ConfigError, ServelabError
 from servelab.core.request import Request
 from servelab.run.session import run_job
-from servelab.run.stack import build_stack, validate
+from servelab.assemble.stack import build_stack
+from servelab.assemble.validate import validate
 from servelab.kit.testing import FakeExecutor, VirtualClock
 
 _MISSING = object()
@@ -116,8 +117,8 @@ def test_a_kv_pool_smaller_than_every_request_fails_at_start_up(tmp_path):
 
 
 def test_tokens_per_verify_is_explained_beside_the_steps_saved(capsys):
-    from servelab.run.metrics import RequestStats
-    from servelab.run.report import print_summary
+    from servelab.results.metrics import RequestStats
+    from servelab.results.report import print_summary
 
     def rec(rid, output_len, drafted, kept, verifies):
         return {"id": rid, "output_len": output_len, "rejected_reason": None, "prompt_len": 4,

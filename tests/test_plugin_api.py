@@ -125,8 +125,8 @@ def test_a_plugin_on_the_old_import_paths_loads_with_a_deprecation_warning_and_r
         from servelab.kit.testing import FakeExecutor, VirtualClock
         from servelab.testing import servelab_plugin_manager
         from servelab.api import compose
-        from servelab.run.config import register_configs
-        from servelab.run.stack import build_stack
+        from servelab.config import register_configs
+        from servelab.assemble.stack import build_stack
         pm = servelab_plugin_manager()  # the built-in policies and executors
         pm.register(old_plugin)
         registry = build_registry(pm)

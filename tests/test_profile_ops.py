@@ -79,7 +79,7 @@ def test_cli_profiles_each_tp_degree_and_names_the_one_it_cannot(tmp_path):
 
 def test_shards_are_the_column_and_row_parallel_slices():
     from servelab.core.model_spec import load_spec
-    from servelab.run.stack import model_path
+    from servelab.assemble.executor import model_path
 
     import torch
 

@@ -23,7 +23,7 @@ from servelab.exec.model.layers import TPGroup
 from servelab.exec.model.loader import load_model
 from servelab.exec.quant import (ROUND_TRIP_BOUND, Int8Weight, decoder_linears, dequantize_weight, quantize_model,
                             quantize_weight)
-from servelab.run.stack import build_stack
+from servelab.assemble.stack import build_stack
 
 REPO = Path(__file__).resolve().parents[1]
 SETTINGS = {
@@ -247,7 +247,7 @@ def test_bfloat16_int8_runs_through_int8pack_and_mostly_agrees(heldout, quantise
 
 
 def test_the_banner_says_what_is_quantised(tmp_path):
-    from servelab.run.banner import banner_lines
+    from servelab.results.banner import banner_lines
 
     cfg = compose("model.quantization=int8", "kv_cache_dtype=fp8_e4m3", "num_kv_blocks=8")
     stack = build_stack(cfg)

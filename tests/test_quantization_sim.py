@@ -9,7 +9,8 @@ from servelab.core.errors import ConfigError
 from servelab.core.interfaces import TimeModelContext
 from servelab.plugins.time_models.roofline import RooflineConfig, RooflineTime
 from servelab.core.shapes import StorageBytes
-from servelab.run.stack import build_sim_executor, build_stack
+from servelab.assemble.executor import build_sim_executor
+from servelab.assemble.stack import build_stack
 from servelab.core.step_work import StepWork
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from servelab.core.errors import ConfigError
 from servelab.core.interfaces import Router
-from servelab.serve.route_command import compose_route_config, main as route_main, prepare, start_in_thread
+from servelab.serve.route.command import compose_route_config, main as route_main, prepare, start_in_thread
 
 from serve_helpers import TEST_DEFAULTS, wait_until
 
@@ -215,7 +215,7 @@ def test_the_command_starts_its_replicas_and_stops_them_on_sigint(tmp_path):
 
 # ---- no servers -----------------------------------------------------------------------------------
 def test_without_the_backends_tokenizer_a_router_sees_utf8_bytes_and_the_requests_fields():
-    from servelab.serve.route_app import PromptCodec, request_of
+    from servelab.serve.route.app import PromptCodec, request_of
 
     codec = PromptCodec(None)
     assert not codec.exact
@@ -229,7 +229,7 @@ def test_without_the_backends_tokenizer_a_router_sees_utf8_bytes_and_the_request
 
 def test_a_backends_view_takes_vllms_gauges_and_its_own_counts():
     from servelab.core.request import Request
-    from servelab.serve.route_backends import Backend
+    from servelab.serve.route.backends import Backend
 
     b = Backend(1, "http://x:1", "m", max_model_len=100)
     b.read_metrics('vllm:num_requests_running{model_name="m"} 3.0\nvllm:num_requests_waiting{model_name="m"} 2.0\n'

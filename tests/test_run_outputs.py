@@ -14,8 +14,8 @@ from rich.console import Console
 
 from conftest import REPO, compose
 from servelab.core.errors import WorkloadError
-from servelab.run.report import _fmt, print_samples, print_summary
-from servelab.run.results import LineProgress, _progress_bar
+from servelab.results.report import _fmt, print_samples, print_summary
+from servelab.results.writer import LineProgress, _progress_bar
 from servelab.run.session import run_job
 from servelab.workloads.build import build_requests
 from servelab.workloads.text import build_byte_tokenizer, checkpoint_text

@@ -12,7 +12,8 @@ from servelab.api import compose as _compose
 from servelab.core.request import Request
 from servelab.run.runner import run_workload
 from servelab.run.session import collect_results, run_job
-from servelab.run.stack import ConfigError, build_stack
+from servelab.assemble.stack import build_stack
+from servelab.core.errors import ConfigError
 from servelab.kit.testing import FakeExecutor, StepTimeModel, VirtualClock
 
 SCHEDULERS = ["fcfs", "static", "priority", "slo_aware", "lpm"]

@@ -13,7 +13,7 @@ import pytest
 from conftest import compose
 from servelab.core.errors import ConfigError
 from servelab.run.session import run_job
-from servelab.run.stack import build_stack
+from servelab.assemble.stack import build_stack
 
 TINY = ["model.hidden_size=64", "model.intermediate_size=128", "model.num_hidden_layers=2",
         "model.num_attention_heads=4", "model.num_key_value_heads=2", "model.vocab_size=512"]

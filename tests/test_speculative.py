@@ -28,7 +28,7 @@ from servelab.core.interfaces import SpeculativeDrafter
 from servelab.plugins.drafters.ngram import prompt_lookup
 from servelab.core.request import Request, SamplingParams
 from servelab.exec.sampler import sample_and_verify, target_probs
-from servelab.run.stack import build_stack
+from servelab.assemble.stack import build_stack
 
 settings.register_profile("spec_ci", max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("spec_long", max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -355,7 +355,7 @@ def test_k_out_of_range_names_the_key(k):
 
 
 def test_a_draft_model_with_another_vocabulary_is_refused():
-    from servelab.run.stack import model_path
+    from servelab.assemble.executor import model_path
 
     other = model_path(compose())  # the random tiny model: another vocabulary
     with pytest.raises(ConfigError, match=r"vocabulary of \d+ tokens but the target model has 259"):

@@ -57,7 +57,7 @@ def test_merging_replicas_adds_what_adds_and_keeps_the_largest_maxima():
 
 
 def test_the_logger_window_reads_its_figures_from_step_totals():
-    from servelab.run.loggers import StepWindow
+    from servelab.results.loggers import StepWindow
 
     records, sent = _records(30, 3), []
     window = StepWindow(lambda data, step: sent.append(data), every=len(records), min_interval_s=0.0)

@@ -7,9 +7,9 @@ import logging
 import pytest
 
 from conftest import compose
-from servelab.run import swap_pool
-from servelab.run.stack import build_stack
-from servelab.run.swap_pool import DEFAULT_SWAP_SPACE_GB, swap_pool_config
+from servelab.assemble import swap_pool
+from servelab.assemble.stack import build_stack
+from servelab.assemble.swap_pool import DEFAULT_SWAP_SPACE_GB, swap_pool_config
 
 SMALL = ("model.hidden_size=64", "model.num_hidden_layers=2", "model.intermediate_size=128", "num_kv_blocks=16")
 

@@ -111,7 +111,7 @@ def test_corpus_workload_draws_heldout_prefixes_reproducibly(text_checkpoint):
 
 
 def test_requests_jsonl_carries_output_text(tmp_path, text_checkpoint):
-    from servelab.run.report import print_samples
+    from servelab.results.report import print_samples
     from servelab.run.session import run_job
     from rich.console import Console
 

@@ -13,7 +13,8 @@ from servelab.core.interfaces import TimeModelContext
 from servelab.plugins.time_models.profile import ProfileConfig, ProfileTime
 from servelab.plugins.time_models.roofline import RooflineConfig, RooflineTime
 from servelab.core.shapes import HardwareProfile, ModelShape
-from servelab.run.stack import build_stack, model_shape
+from servelab.assemble.executor import model_shape
+from servelab.assemble.stack import build_stack
 from servelab.sim.step_profile import StepProfile, feature_vector, fit_profile
 from servelab.core.step_work import StepWork
 

@@ -22,7 +22,9 @@ from servelab.core.batch import StepBatch
 from servelab.exec.executor import LocalExecutor
 from servelab.exec.model.random_checkpoint import write_random_checkpoint
 from servelab.run.session import run_job
-from servelab.run.stack import ConfigError, build_stack, worker_config
+from servelab.assemble.executor import worker_config
+from servelab.assemble.stack import build_stack
+from servelab.core.errors import ConfigError
 from servelab.exec.tp import TPExecutor, TPWorkerError
 
 SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

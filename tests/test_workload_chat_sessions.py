@@ -6,7 +6,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from servelab.core.errors import WorkloadError
-from servelab.run.config import ChatSessionsWorkload
+from servelab.config import ChatSessionsWorkload
 from servelab.workloads.build import build_requests
 
 

@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from servelab.core.packaged import PACKAGED_TRACES
-from servelab.run.config import HashIdsWorkload
+from servelab.config import HashIdsWorkload
 from servelab.workloads.build import WorkloadError, build_requests
 
 TRACE = PACKAGED_TRACES["mooncake_conv"]  # shipped in the package (framework/data/traces)

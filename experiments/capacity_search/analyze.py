@@ -71,7 +71,7 @@ def plot_capacity(series: list[tuple[str, dict]], stacks: list[str], title: str,
 def roofline_at(st: dict, tp: int, time_model: str = "auto") -> dict:
     """The time model's breakdown (ms) of one step carrying a full prefill chunk at ``tp``, and the hardware."""
     from servelab.api import compose
-    from servelab.run.stack import build_stack
+    from servelab.assemble.stack import build_stack
     from servelab.core.step_work import StepWork
 
     cfg = compose(["backend=sim", f"hardware={st['hardware']}", f"model={st['model']}", f"tensor_parallel_size={tp}",

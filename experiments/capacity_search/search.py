@@ -269,7 +269,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     from servelab.api import compose
     from servelab.core.packaged import trace_path
-    from servelab.run.stack import build_stack
+    from servelab.assemble.stack import build_stack
     from servelab.workloads.build import build_requests
 
     trace_path(args.trace, "--trace")  # a missing trace: one line (see __main__), before any run

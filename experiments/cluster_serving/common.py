@@ -104,7 +104,7 @@ def trace_requests(path: str, num_requests: int, seed: int = 0):
     """The first ``num_requests`` rows of a packaged Azure trace, as requests (built once per section)."""
     from omegaconf import OmegaConf
 
-    from servelab.run.config import TraceWorkload
+    from servelab.config import TraceWorkload
     from servelab.workloads.build import build_requests
 
     cfg = OmegaConf.structured(TraceWorkload(path=path, num_requests=num_requests, seed=seed))
@@ -114,7 +114,7 @@ def trace_requests(path: str, num_requests: int, seed: int = 0):
 def mooncake_requests(num_requests: int, block_tokens: int, seed: int = 0):
     from omegaconf import OmegaConf
 
-    from servelab.run.config import HashIdsWorkload
+    from servelab.config import HashIdsWorkload
     from servelab.workloads.build import build_requests
 
     cfg = OmegaConf.structured(HashIdsWorkload(num_requests=num_requests, block_tokens=block_tokens, seed=seed))
@@ -124,7 +124,7 @@ def mooncake_requests(num_requests: int, block_tokens: int, seed: int = 0):
 def chat_requests(num_sessions: int, session_rate: float, seed: int = 0):
     from omegaconf import OmegaConf
 
-    from servelab.run.config import ChatSessionsWorkload
+    from servelab.config import ChatSessionsWorkload
     from servelab.workloads.build import build_requests
 
     cfg = OmegaConf.structured(ChatSessionsWorkload(num_sessions=num_sessions, session_rate=session_rate, seed=seed))
@@ -135,7 +135,7 @@ def synthetic_requests(num_requests: int, rate: float, prompt: tuple[int, int], 
     """Poisson arrivals at ``rate``, prompt and output lengths uniform in the given ranges."""
     from omegaconf import OmegaConf
 
-    from servelab.run.config import SyntheticWorkload
+    from servelab.config import SyntheticWorkload
     from servelab.workloads.build import build_requests
 
     cfg = OmegaConf.structured(SyntheticWorkload(num_requests=num_requests, rate=rate, seed=seed))

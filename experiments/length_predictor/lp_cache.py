@@ -11,7 +11,7 @@ from pathlib import Path
 
 from servelab.core.packaged import PACKAGED_CHECKPOINTS
 from servelab.plugins.length_predictors.bundle import checkpoint_fingerprint
-from servelab.run.config import CorpusWorkload
+from servelab.config import CorpusWorkload
 
 HERE = Path(__file__).resolve().parent
 MODEL = "tiny_code"

@@ -128,7 +128,7 @@ def run(label: str, overrides: list[str], requests, *, keep_dir: Path | None = N
     (filled as the run goes) becomes :attr:`Run.extra`."""
     from servelab.api import compose
     from servelab.run.session import run_job
-    from servelab.run.stack import build_stack
+    from servelab.assemble.stack import build_stack
 
     cfg = compose(overrides, logger="none", progress=False)
     t0 = time.perf_counter()

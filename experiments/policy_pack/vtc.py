@@ -251,7 +251,7 @@ def main(argv=None) -> dict:
 
 
 def plot(sim_runs, args, out: Path) -> dict:
-    from servelab.run.fairness import fairness_over_time
+    from servelab.results.fairness import fairness_over_time
 
     series = {}
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))

@@ -58,7 +58,7 @@ def workloads(args) -> dict[str, dict]:
     """name -> {overrides, requests} of the simulator's two workloads (built once, reused by every run)."""
     from omegaconf import OmegaConf
 
-    from servelab.run.config import ChatSessionsWorkload, HashIdsWorkload
+    from servelab.config import ChatSessionsWorkload, HashIdsWorkload
     from servelab.workloads.build import build_requests
 
     mooncake = OmegaConf.structured(HashIdsWorkload(num_requests=args.mooncake_requests, block_tokens=args.mooncake_block_tokens,

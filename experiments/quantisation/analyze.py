@@ -83,7 +83,7 @@ def decode_speedups() -> str:
     """Calibrated-roofline step time of a decode step of Llama-3.1-70B at TP 4, bf16 vs INT8 weights (and
     INT8 KV): one time model for all three (the op tables time float16 GEMMs only)."""
     from servelab.api import compose
-    from servelab.run.stack import build_stack
+    from servelab.assemble.stack import build_stack
     from servelab.core.step_work import StepWork
 
     rows = []

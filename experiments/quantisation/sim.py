@@ -48,7 +48,7 @@ UTILISATIONS = (0.9, 0.95)
 def memory_row(hardware: str, tp: int, util: float, setting: str) -> dict:
     from servelab.api import compose
     from servelab.core.errors import ConfigError
-    from servelab.run.stack import build_sim_executor, model_shape, storage_bytes
+    from servelab.assemble.executor import build_sim_executor, model_shape, storage_bytes
 
     cfg = compose(["backend=sim", "model=llama3_70b", f"hardware={hardware}", f"tensor_parallel_size={tp}",
                    f"backend.gpu_memory_utilization={util}", *SETTINGS[setting]], logger="none", progress=False)
@@ -83,7 +83,7 @@ def main(argv=None) -> dict:
     if not args.no_capacity:
         import search  # experiments/capacity_search/search.py
         from servelab.api import compose
-        from servelab.run.stack import build_stack
+        from servelab.assemble.stack import build_stack
         from servelab.workloads.build import build_requests
 
         spec = search.StackSpec("fcfs", True, "recompute")

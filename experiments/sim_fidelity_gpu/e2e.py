@@ -161,7 +161,7 @@ def simulate(entry: dict, seed: int = SEEDS[0], max_requests: int | None = None,
     from servelab.api import compose
     from servelab.core.request import Request
     from servelab.run.session import run_job
-    from servelab.run.stack import build_stack
+    from servelab.assemble.stack import build_stack
 
     cfg = compose(overrides(entry, seed, column), logger="none", progress=False)
     reqs = workload(entry, seed, max_requests)

@@ -123,7 +123,7 @@ def step_errors() -> list[list]:
     """Whole steps: roofline (as shipped) and calibrated roofline against op_profile (measured tables)."""
     from servelab.api import compose
     from servelab.core.step_work import StepWork
-    from servelab.run.stack import build_stack
+    from servelab.assemble.stack import build_stack
 
     rows = []
     for hw, model, tp in (("h100", "llama3_70b", 4), ("h100", "llama3_70b", 8), ("a100_80gb", "llama3_70b", 4),

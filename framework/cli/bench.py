@@ -29,7 +29,7 @@ from servelab.api import command_output_dir, compose_with_run_dir
 from servelab.cli.bench_curve import PERCENTILES, curve_row, knee, plot_curve, slo_holds, write_curve_csv
 from servelab.cli.help import plain_doc
 from servelab.core.errors import ConfigError, ServelabError
-from servelab.run.config import ERROR_FILE, check_known_keys, config_error_message
+from servelab.config import ERROR_FILE, check_known_keys, config_error_message
 
 USAGE = ("usage: servelab bench [key=value ...] bench.rates=[r1,r2,...] | bench.concurrencies=[n1,n2,...]  "
          "(bench.percentile=90, slo.ttft_ms=, slo.tpot_ms=; hydra.run.dir=DIR)")

@@ -31,9 +31,10 @@ from servelab.core.errors import ConfigError, ServelabError
 from servelab.core.model_spec import load_spec
 from servelab.exec.executor import ModelWorker
 from servelab.exec.model.llama import AttentionMetadata
-from servelab.run.config import check_known_keys, config_error_message
-from servelab.run.preflight import check_device
-from servelab.run.stack import explicit_block_size, worker_config
+from servelab.config import check_known_keys, config_error_message
+from servelab.assemble.preflight import check_device
+from servelab.assemble.executor import worker_config
+from servelab.assemble.validate import explicit_block_size
 from servelab.workloads import corpus
 from servelab.workloads.text import checkpoint_text
 

@@ -21,7 +21,7 @@ from typing import Any, cast
 from omegaconf import DictConfig, OmegaConf
 
 from servelab.cli.usage import usage_text
-from servelab.run import config as C
+import servelab.config as C
 
 _SCHEMAS = {"model": C.ModelConfig, "backend": C.BackendConfig, "hardware": C.HardwareConfig}
 # config.json keys that are ModelConfig fields (the shape a checkpoint brings)

@@ -2,7 +2,7 @@
 
 Errors reach the user as one line, whoever raises them (docs/configuration.md): servelab's own
 (``servelab: error: <msg>``), Hydra's and OmegaConf's at compose time (translated against the
-schema by :func:`servelab.run.config.config_error_message`), an unknown subcommand, a key outside
+schema by :func:`servelab.config.messages.config_error_message`), an unknown subcommand, a key outside
 the schema. ``HYDRA_FULL_ERROR=1`` still prints the full trace. Exit codes: 0 done, 1 a failed run
 (or a sweep with a failed job), 2 bad input, 130 interrupted.
 """
@@ -29,7 +29,7 @@ from omegaconf import DictConfig
 from servelab.cli.help import help_text
 from servelab.core.errors import ServelabError
 from servelab.core.registry import PluginError, check_selection
-from servelab.run.config import (ERROR_FILE, SweepReport, check_experiment_option, check_known_keys,
+from servelab.config import (ERROR_FILE, SweepReport, check_experiment_option, check_known_keys,
                                  config_error_message, register_configs)
 
 
@@ -41,8 +41,8 @@ _ONE_LINE = "SERVELAB_ONE_LINE_ERRORS"
 
 @hydra.main(config_path="pkg://servelab.conf", config_name="config", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> float | None:
-    from servelab.run.preflight import check_device  # noqa: PLC0415 - torch on demand
-    from servelab.run.report import all_rejected_error, print_samples, print_summary  # noqa: PLC0415 - rich
+    from servelab.assemble.preflight import check_device  # noqa: PLC0415 - torch on demand
+    from servelab.results.report import all_rejected_error, print_samples, print_summary  # noqa: PLC0415 - rich
     from servelab.run.session import run_job  # noqa: PLC0415 - torch
 
     global _current_output_dir

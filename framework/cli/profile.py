@@ -28,7 +28,7 @@ from servelab.core.errors import ConfigError
 from servelab.core.request import Request
 from servelab.core.shapes import ModelShape
 from servelab.run.runner import run_workload
-from servelab.run.stack import build_stack
+from servelab.assemble.stack import build_stack
 from servelab.sim.step_profile import StepProfile, feature_vector, fit_profile, machine_description
 
 log = logging.getLogger(__name__)

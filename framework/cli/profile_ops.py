@@ -48,11 +48,12 @@ from servelab.core.model_spec import SUPPORTED_ARCHITECTURES, ModelSpec, load_sp
 from servelab.core.shapes import ModelShape
 from servelab.exec import op_bench
 from servelab.exec.executor import DTYPES, resolve_device
-from servelab.run.preflight import check_device
+from servelab.assemble.preflight import check_device
 from servelab.exec.quant import kv_cache_storage_dtype, linear_kernel
 from servelab.exec.tp import check_tensor_parallel
 from servelab.kernels import select_attention_backend
-from servelab.run.stack import explicit_block_size, model_path, model_shape
+from servelab.assemble.executor import model_path, model_shape
+from servelab.assemble.validate import explicit_block_size
 from servelab.sim.op_tables import FORMAT, isotonic, load_op_tables
 from servelab.sim.step_profile import machine_description
 

@@ -25,8 +25,8 @@ import httpx
 
 from servelab.api import compose
 from servelab.kit.conformance import Failure, KitRun
-from servelab.serve.route_command import start_in_thread
-from servelab.serve.route_launch import ReplicaProcess, start_replicas, stop_replicas
+from servelab.serve.route.command import start_in_thread
+from servelab.serve.route.launch import ReplicaProcess, start_replicas, stop_replicas
 
 REPLICA_OVERRIDES = ("model=tiny_code", "logger=none", "backend.num_threads=1", "num_kv_blocks=64", "max_num_seqs=8")
 NUM_REQUESTS = 6

@@ -15,7 +15,7 @@ from typing import get_type_hints
 
 import yaml
 
-from servelab.run import config as C
+import servelab.config as C
 from servelab.core.kinds import KINDS
 from servelab.core.registry import default_registry
 

@@ -1,4 +1,4 @@
-"""More than one engine, as one discrete-event simulation: replicas behind a router, and
-prefill/decode disaggregation with the KV hand-off priced over the links (docs/cluster.md).
-A layer beside ``exec``, ``sim`` and ``workloads``: it never imports them (a replica's executor
-comes built)."""
+"""More than one engine: replicas behind a router, colocated or prefill/decode disaggregated
+(docs/cluster.md). ``simulated``: one discrete-event loop on the virtual clock; ``procs/``: one engine
+process per replica on the wall clock; ``build``: a cluster from a config. The KV hand-off between
+replicas is a KV connector (:mod:`servelab.kv.pd`)."""

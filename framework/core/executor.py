@@ -44,7 +44,7 @@ class BackendConfig:
     kv_cache_memory_gb: float = 0.5  # CPU: KV pool budget when num_kv_blocks is null
     gpu_memory_utilization: float = 0.9  # CUDA: fraction of device memory the run may use
     # host swap pool: num_swap_blocks (blocks) or swap_space_gb (GiB), not both; both null = none,
-    # except preemption=swap|adaptive: 4 GiB capped at half the free host memory (``servelab.run.swap_pool``)
+    # except preemption=swap|adaptive: 4 GiB capped at half the free host memory (``servelab.assemble.swap_pool``)
     num_swap_blocks: Optional[int] = None
     swap_space_gb: Optional[float] = None
     swap_bandwidth_gb_s: Optional[float] = None  # device<->host link; null = measured at start-up

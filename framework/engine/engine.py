@@ -128,7 +128,7 @@ class Engine:
 
     def reset_clock(self, origin: float | None = None) -> None:
         """Count from now, or from ``origin`` on the clock (engine processes of one wall-clock cluster
-        share their parent's start: :mod:`servelab.run.proc_engine`)."""
+        share their parent's start: :mod:`servelab.cluster.procs.engine`)."""
         self._t0 = self.clock.now() if origin is None else origin
 
     def sleep(self, seconds: float) -> None:

@@ -56,7 +56,7 @@ from servelab.kit.conformance_router import (ROUTER_CONTRACTS, context_of, route
                                              spread_problem, spread_scenario)
 from servelab.kit.conformance_starvation import promises_bound, starvation_message, starvation_scenario
 from servelab.kit.conformance_state import STATE_KINDS, plugin_of, state_left_behind, state_message, state_scenario
-from servelab.run.config import register_configs
+from servelab.config import register_configs
 from servelab.run.runner import run_workload
 
 MAX_STEPS = 5_000  # per scenario: far above what any needs; reaching it is a livelock
@@ -307,7 +307,7 @@ def merge_overrides(base: tuple[str, ...], extra: tuple[str, ...]) -> tuple[str,
 def _check_predictions(registry: Registry, extra: tuple[str, ...]) -> Failure | None:
     """The predictor answers every request of a few scenarios with a finite number >= 0, and the
     same number when asked again (a fresh instance too): predictions must not depend on call order."""
-    from servelab.run.stack import build_stack  # noqa: PLC0415 - torch
+    from servelab.assemble.stack import build_stack  # noqa: PLC0415 - torch
 
     requests = [r for s in range(3) for r in make_scenario(s).requests if r.prompt_token_ids and r.max_tokens > 0]
     cfg = _compose(merge_overrides(("model=tiny", "max_model_len=128"), extra))
@@ -389,7 +389,7 @@ def _check_router(report: Report, registry: Registry, extra: tuple[str, ...], ca
 def _router_cluster_check(report: Report, registry: Registry, extra: tuple[str, ...], seed: int) -> None:
     """The router in the simulator's cluster loop: 3 colocated replicas, then 2 prefill + 2 decode;
     every request must end exactly once and every pool end empty."""
-    from servelab.run.cluster_build import build_cluster  # noqa: PLC0415 - torch
+    from servelab.cluster.build import build_cluster  # noqa: PLC0415 - torch
 
     shapes = (("cluster.replicas=3",), ("cluster.prefill_replicas=2", "cluster.decode_replicas=2"))
     for shape in shapes:
@@ -420,8 +420,8 @@ def _router_cluster_check(report: Report, registry: Registry, extra: tuple[str, 
 
 
 def _sim_requests(cfg):
-    from servelab.run.block_size import workload_requests  # noqa: PLC0415 - torch
-    from servelab.run.stack import model_shape  # noqa: PLC0415 - torch
+    from servelab.assemble.block_size import workload_requests  # noqa: PLC0415 - torch
+    from servelab.assemble.executor import model_shape  # noqa: PLC0415 - torch
 
     return workload_requests(cfg, model_shape(cfg))
 
@@ -445,7 +445,7 @@ def _router_spread_check(report: Report, make, cases: int, seed: int, max_failur
 def _check_event_script(name: str, registry: Registry, extra: tuple[str, ...]) -> Failure | None:
     """The evictor alone, fresh for each seed, through :func:`event_script`'s cache events."""
     from servelab.kit.testing import KVCheckingExecutor, VirtualClock  # noqa: PLC0415 - torch
-    from servelab.run.stack import build_stack  # noqa: PLC0415 - torch
+    from servelab.assemble.stack import build_stack  # noqa: PLC0415 - torch
 
     cfg = _compose(merge_overrides(("model=tiny", "allocator=paged", f"evictor={name}"), extra))
     for seed in SCRIPT_SEEDS:
@@ -656,7 +656,7 @@ def _run(overrides, num_blocks: int, num_swap_blocks: int, requests, registry: R
          on_step=None):
     from servelab.kit.testing import KVCheckingExecutor, VirtualClock  # noqa: PLC0415 - torch
     from servelab.run.session import collect_results  # noqa: PLC0415 - torch
-    from servelab.run.stack import build_stack  # noqa: PLC0415 - torch
+    from servelab.assemble.stack import build_stack  # noqa: PLC0415 - torch
 
     cfg = _compose(merge_overrides(("model=tiny",), tuple(overrides)))
     clock = VirtualClock()
@@ -777,7 +777,7 @@ def _shrink(failure: Failure, registry: Registry, warnings: list[str],
 # ---- the real model -------------------------------------------------------------------------
 def _check_real_model(kind: str, name: str, registry: Registry, extra: tuple[str, ...] = ()) -> Failure | None:
     """Greedy tokens of a few requests on the tiny random model equal the default stack's."""
-    from servelab.run.stack import build_stack  # noqa: PLC0415 - torch
+    from servelab.assemble.stack import build_stack  # noqa: PLC0415 - torch
 
     requests = [Request(f"m{i}", tuple((7 * i + 3 * j) % 300 + 1 for j in range(5 + 9 * i)), 6 + i,
                         arrival_time=0.0) for i in range(4)]

@@ -113,7 +113,7 @@ def _stack(overrides: tuple[str, ...], registry, num_blocks: int, connector: _Co
     from servelab.kit.conformance import _compose, merge_overrides  # noqa: PLC0415 - the kit's composition
     from servelab.kit.conformance_cases import VOCAB  # noqa: PLC0415
     from servelab.kit.testing import KVCheckingExecutor, VirtualClock  # noqa: PLC0415 - torch
-    from servelab.run.stack import build_stack  # noqa: PLC0415 - torch
+    from servelab.assemble.stack import build_stack  # noqa: PLC0415 - torch
 
     cfg = _compose(merge_overrides(("model=tiny",), overrides))
     clock = VirtualClock()
@@ -140,7 +140,7 @@ def run_disaggregated(overrides: tuple[str, ...], registry, seed: int = 0) -> di
     return each request's output tokens; raises AssertionError naming what broke."""
     from dataclasses import replace  # noqa: PLC0415
 
-    from servelab.cluster.cluster import continued  # noqa: PLC0415 - the continuation a decode engine gets
+    from servelab.cluster.simulated import continued  # noqa: PLC0415 - the continuation a decode engine gets
     from servelab.kit.conformance_cases import VOCAB  # noqa: PLC0415
 
     rng = random.Random(seed)

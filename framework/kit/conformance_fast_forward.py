@@ -38,10 +38,10 @@ def run_both_ways(overrides: tuple[str, ...], registry) -> tuple[str | None, int
     """Run ``overrides`` in the simulator with fast-forward on and off; returns (the first
     difference or None, steps fast-forwarded (-1 for a cluster: not counted), steps)."""
     from servelab.api import compose  # noqa: PLC0415 - torch
-    from servelab.run.cluster_build import is_cluster  # noqa: PLC0415
+    from servelab.cluster.build import is_cluster  # noqa: PLC0415
     from servelab.run.cluster_run import run_cluster_job  # noqa: PLC0415
     from servelab.run.session import run_job  # noqa: PLC0415
-    from servelab.run.stack import build_stack  # noqa: PLC0415
+    from servelab.assemble.stack import build_stack  # noqa: PLC0415
 
     out = {}
     with tempfile.TemporaryDirectory(prefix="servelab-ff-") as tmp:

@@ -70,9 +70,9 @@ def check_kv_tier_policy(run: "KitRun") -> "Failure | None":
 def _run(run: "KitRun", overrides: tuple[str, ...]):
     from servelab.api import compose  # noqa: PLC0415 - above the kit's core imports
     from servelab.kit.conformance import Failure  # noqa: PLC0415
-    from servelab.run.kv_tier_store import TieredKVConnector  # noqa: PLC0415
+    from servelab.kv.tiers.store import TieredKVConnector  # noqa: PLC0415
     from servelab.run.session import run_job  # noqa: PLC0415
-    from servelab.run.stack import build_stack  # noqa: PLC0415
+    from servelab.assemble.stack import build_stack  # noqa: PLC0415
 
     cfg = compose(list(overrides))
     probe = build_stack(compose([*overrides, "kv_tier_policy=none"]), run.registry)

@@ -42,7 +42,7 @@ from servelab.core.errors import ServelabError
 from servelab.core.kinds import KINDS
 from servelab.core.registry import Registry, default_registry
 from servelab.kit.grade_workloads import SIM, GradeWorkload, graded_kinds, workloads_for
-from servelab.run.config import register_configs
+from servelab.config import register_configs
 from servelab.run.runner import run_workload
 
 # kind -> the built-in it is scored against (the kinds table's grade_reference; a router: round_robin)
@@ -135,7 +135,7 @@ def score_of(kind: str, row: Row, reference: Row | None) -> float | None:
 def _run(kind: str, policy: str, workload: GradeWorkload, requests, registry: Registry) -> Row:
     from servelab.api import compose  # noqa: PLC0415 - torch
     from servelab.run.session import collect_results  # noqa: PLC0415 - torch
-    from servelab.run.stack import build_stack  # noqa: PLC0415 - torch
+    from servelab.assemble.stack import build_stack  # noqa: PLC0415 - torch
 
     overrides = [*SIM, *workload.overrides, f"{kind}={policy}"]
     if kind == "scheduler" and registry.get(kind, policy).needs_length_predictor:

@@ -1,9 +1,9 @@
 """A cluster job end to end: build the replicas, run the workload through the router, write the
 result files (partial ones too, whatever happens), log the run. On the wall clock (a real backend,
-``clock=auto``) the replicas are engine processes (:mod:`servelab.run.proc_cluster_job`); on the
+``clock=auto``) the replicas are engine processes (:mod:`servelab.run.process_cluster`); on the
 virtual clock, one discrete-event loop in this process (here). The one-engine form is
 :func:`servelab.run.session.run_job`, which hands ``cluster.*`` configs here; what both write
-is :mod:`servelab.run.results`."""
+is :mod:`servelab.results.writer`."""
 
 from __future__ import annotations
 
@@ -11,18 +11,20 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from servelab.cluster.cluster import Cluster
+from servelab.cluster.simulated import Cluster
 from servelab.core.registry import Registry
-from servelab.run.block_size import workload_requests
-from servelab.run.cluster_build import build_cluster
-from servelab.run.fairness import config_weights
-from servelab.run.loggers import make_logger
-from servelab.run.preflight import check_requests
-from servelab.run.replica_report import ReplicaReport
-from servelab.run.cluster_summary import KVTransferSums, cluster_summary
-from servelab.run.results import RequestWriter, RunResult, drop_placeholder_tokens, run_and_write
-from servelab.run.proc_cluster_job import run_process_cluster_job
-from servelab.run.stack import Stack, _clock_kind, model_shape, run_arrivals
+from servelab.assemble.block_size import workload_requests
+from servelab.cluster.build import build_cluster
+from servelab.results.fairness import config_weights
+from servelab.results.loggers import make_logger
+from servelab.assemble.preflight import check_requests
+from servelab.results.replica_report import ReplicaReport
+from servelab.results.cluster_summary import KVTransferSums, cluster_summary
+from servelab.results.writer import RequestWriter, RunResult, drop_placeholder_tokens, run_and_write
+from servelab.run.process_cluster import run_process_cluster_job
+from servelab.assemble.executor import model_shape
+from servelab.assemble.stack import Stack, run_arrivals
+from servelab.assemble.validate import clock_kind
 from servelab.workloads.text import checkpoint_text, text_decorator
 
 
@@ -34,7 +36,7 @@ def run_cluster_job(cfg: DictConfig, output_dir: Path, requests=None, banner: bo
     output_dir.mkdir(parents=True, exist_ok=True)
     if requests is None:
         requests = workload_requests(cfg, model_shape(cfg))  # once, for every replica and block_size=auto
-    if _clock_kind(cfg) == "wall":  # real engines on the wall clock: one process each
+    if clock_kind(cfg) == "wall":  # real engines on the wall clock: one process each
         return run_process_cluster_job(cfg, output_dir, requests, banner, registry)
     cluster, stacks = build_cluster(cfg, requests, registry)
     try:
@@ -52,7 +54,7 @@ def _run(cfg: DictConfig, output_dir: Path, requests, cluster: Cluster, stacks: 
     logger = make_logger(cfg.logger)
     logger.start(cfg, output_dir)
     if banner:
-        from servelab.run.banner import print_banner  # noqa: PLC0415 - rich
+        from servelab.results.banner import print_banner  # noqa: PLC0415 - rich
 
         print_banner(cfg, stacks[0], output_dir, logger.where(), cluster=cluster)
     answering = (cluster.decode or cluster.mixed)[0].engine  # its limits carry the run's SLO targets

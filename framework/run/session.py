@@ -10,25 +10,27 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from servelab.cluster.figures import replica_figures
+from servelab.results.cluster_figures import replica_figures
 from servelab.cluster.replica import Replica
 from servelab.engine.engine import Engine
-from servelab.run.fairness import DEFAULT_WEIGHTS, config_weights
-from servelab.run.loggers import make_logger
-from servelab.run.metrics import RequestStats, request_record, summarize
-from servelab.run.preflight import check_requests
+from servelab.results.fairness import DEFAULT_WEIGHTS, config_weights
+from servelab.results.loggers import make_logger
+from servelab.results.metrics import RequestStats, request_record, summarize
+from servelab.assemble.preflight import check_requests
 from servelab.core.errors import WorkloadError
 from servelab.core.request import Request
 from servelab.run.runner import run_workload
-from servelab.run.block_size import workload_requests
-from servelab.run.cluster_build import is_cluster
+from servelab.assemble.block_size import workload_requests
+from servelab.cluster.build import is_cluster
 from servelab.run.cluster_run import run_cluster_job
 # RunResult and RequestWriter: also importable from here, as before
-from servelab.run.results import (RequestWriter, RunResult, drop_placeholder_tokens, kv_pool_metrics,
+from servelab.results.writer import (RequestWriter, RunResult, drop_placeholder_tokens, kv_pool_metrics,
                                   run_and_write)
-from servelab.run.kv_tier_build import default_disk_dir
-from servelab.run.stack import Stack, build_stack, model_shape, run_arrivals, validate
-from servelab.run.kv_tier_figures import kv_tier_figures, ttft_split
+from servelab.kv.tiers.build import default_disk_dir
+from servelab.assemble.executor import model_shape
+from servelab.assemble.stack import Stack, build_stack, run_arrivals
+from servelab.assemble.validate import validate
+from servelab.kv.tiers.figures import kv_tier_figures, ttft_split
 from servelab.workloads.text import checkpoint_text, text_decorator
 from servelab.workloads.arrivals import workload_concurrency
 from servelab.workloads.build import build_requests
@@ -136,7 +138,7 @@ def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | N
     logger = make_logger(cfg.logger)
     logger.start(cfg, output_dir)
     if banner:
-        from servelab.run.banner import print_banner  # noqa: PLC0415 - rich
+        from servelab.results.banner import print_banner  # noqa: PLC0415 - rich
 
         print_banner(cfg, stack, output_dir, logger.where())
     logger.attach(engine)  # logger=none reads no steps

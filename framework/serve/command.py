@@ -23,13 +23,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from servelab.api import command_output_dir, compose_with_run_dir
 from servelab.core.errors import ConfigError
-from servelab.run.config import check_known_keys, config_error_message
-from servelab.run.preflight import check_device
-from servelab.run.loggers import RunLogger, make_logger
+from servelab.config import check_known_keys, config_error_message
+from servelab.assemble.preflight import check_device
+from servelab.results.loggers import RunLogger, make_logger
 from servelab.run.session import RequestWriter, collect_results
-from servelab.run.fairness import config_weights
-from servelab.run.cluster_build import is_cluster
-from servelab.run.stack import Stack, build_stack
+from servelab.results.fairness import config_weights
+from servelab.cluster.build import is_cluster
+from servelab.assemble.stack import Stack, build_stack
 from servelab.serve.engine_thread import EngineLoop
 from servelab.workloads.text import checkpoint_text, text_decorator
 

@@ -1,7 +1,7 @@
 """``GET /metrics``: the server's Prometheus metrics, under vLLM's names where vLLM has one.
 
 Every figure comes from what the run's result files record: latencies from the same
-:func:`servelab.run.metrics.request_record` that writes ``requests.jsonl`` (observed when a request
+:func:`servelab.results.metrics.request_record` that writes ``requests.jsonl`` (observed when a request
 ends), gauges and counters from the engine's step records. The table of names and definitions is
 in ``docs/serve.md``. Each server has its own registry (tests run several in one process).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401 - re-exported for the app
 
-from servelab.run.metrics import request_record
+from servelab.results.metrics import request_record
 
 disable_created_metrics()  # no *_created series (as vLLM): they only double the page
 

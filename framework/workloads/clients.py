@@ -1,6 +1,6 @@
 """Who sends each request of a generated or replayed workload: ``workload.clients``.
 
-A list of ``{id, share, rate, prompt_len, output_len}`` (``servelab.run.config.ClientConfig``):
+A list of ``{id, share, rate, prompt_len, output_len}`` (``servelab.config.workloads.ClientConfig``):
 
 - ``share``: each request's client is drawn independently with probability share / sum(shares);
 - ``rate`` (requests/s, Poisson arrivals only): every client is its own Poisson stream. The

@@ -80,7 +80,7 @@ class PagedAllocator(BlockAllocator):
         self.swapped: dict[str, tuple[list[int], int]] = {}  # seq id -> (host blocks, slots used)
         self.prompt_digests: dict[str, list[bytes]] = {}  # seq id -> its prompt's block digests, until it leaves
         # Told (digest, block id) of each cached block the pool gives up, before the block is reused and
-        # while it still holds that KV (tiers below the GPU spill it: servelab.run.kv_tier_store).
+        # while it still holds that KV (tiers below the GPU spill it: servelab.kv.tiers.store).
         self.evict_listeners: list[Callable[[bytes, int], None]] = []
 
     # ---- the interface ------------------------------------------------------------------

@@ -39,7 +39,7 @@ class SwapPreemption(VictimRulePolicy):
     """Swap whenever the host pool has room, else recompute."""
 
     name = "swap"
-    uses_host_pool = True  # gets the default host pool (servelab.run.swap_pool) unless one is configured
+    uses_host_pool = True  # gets the default host pool (servelab.assemble.swap_pool) unless one is configured
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

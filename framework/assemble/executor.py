@@ -1,0 +1,138 @@
+"""The executor a run needs (``backend=<name>``), and what it is built from: the checkpoint's path and shape,
+the worker's settings, the simulator's memory plan, the host swap pool, the bytes each value takes."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from omegaconf import DictConfig, OmegaConf
+
+from servelab.engine.drafting import MAX_DRAFT_TOKENS, scratch_blocks_per_seq
+from servelab.core.errors import ConfigError
+from servelab.core.contexts import ExecutorContext
+from servelab.core.executor import Executor
+from servelab.core.kinds import KINDS, instantiate
+from servelab.exec.worker_config import WorkerConfig
+from servelab.exec.model.random_checkpoint import cached_random_checkpoint
+from servelab.core.registry import Registry, default_registry
+from servelab.core.shapes import HardwareProfile, ModelShape, StorageBytes
+from servelab.sim.executor import plan_memory
+from servelab.assemble.swap_pool import swap_pool_config
+from servelab.assemble.validate import check_packaged_model, option_value
+
+log = logging.getLogger(__name__)
+
+
+
+
+def model_path(cfg: DictConfig) -> str:
+    """The checkpoint directory: ``model.path`` or the embedded tiny model (written once)."""
+    check_packaged_model(cfg)
+    m = cfg.model
+    if m.name == "hf" and m.path is None:  # (validate says so too; eval-ppl comes here directly)
+        raise ConfigError("model=hf needs model.path: add model.path=<checkpoint dir>")
+    if m.shape_only:
+        raise ConfigError(f"model={m.name} is a shape from the catalogue (no weights): run it with backend=sim, "
+                          "or give a real checkpoint with model=hf model.path=<dir>")
+    if m.path is not None:
+        return str(m.path)
+    shape = {k: m[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                               "num_key_value_heads", "vocab_size", "max_position_embeddings",
+                               "tie_word_embeddings", "initializer_range")}
+    return str(cached_random_checkpoint(m.architecture, m.weights_seed, shape))
+
+
+def _swap_pool(cfg: DictConfig, registry: Registry | None = None) -> tuple[int, float | None]:
+    """(num_swap_blocks, swap_space_gb): configured, or the default pool of a policy that swaps."""
+    policy = (registry or default_registry()).get("preemption", cfg.preemption.name)
+    return swap_pool_config(cfg, getattr(policy, "uses_host_pool", False))
+
+
+def worker_config(cfg: DictConfig, registry: Registry | None = None) -> WorkerConfig:
+    num_swap_blocks, swap_space_gb = _swap_pool(cfg, registry)
+    return WorkerConfig(
+        model_path=model_path(cfg),
+        dtype=option_value(cfg.model.dtype),
+        device=cfg.backend.device,
+        attention_backend=option_value(cfg.attention_backend),
+        block_size=cfg.block_size,
+        max_model_len=cfg.max_model_len,
+        num_kv_blocks=cfg.num_kv_blocks,
+        kv_cache_memory_gb=cfg.backend.kv_cache_memory_gb,
+        gpu_memory_utilization=cfg.backend.gpu_memory_utilization,
+        num_swap_blocks=num_swap_blocks,
+        seed=cfg.seed,
+        swap_space_gb=swap_space_gb,
+        quantization=option_value(cfg.model.get("quantization", "none")),
+        kv_cache_dtype=option_value(cfg.get("kv_cache_dtype", "auto")),
+    )
+
+
+def model_shape(cfg: DictConfig) -> ModelShape:
+    """The model's sizes without loading weights: ``model.path``'s config.json, else the config fields."""
+    m = cfg.model
+    if m.path is not None:
+        return ModelShape.from_config_json(m.path)
+    return ModelShape(num_layers=m.num_hidden_layers, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+                      num_heads=m.num_attention_heads, num_kv_heads=m.num_key_value_heads,
+                      head_dim=m.hidden_size // m.num_attention_heads, vocab_size=m.vocab_size,
+                      tie_word_embeddings=m.tie_word_embeddings, max_position_embeddings=m.max_position_embeddings)
+
+
+def hardware_profile(cfg: DictConfig) -> HardwareProfile:
+    return HardwareProfile.from_config(cfg.hardware)
+
+
+def executor_context(cfg: DictConfig, registry: Registry | None = None, draft_model_path: str | None = None,
+                     sim: bool | None = None) -> ExecutorContext:
+    """What ``backend=<executor>`` is built with: the worker settings of a real backend, or (``sim``,
+    default ``backend=sim``) the simulator's shape, hardware and memory plan; the host swap pool either way."""
+    num_swap_blocks, swap_space_gb = _swap_pool(cfg, registry)
+    common = dict(model_name=cfg.model.name, tensor_parallel_size=cfg.tensor_parallel_size,
+                  num_kv_blocks=cfg.num_kv_blocks, num_swap_blocks=num_swap_blocks, swap_space_gb=swap_space_gb)
+    if cfg.backend.name == "sim" if sim is None else sim:
+        shape, hardware = model_shape(cfg), hardware_profile(cfg)
+        sizes = storage_bytes(cfg)
+        memory = plan_memory(shape, hardware, cfg.tensor_parallel_size, sizes.weight, sizes.kv, cfg.block_size,
+                             cfg.backend.gpu_memory_utilization, cfg.backend.activation_reserve_gb,
+                             sizes.linear, sizes.kv_scale)
+        return ExecutorContext(**common, shape=shape, hardware=hardware, memory=memory)
+    wcfg = worker_config(cfg, registry)
+    if draft_model_path is not None:
+        k = cfg.drafter.get("k", MAX_DRAFT_TOKENS)
+        wcfg = dataclasses.replace(wcfg, draft_model_path=draft_model_path,
+                                   draft_scratch_blocks=cfg.max_num_seqs * scratch_blocks_per_seq(k, cfg.block_size))
+    return ExecutorContext(**common, worker=wcfg, draft_model_path=draft_model_path)
+
+
+def build_sim_executor(cfg: DictConfig, registry: Registry | None = None) -> Executor:
+    """The simulator's executor for ``cfg`` (``backend=sim`` or not: a what-if of the same run)."""
+    from servelab.sim.executor import SimExecutor  # noqa: PLC0415 - what backend=sim registers
+
+    return SimExecutor(plugin_config(cfg.backend), executor_context(cfg, registry, sim=True))
+
+
+def build_executor(cfg: DictConfig, draft_model_path: str | None = None, registry: Registry | None = None) -> Executor:
+    """The executor ``backend=<name>`` names, built like any plugin; ``draft_model_path``: a draft
+    checkpoint to load beside the target; ``registry``: where it and the preemption policy are
+    looked up (default: the installed plugins)."""
+    registry = registry or default_registry()
+    spec = next(k for k in KINDS.values() if k.scope == "executor")
+    cls = registry.get(spec.name, cfg[spec.group].name)
+    if cfg.backend.num_threads and cls.computes_tokens:
+        import torch  # noqa: PLC0415 - a backend that computes tokens loads it anyway; the simulator never does
+
+        torch.set_num_threads(cfg.backend.num_threads)
+    return instantiate(spec, cls, plugin_config(cfg[spec.group]), executor_context(cfg, registry, draft_model_path))
+
+
+def storage_bytes(cfg: DictConfig) -> StorageBytes:
+    """Bytes per stored weight and KV value under ``model.dtype``, ``model.quantization``, ``kv_cache_dtype``."""
+    return StorageBytes.of(option_value(cfg.model.dtype), option_value(cfg.model.get("quantization", "none")),
+                           option_value(cfg.get("kv_cache_dtype", "auto")))
+
+
+def plugin_config(node: DictConfig):
+    """The plugin's typed config object (its ``Config`` dataclass, with ``name``)."""
+    return OmegaConf.to_object(node)

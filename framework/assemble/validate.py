@@ -1,0 +1,163 @@
+"""Checks across keys that Hydra's types cannot express: each mistake one :class:`ConfigError` line naming
+the key, before anything is built. :func:`clock_kind` resolves ``clock=auto`` and checks clock, backend and
+time model together."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from servelab.core.errors import ConfigError
+from servelab.core.packaged import PACKAGED_CHECKPOINTS, PACKAGED_MODELS
+from servelab.config import check_known_keys
+from servelab.assemble.preflight import check_device
+from servelab.workloads.arrivals import check_closed_loop
+
+log = logging.getLogger(__name__)
+
+
+
+
+def validate(cfg: DictConfig) -> None:
+    """Cross-key checks Hydra's types cannot express; raise :class:`ConfigError` naming the key."""
+    check_required(cfg)
+    check_known_keys(cfg)  # a Python API config too: the CLI's composer already said it in one line
+    check_device(cfg)
+    check_packaged_model(cfg)
+    check_closed_loop(cfg.workload)
+    bs = check_block_size(cfg.block_size)
+    if cfg.max_num_seqs < 1:
+        raise ConfigError(f"max_num_seqs={cfg.max_num_seqs} must be >= 1")
+    if cfg.max_model_len < 2:
+        raise ConfigError(f"max_model_len={cfg.max_model_len} must be >= 2")
+    if cfg.max_num_batched_tokens < max(bs, cfg.max_num_seqs):  # auto: only sizes that fit are candidates
+        raise ConfigError(f"max_num_batched_tokens={cfg.max_num_batched_tokens} must be >= block_size ({bs}) and "
+                          f">= max_num_seqs ({cfg.max_num_seqs}, one token per running sequence)")
+    if not cfg.chunked_prefill and cfg.max_num_batched_tokens < cfg.max_model_len:
+        raise ConfigError(f"chunked_prefill=false needs max_num_batched_tokens ({cfg.max_num_batched_tokens}) >= "
+                          f"max_model_len ({cfg.max_model_len}) so any prompt fits one step")
+    steps = cfg.get("num_scheduler_steps", 1)
+    if steps < 1:
+        raise ConfigError(f"num_scheduler_steps={steps} must be >= 1 (1 = schedule every step)")
+    if steps > 1 and cfg.drafter.name != "none":
+        raise ConfigError(f"num_scheduler_steps={steps} with drafter={cfg.drafter.name}: multi-step windows run "
+                          "plain decodes only (vLLM refuses the pair too); use num_scheduler_steps=1")
+    if cfg.num_kv_blocks is not None and cfg.num_kv_blocks < 1:
+        raise ConfigError(f"num_kv_blocks={cfg.num_kv_blocks} must be >= 1 (or null to size from memory)")
+    if cfg.tensor_parallel_size < 1:
+        raise ConfigError(f"tensor_parallel_size={cfg.tensor_parallel_size} must be >= 1")
+    if cfg.backend.tp_step_timeout_s <= 0:
+        raise ConfigError(f"backend.tp_step_timeout_s={cfg.backend.tp_step_timeout_s} must be > 0")
+    swap_blocks = cfg.backend.get("num_swap_blocks")
+    if swap_blocks is not None and swap_blocks < 0:
+        raise ConfigError(f"backend.num_swap_blocks={swap_blocks} must be >= 0")
+    swap_gb = cfg.backend.get("swap_space_gb")
+    if swap_gb is not None and (swap_gb < 0 or swap_blocks is not None):
+        raise ConfigError(f"backend.swap_space_gb={swap_gb} must be >= 0 and is exclusive with "
+                          f"backend.num_swap_blocks={swap_blocks} (set one of them)")
+    bandwidth = cfg.backend.get("swap_bandwidth_gb_s")
+    if bandwidth is not None and bandwidth <= 0:
+        raise ConfigError(f"backend.swap_bandwidth_gb_s={bandwidth} must be > 0 (or null to measure it)")
+    for key in ("ttft_ms", "tpot_ms"):
+        value = cfg.slo[key]
+        if value is not None and value <= 0:
+            raise ConfigError(f"slo.{key}={value} must be > 0")
+    if cfg.backend.get("activation_reserve_gb", 0) < 0:
+        raise ConfigError(f"backend.activation_reserve_gb={cfg.backend.activation_reserve_gb} must be >= 0")
+    if cfg.backend.kv_cache_memory_gb <= 0:
+        raise ConfigError(f"backend.kv_cache_memory_gb={cfg.backend.kv_cache_memory_gb} must be > 0")
+    check_engine_timing(cfg)
+
+
+def check_engine_timing(cfg: DictConfig) -> None:
+    """``sim.cuda_graphs`` / ``sim.cuda_graph_sizes`` / ``sim.all_reduce`` and ``frontend.*``: valid
+    values, and only where they are priced (the virtual clock; the real model is measured as it is)."""
+    sizes = list(cfg.sim.cuda_graph_sizes)
+    if cfg.sim.cuda_graphs and (not sizes or min(sizes) < 1):
+        raise ConfigError(f"sim.cuda_graph_sizes={sizes} must list batch sizes >= 1 (sim.cuda_graphs=true)")
+    fe = cfg.frontend
+    for key in ("per_request_s", "per_prompt_token_s", "per_output_token_s"):
+        if fe[key] < 0:
+            raise ConfigError(f"frontend.{key}={fe[key]} must be >= 0")
+    if cfg.backend.name == "sim" or option_value(cfg.clock) == "virtual":
+        return
+    if cfg.sim.cuda_graphs or option_value(cfg.sim.all_reduce) != "nccl":
+        raise ConfigError(f"sim.cuda_graphs / sim.all_reduce price steps on the virtual clock; backend="
+                          f"{cfg.backend.name} on the wall clock is measured as it runs: drop them or use backend=sim")
+    if any(fe[k] for k in ("per_request_s", "per_prompt_token_s", "per_output_token_s")) or fe.in_engine_process:
+        raise ConfigError(f"frontend={fe.name}: the front-end model prices the virtual clock; backend="
+                          f"{cfg.backend.name} on the wall clock is measured as it runs (servelab serve measures "
+                          "the real server): use frontend=none or backend=sim")
+
+
+def explicit_block_size(cfg: DictConfig, command: str) -> int:
+    """``cfg.block_size`` for a command that runs no workload (so ``auto`` has nothing to choose from)."""
+    bs = check_block_size(cfg.block_size)
+    if cfg.block_size == "auto":
+        raise ConfigError(f"block_size=auto chooses from a workload's lengths, and {command} runs none: "
+                          "give block_size=<int>")
+    return bs
+
+
+def check_block_size(bs) -> int:
+    """``block_size``: a power of two 1..256 (returned), or ``auto`` (returned as 1: resolved later)."""
+    if bs == "auto":
+        return 1
+    if not isinstance(bs, int) or isinstance(bs, bool) or bs < 1 or bs > 256 or bs & (bs - 1):
+        raise ConfigError(f"block_size={bs} must be a power of two between 1 and 256, or auto")
+    return bs
+
+
+def check_required(cfg: DictConfig) -> None:
+    """A key the chosen option needs but nobody set (``workload=jsonl`` without ``workload.path``,
+    ``model=hf`` without ``model.path``): one line naming it, not a traceback at first use."""
+    missing = [k for k in OmegaConf.missing_keys(cfg) if not k.startswith("hydra.")]
+    if cfg.model.name == "hf" and cfg.model.path is None:  # hf's ??? merges onto the schema's null
+        missing.insert(0, "model.path")
+    if not missing:
+        return
+    key = missing[0]
+    group = key.split(".", 1)[0]
+    option = OmegaConf.select(cfg, f"{group}.name", default=None) if "." in key else None
+    needs = f"{group}={option} needs {key}" if option else f"{key} is required"
+    what = "<checkpoint dir>" if key == "model.path" else "<file>" if key.endswith("path") else "<value>"
+    more = f" (also unset: {', '.join(missing[1:])})" if len(missing) > 1 else ""
+    raise ConfigError(f"{needs}: add {key}={what}{more}")
+
+
+def check_packaged_model(cfg: DictConfig) -> None:
+    """``model=tiny_code`` (a shipped checkpoint) with ``model.path`` pointing elsewhere would run the
+    other checkpoint with the shipped one's name, context (``max_model_len``) and thread count: refuse."""
+    m = cfg.model
+    if m.name not in PACKAGED_MODELS or m.path is None:
+        return
+    shipped = PACKAGED_CHECKPOINTS / m.name
+    if Path(str(m.path)).expanduser().resolve() != shipped.resolve():
+        raise ConfigError(f"model.path={m.path} with model={m.name}: model={m.name} is the shipped checkpoint (its "
+                          f"name, max_model_len and backend.num_threads); for your own checkpoint use "
+                          f"model=hf model.path={m.path}")
+
+
+def clock_kind(cfg: DictConfig) -> str:
+    """``clock=auto`` resolved, and the combinations of clock, backend and time model checked."""
+    kind = option_value(cfg.clock)
+    sim = cfg.backend.name == "sim"
+    if kind == "auto":
+        kind = "virtual" if sim else "wall"
+    tm = cfg.time_model.name
+    if sim and kind == "wall":
+        raise ConfigError("backend=sim has no wall time to measure: use clock=virtual (or clock=auto)")
+    if kind == "wall" and tm != "measured":
+        raise ConfigError(f"time_model={tm} prices steps on the virtual clock: add clock=virtual "
+                          "(on clock=wall steps are timed as they run: time_model=measured)")
+    if kind == "virtual" and tm == "measured":
+        raise ConfigError("clock=virtual needs a time model that predicts step times: time_model=roofline "
+                          "(hardware=<name>) or time_model=profile time_model.path=<profile.json>")
+    return kind
+
+
+def option_value(v):
+    """An enum-typed config value's ``.value``; anything else as it is."""
+    return getattr(v, "value", v)

@@ -1,0 +1,193 @@
+"""Build a cluster from a composed config: one stack per replica, the links between them, the router."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import cast
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+import servelab.conf
+
+from servelab.cluster.simulated import Cluster
+from servelab.kv.pd.sim import PDTransfers
+from servelab.cluster.replica import Replica
+from servelab.kv.link import kv_link
+from servelab.core.errors import ConfigError
+from servelab.core.contexts import RouterContext
+from servelab.core.interfaces import ReplicaView, Router
+from servelab.core.registry import Registry, default_registry
+from servelab.core.shapes import HardwareProfile, ModelShape
+from servelab.assemble.block_size import resolve_block_size
+from servelab.config import HardwareConfig
+from servelab.kv.tiers.shared import SharedTiers, check_shared_tiers
+from servelab.assemble.executor import model_shape, plugin_config, storage_bytes
+from servelab.assemble.stack import Stack, build_stack
+from servelab.assemble.validate import clock_kind, validate
+
+POOL_KEYS = ("tensor_parallel_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype",
+             "block_size")
+
+
+def is_cluster(cfg: DictConfig) -> bool:
+    """Whether ``cfg`` asks for more than today's one engine."""
+    c = cfg.cluster
+    return c.replicas != 1 or c.prefill_replicas is not None or c.decode_replicas is not None
+
+
+def validate_cluster(cfg: DictConfig) -> None:
+    """The ``cluster.*`` keys, each mistake one line naming the key."""
+    c = cfg.cluster
+    if (c.prefill_replicas is None) != (c.decode_replicas is None):
+        given, missing = (("prefill_replicas", "decode_replicas") if c.decode_replicas is None
+                          else ("decode_replicas", "prefill_replicas"))
+        raise ConfigError(f"cluster.{given}={c[given]} needs cluster.{missing}=<n> as well: a disaggregated cluster "
+                          "has a prefill pool and a decode pool")
+    if c.replicas < 1:
+        raise ConfigError(f"cluster.replicas={c.replicas} must be >= 1")
+    if c.gpus_per_node < 1:
+        raise ConfigError(f"cluster.gpus_per_node={c.gpus_per_node} must be >= 1")
+    if c.prefill_replicas is not None:
+        if c.replicas != 1:
+            raise ConfigError(f"cluster.replicas={c.replicas} with cluster.prefill_replicas={c.prefill_replicas}: "
+                              "set one or the other (replicas = colocated engines; prefill/decode = disaggregated)")
+        for key in ("prefill_replicas", "decode_replicas"):
+            if c[key] < 1:
+                raise ConfigError(f"cluster.{key}={c[key]} must be >= 1")
+        if cfg.backend.name != "sim" and clock_kind(cfg) == "virtual":
+            raise ConfigError("cluster.prefill_replicas/decode_replicas with a real model move real KV between engine "
+                              "processes on the wall clock: drop clock=virtual (backend=sim prices the hand-off)")
+        if cfg.backend.name != "sim":
+            for pool in ("prefill", "decode"):
+                tp = c[pool].tensor_parallel_size or cfg.tensor_parallel_size
+                if tp != 1:
+                    raise ConfigError(f"cluster.{pool} has tensor_parallel_size={tp}: a prefill/decode engine "
+                                      "process moves its KV from one worker's pool, so real prefill/decode runs "
+                                      "tensor_parallel_size=1 (backend=sim prices larger ones)")
+    check_shared_tiers(cfg)
+    clock_kind(cfg)  # the clock, backend and time model agree (wall: engine processes; virtual: one loop)
+
+
+def cluster_pools(cfg: DictConfig) -> list[tuple[str, int, DictConfig]]:
+    """``(role, count, config)`` of each pool: the prefill and the decode pool, or the mixed replicas."""
+    c = cfg.cluster
+    if c.prefill_replicas is not None:
+        return [("prefill", c.prefill_replicas, pool_config(cfg, "prefill")),
+                ("decode", c.decode_replicas, pool_config(cfg, "decode"))]
+    return [("mixed", c.replicas, cfg)]
+
+
+def pool_config(cfg: DictConfig, pool: str) -> DictConfig:
+    """``cfg`` with the non-null keys of ``cluster.<pool>`` (``hardware`` names a conf/hardware option)."""
+    out = cfg.copy()
+    node = cfg.cluster[pool]
+    with open_dict(out):
+        for key in POOL_KEYS:
+            if node[key] is not None:
+                out[key] = node[key]
+        if node.hardware is not None:
+            option = _hardware_option(node.hardware, f"cluster.{pool}.hardware")
+            out.hardware = OmegaConf.merge(OmegaConf.structured(HardwareConfig), option)
+    return out
+
+
+def _hardware_option(name: str, key: str) -> DictConfig:
+    folder = Path(servelab.conf.__file__).parent / "hardware"
+    path = folder / f"{name}.yaml"
+    if not path.is_file():
+        options = sorted(p.stem for p in folder.glob("*.yaml"))
+        raise ConfigError(f"{key}={name} is not a hardware option; options: {', '.join(options)}")
+    return cast(DictConfig, OmegaConf.load(path))  # a hardware option is a mapping
+
+
+def build_cluster(cfg: DictConfig, requests=None, registry: Registry | None = None) -> tuple[Cluster, list[Stack]]:
+    """The simulator's cluster (the virtual clock; :mod:`servelab.cluster.procs.cluster` runs a wall-clock one).
+    Validate, then build every replica's stack (pools shaped by ``cluster.prefill`` / ``.decode``),
+    check that a prompt's KV can move between the pools, price the links, and build the router.
+    The caller shuts the stacks' executors down."""
+    validate(cfg)
+    validate_cluster(cfg)
+    if clock_kind(cfg) != "virtual":
+        raise ConfigError("build_cluster builds the simulator's cluster, on the virtual clock (clock=virtual); on the "
+                          "wall clock a cluster is engine processes: run it with run.py, servelab.LLM.run() or "
+                          "servelab.run.cluster_run.run_cluster_job")
+    registry = registry or default_registry()
+    resolve_block_size(cfg, model_shape(cfg), requests)  # once for every replica (no-op unless auto)
+    c = cfg.cluster
+    pools = cluster_pools(cfg)
+    stacks: list[Stack] = []
+    replicas: list[Replica] = []
+    transfers = PDTransfers() if c.prefill_replicas is not None else None  # every replica's KV connector
+    shared_tiers = SharedTiers.of(cfg)  # one book per shared KV tier, for every replica
+    gpu = 0
+    try:
+        for role, count, pcfg in pools:
+            tp = pcfg.tensor_parallel_size
+            if tp > c.gpus_per_node:
+                raise ConfigError(f"{role} replicas have tensor_parallel_size={tp}, more than cluster.gpus_per_node="
+                                  f"{c.gpus_per_node}: a tensor-parallel group stays on one node")
+            for _ in range(count):
+                if gpu % c.gpus_per_node + tp > c.gpus_per_node:  # it would straddle two nodes: next node
+                    gpu += c.gpus_per_node - gpu % c.gpus_per_node
+                connector = transfers.endpoint(len(replicas), role) if transfers is not None else None
+                stack = build_stack(pcfg, registry, requests=requests, connector=connector, shared_tiers=shared_tiers)
+                stacks.append(stack)
+                replicas.append(Replica(len(replicas), role, stack.engine, tp, pcfg.hardware.name, gpu))
+                gpu += tp
+        links, kv_bytes, layers = {}, 0.0, 1
+        if c.prefill_replicas is not None:
+            prefill_cfg, decode_cfg = pools[0][2], pools[1][2]
+            shape = check_kv_compatible(prefill_cfg, decode_cfg)
+            kv_bytes, layers = kv_bytes_per_token(prefill_cfg, shape), shape.num_layers
+            links = _links(cfg, replicas, HardwareProfile.from_config(prefill_cfg.hardware),
+                           HardwareProfile.from_config(decode_cfg.hardware))
+        router = make_router(cfg, registry, [r.view(0.0, True) for r in replicas])
+    except BaseException:
+        for stack in stacks:
+            stack.executor.shutdown()
+        raise
+    return Cluster(replicas, router, links, kv_bytes, layers, c.overlap_kv_transfer, transfers), stacks
+
+
+def check_kv_compatible(prefill: DictConfig, decode: DictConfig) -> ModelShape:
+    """One line naming both pools when a prompt's KV cannot move between them as it is stored."""
+    def layout(pcfg):
+        shape = model_shape(pcfg)
+        dtype = getattr(pcfg.kv_cache_dtype, "value", pcfg.kv_cache_dtype)
+        return shape, (shape.num_layers, shape.num_kv_heads, shape.head_dim, dtype, pcfg.block_size)
+
+    (shape, a), (_, b) = layout(prefill), layout(decode)
+    if a != b:
+        def say(x):
+            return f"layers={x[0]} kv_heads={x[1]} head_dim={x[2]} kv_cache_dtype={x[3]} block_size={x[4]}"
+        raise ConfigError(f"cluster: the prefill replicas ({say(a)}) and the decode replicas ({say(b)}) store KV "
+                          "differently, so a prompt's KV cannot move between them: give cluster.prefill and "
+                          "cluster.decode the same kv_cache_dtype and block_size")
+    return shape
+
+
+def kv_bytes_per_token(cfg: DictConfig, shape: ModelShape) -> float:
+    """One token's K and V over every layer and KV head (quantised values plus their scales)."""
+    sizes = storage_bytes(cfg)
+    return 2 * shape.num_layers * shape.num_kv_heads * (shape.head_dim * sizes.kv + sizes.kv_scale)
+
+
+def _links(cfg: DictConfig, replicas: list[Replica], prefill_hw: HardwareProfile, decode_hw: HardwareProfile):
+    mode = getattr(cfg.cluster.kv_link, "value", cfg.cluster.kv_link)
+    per_node = cfg.cluster.gpus_per_node
+    links = {}
+    for p in (r for r in replicas if r.role == "prefill"):
+        for d in (r for r in replicas if r.role == "decode"):
+            same = p.gpu_offset // per_node == d.gpu_offset // per_node if mode == "auto" else mode == "intra_node"
+            links[(p.index, d.index)] = kv_link(prefill_hw, decode_hw, same,
+                                                min(p.tensor_parallel_size, d.tensor_parallel_size))
+    return links
+
+
+def make_router(cfg: DictConfig, registry: Registry, views: list[ReplicaView]) -> Router:
+    """The ``router=`` plugin, told the replicas as they are at the start."""
+    cls = registry.get("router", cfg.router.name)
+    try:
+        return cls(plugin_config(cfg.router), RouterContext(tuple(views), cfg.seed))
+    except ValueError as exc:
+        raise ConfigError(f"router={cfg.router.name}: {exc}") from None

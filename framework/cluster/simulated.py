@@ -1,0 +1,362 @@
+"""A cluster of engines behind a router, advanced as one discrete-event simulation.
+
+Each replica is an unchanged engine with its own stack and its own clock. The loop always does
+the earliest thing next: a KV transfer landing, a request arriving (the router places it), or
+the step of the replica whose clock is earliest (ties: the lower index). So N replicas on one CPU
+behave as N machines would on that time model, and a run is a function of its config and seed.
+
+Colocated (``cluster.replicas=N``): every replica prefills and decodes. Disaggregated
+(``cluster.prefill_replicas=P cluster.decode_replicas=D``): a request is placed on a prefill
+replica, which computes its prompt and first token; its KV connector keeps the blocks. The router
+then picks a decode replica and the cluster gives it the continued sequence; that replica's
+scheduler learns from its connector that the prompt's KV is held elsewhere, allocates the blocks
+through its own allocator when it can (until then the KV waits on the prefill replica:
+back-pressure), and the transfer is priced over the link (:mod:`servelab.kv.pd.sim`,
+:mod:`servelab.kv.link`); when it lands the prefill replica frees its copy and the
+sequence decodes. Engines and schedulers see only the connector interface. The first token
+reaches the client with the KV, so TTFT includes the transfer.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import itertools
+from dataclasses import replace
+from typing import Callable, Iterable
+
+from servelab.kv.pd.sim import PDTransfers
+from servelab.cluster.replica import Replica
+from servelab.kv.link import KVLink, Transfer
+from servelab.core.interfaces import ReplicaView, Router, RouterError
+from servelab.core.request import Request, Sequence, Status
+from servelab.engine.arrival_source import ArrivalSource, OpenLoop
+
+INF = float("inf")
+
+
+class Cluster:
+    """Replicas, a router, and (disaggregated) the links between prefill and decode replicas.
+
+    ``links[(p, d)]``: the link from prefill replica ``p`` to decode replica ``d``;
+    ``kv_bytes_per_token``: one token's KV over all layers and ranks; ``num_layers``: how many
+    layer-sized pieces an overlapped transfer streams in. ``request_listeners`` are told of each
+    request's final sequence once (its record: the run's writer listens). ``transfers``: the
+    :class:`PDTransfers` whose connectors the replicas' engines were built with (disaggregated).
+    """
+
+    def __init__(self, replicas: list[Replica], router: Router, links: dict[tuple[int, int], KVLink] | None = None,
+                 kv_bytes_per_token: float = 0.0, num_layers: int = 1, overlap_kv_transfer: bool = True,
+                 transfers: PDTransfers | None = None) -> None:
+        self.replicas = replicas
+        self.router = router
+        self.mixed = [r for r in replicas if r.role == "mixed"]
+        self.prefill = [r for r in replicas if r.role == "prefill"]
+        self.decode = [r for r in replicas if r.role == "decode"]
+        if bool(self.prefill) != bool(self.decode) or (self.mixed and self.prefill):
+            raise ValueError("a cluster is either all mixed replicas or prefill and decode pools")
+        if self.prefill and (transfers is None or any(r.engine.connector is not transfers.endpoints.get(r.index)
+                                                      for r in self.prefill + self.decode)):
+            raise ValueError("a disaggregated cluster's engines are built with the connectors of its PDTransfers "
+                             "(servelab.cluster.build does this)")
+        self.kv = transfers if transfers is not None else PDTransfers()
+        self.kv.links = links or {}
+        self.kv.kv_bytes_per_token = kv_bytes_per_token
+        self.kv.num_layers = num_layers
+        self.kv.overlap = overlap_kv_transfer
+        self.kv.should_send = self._continues
+        self.kv.at = self._at
+        self.kv.on_started = self._transfer_started
+        self.kv.on_landed = self._landed
+        self.request_listeners: list[Callable[[Sequence], None]] = []
+        self.num_ended = 0
+        self._spans = True  # sim.fast_forward's spans (off under closed-loop arrivals: run)
+        self._events: list[tuple[float, int, Callable[[], None]]] = []
+        # What the loop is doing, as (time, 0 event | 1 arrival | 2 step, replica): the order it does
+        # things in. A request's end is told to the router and the listeners in this order, also when a
+        # replica fast-forwarded (sim.fast_forward) past other replicas' steps: held here until then.
+        self._doing: tuple[float, int, int] = (0.0, 0, 0)
+        self._told: list[tuple[tuple[float, int, int], int, Callable[[], None]]] = []
+        self._order = itertools.count()
+        self._origin: dict[str, Request] = {}  # request id -> the request as it arrived (while prefilling)
+        self._in_flight: dict[str, Sequence] = {}  # decode-side sequences handed off and not yet ended
+        for r in replicas:
+            r.engine.end_listeners.append(functools.partial(self._on_engine_end, r))
+
+    # the transfers' sums (summary.json), the links and, with keep_transfers, each transfer
+    @property
+    def num_kv_transfers(self) -> int:
+        return self.kv.num_kv_transfers
+
+    @property
+    def kv_transfer_bytes(self) -> float:
+        return self.kv.kv_transfer_bytes
+
+    @property
+    def kv_transfer_s(self) -> float:
+        return self.kv.kv_transfer_s
+
+    @property
+    def kv_transfer_exposed_s(self) -> float:
+        return self.kv.kv_transfer_exposed_s
+
+    @property
+    def transfers(self) -> list[Transfer]:
+        return self.kv.transfers
+
+    @property
+    def links(self) -> dict[tuple[int, int], KVLink]:
+        return self.kv.links
+
+    @property
+    def keep_transfers(self) -> bool:
+        return self.kv.keep_transfers
+
+    @keep_transfers.setter
+    def keep_transfers(self, keep: bool) -> None:
+        self.kv.keep_transfers = keep
+
+    @property
+    def disaggregated(self) -> bool:
+        return bool(self.prefill)
+
+    # ---- the loop -------------------------------------------------------------------------
+    def run(self, requests: Iterable[Request] | ArrivalSource, time_scale: float = 1.0,
+            on_progress: Callable[[int], None] | None = None) -> None:
+        """Feed ``requests`` at ``arrival_time * time_scale`` (or as an arrival source says: closed-loop
+        clients, :mod:`servelab.workloads.arrivals`) and run until every one has ended. Raises what a
+        replica or the router raises; the replicas' state then holds the partial results.
+
+        A source whose sends depend on ends (``stops_spans_at_ends``) runs without fast-forward: a
+        replica's span could pass the end of a request on another replica whose client's next
+        request it would then have to take in its past."""
+        source = requests if isinstance(requests, ArrivalSource) else OpenLoop(requests, time_scale)
+        hears_ends = source.stops_spans_at_ends
+        self._spans = not hears_ends
+        self.request_listeners.append(source.on_end)
+        for r in self.replicas:
+            r.engine.reset_clock()
+        reported = 0
+        try:
+            while True:
+                t_event = self._events[0][0] if self._events else INF
+                stepper, t_step = None, INF
+                for r in self.replicas:
+                    if r.busy:
+                        t = r.engine.now()
+                        if t < t_step:
+                            stepper, t_step = r, t
+                if hears_ends:  # the clients hear of every end so far before their next send is asked for
+                    self._now_doing(min((t_event, 0, 0), (t_step, 2, stepper.index if stepper else 0)))
+                t_arrival = source.next_time()
+                if t_event <= t_arrival and t_event <= t_step:
+                    if t_event == INF:
+                        break
+                    self._now_doing((t_event, 0, 0))
+                    heapq.heappop(self._events)[2]()
+                elif t_arrival <= t_step:
+                    due = source.pop_due(t_arrival)
+                    assert due is not None  # t_arrival is finite
+                    self._now_doing((due[1], 1, 0))
+                    self._arrive(*due)
+                else:
+                    assert stepper is not None  # t_step is finite
+                    self._now_doing((t_step, 2, stepper.index))
+                    self._step(stepper, min(t_arrival, t_event))
+                if on_progress and self.num_ended > reported:
+                    on_progress(self.num_ended - reported)
+                    reported = self.num_ended
+        finally:  # ends held for the loop's order are told, also when a replica or the router raised
+            self._now_doing((INF, 0, 0))
+            self.request_listeners.remove(source.on_end)
+        if not source.exhausted and not any(r.engine.has_unfinished() for r in self.replicas):
+            raise RuntimeError("arrivals stopped with requests left to send and none in flight")
+        stuck = [r for r in self.replicas if r.engine.has_unfinished()]
+        if stuck:
+            r = stuck[0]
+            raise RuntimeError(f"replica {r.index} ({r.role}, scheduler {type(r.engine.scheduler).name!r}) made no "
+                               f"progress with {r.engine.scheduler.num_unfinished()} requests unfinished (queues: "
+                               f"{r.engine.scheduler.queue_lengths()}, KV transfers waiting for blocks: "
+                               f"{self.kv.waiting_for(r.index)})")
+
+    def _step(self, r: Replica, until: float = INF) -> None:
+        """One step of ``r``, then (``sim.fast_forward``) the quiet steps of ``r`` that start
+        before ``until``, the cluster's next arrival or event: nothing else reaches ``r`` before.
+        When nothing reached ``r`` since its last span stopped, the span goes on instead."""
+        mark = functools.partial(self._mark_step_start, r)
+        if self._spans and r.engine.fast_forward(until, mark):  # a span cut short by an arrival that went elsewhere goes on
+            return
+        mark()
+        if r.engine.step() is None:
+            r.stalled = True  # nothing could run: wait for an arrival, a landing or freed blocks
+        elif self._spans:
+            r.engine.fast_forward(until, mark)
+
+    def _mark_step_start(self, r: Replica) -> None:
+        self.kv.now = r.engine.now()  # a transfer the step's scheduler starts is allocated now
+        self._doing = (self.kv.now, 2, r.index)
+        r.mark_step_start()
+
+    def _now_doing(self, doing: tuple[float, int, int]) -> None:
+        """The loop turns to ``doing``: first tell what ended in everything done before it."""
+        told = self._told
+        while told and told[0][0] < doing:
+            heapq.heappop(told)[2]()
+        self._doing = doing
+
+    def _tell(self, action: Callable[[], None]) -> None:
+        """Tell of an end in the loop's order (:meth:`_now_doing`)."""
+        heapq.heappush(self._told, (self._doing, next(self._order), action))
+
+    def _at(self, t: float, action: Callable[[], None]) -> None:
+        heapq.heappush(self._events, (t, next(self._order), action))
+
+    # ---- placement ------------------------------------------------------------------------
+    def _arrive(self, request: Request, t: float) -> None:
+        if not self.disaggregated:
+            self._admit(self._route(request, self.mixed, t) or self.mixed[0], request, t)
+            return
+        if not any(d.can_hold(request) for d in self.decode):  # the decode replica rejects it, saying why
+            self._admit(self.decode[0], request, t)
+            return
+        prefill = self._route(request, self.prefill, t, tokens=request.prompt_len + 1) or self.prefill[0]
+        self._origin[request.id] = request
+        prefill.wake(t)
+        prefill.place(request)
+        prefill.engine.add_request(replace(request, max_tokens=1), t)  # the prompt and its first token
+
+    def _admit(self, r: Replica, request: Request, t: float) -> None:
+        r.wake(t)
+        r.place(request)
+        r.engine.add_request(request, t)
+
+    def _route(self, request: Request, pool: list[Replica], t: float, tokens: int | None = None) -> Replica | None:
+        """The router's choice among ``pool`` (checked), or None when no replica can hold the request."""
+        choice = checked_route(self.router, request, [r.view(t, r.can_hold(request, tokens)) for r in pool], t)
+        return None if choice is None else self.replicas[choice]
+
+    # ---- a request ends on a replica ------------------------------------------------------
+    def _on_engine_end(self, r: Replica, seq: Sequence) -> None:
+        if r.role == "prefill":
+            self._prefilled(r, seq)
+            return
+        r.count_end(seq.request, seq, handed_on=self._in_flight.pop(seq.id, None) is not None)
+        self._tell(functools.partial(self._told_end, r.index, seq))
+
+    def _told_end(self, index: int, seq: Sequence) -> None:
+        self.router.on_finish(seq.request, index)
+        self._request_ended(seq)
+
+    def _request_ended(self, seq: Sequence) -> None:
+        self.num_ended += 1
+        for listener in self.request_listeners:
+            listener(seq)
+
+    def _prefilled(self, p: Replica, pseq: Sequence) -> None:
+        """A prefill replica is done with a request: hand its KV on, or end it there."""
+        continues = self._continues(pseq)  # (what the prefill's connector was told when it ended)
+        assert pseq.finish_time is not None  # it ended
+        request = self._origin.pop(pseq.id)
+        p.count_end(request, pseq)
+        self.router.on_finish(request, p.index)
+        if not continues:  # rejected, or stopped at its first token: the record is the prefill's
+            self._request_ended(ended_at_prefill(pseq, request))
+            return
+        self._at(pseq.finish_time, lambda: self._hand_off(p, pseq, request))
+
+    def _continues(self, pseq: Sequence) -> bool:
+        """Whether a request that ended on its prefill replica goes on to a decode replica (its
+        prefill connector keeps the KV for it); else its record is the prefill's."""
+        request = self._origin[pseq.id]
+        return (pseq.status is Status.FINISHED and pseq.finish_reason == "length" and request.max_tokens > 1
+                and pseq.num_tokens < min(d.engine.limits.max_model_len for d in self.decode))
+
+    # ---- disaggregation: the KV moves ---------------------------------------------------------
+    def _hand_off(self, p: Replica, pseq: Sequence, request: Request) -> None:
+        t = pseq.finish_time
+        assert t is not None  # the prefill ended
+        d = self._route(request, self.decode, t)
+        if d is None:  # cannot happen after the arrival's check; kept for custom pools
+            raise RuntimeError(f"no decode replica can hold request {request.id!r}")
+        dseq = continued(pseq, request)
+        d.place(request)
+        self._in_flight[dseq.id] = dseq
+        self.kv.expect(p.index, d.index, pseq, dseq.id)
+        self.kv.now = t  # the decode replica allocates beside its scheduler (its connector), at once if it can
+        d.engine.add_sequence(dseq)
+
+    def _transfer_started(self, p: int, d: int, dseq: Sequence, hit: int) -> None:
+        decode = self.replicas[d]
+        decode.prompt_tokens += dseq.prompt_len
+        decode.cached_prompt_tokens += hit  # a prompt prefix cached on the decode replica is not sent
+
+    def _landed(self, p_index: int, d_index: int, pseq: Sequence, dseq: Sequence, t: float) -> None:
+        p, d = self.replicas[p_index], self.replicas[d_index]
+        p.engine.poll_connector()  # the prefill replica frees its copy now
+        if p.stalled:
+            p.wake(t)  # its freed blocks may let it go on
+        dseq.token_times[0] = t  # the first token reaches the client with its KV
+        d.wake(t)
+        d.engine.poll_connector()  # the decode scheduler seats it at its next step
+
+    # ---- partial results ----------------------------------------------------------------------
+    def live_sequences(self) -> list[Sequence]:
+        """Every request not yet ended, once each (an interrupted run writes them as unfinished)."""
+        live: list[Sequence] = []
+        for r in self.replicas:
+            for seq in r.engine.sequences.values():
+                if seq.is_finished:
+                    continue
+                live.append(continued(seq, self._origin[seq.id]) if r.role == "prefill" else seq)
+        seen = {s.id for s in live}
+        live.extend(s for s in self._in_flight.values() if s.id not in seen)
+        return live
+
+
+def checked_route(router: Router, request: Request, views: list[ReplicaView], t: float) -> int | None:
+    """The index ``router`` picks for ``request`` among ``views`` (None when none can hold it), checked:
+    a router that raises, or picks a replica not offered or one that cannot hold the request, is a
+    :class:`RouterError` naming the plugin and the request."""
+    if not any(v.can_hold for v in views):
+        return None
+    name = type(router).name
+    try:
+        choice = router.route(request, views, t)
+    except Exception as exc:  # reported naming the plugin and the request
+        raise RouterError(f"router plugin {name!r} failed on request {request.id!r}: "
+                          f"{type(exc).__name__}: {exc}") from exc
+    offered = {v.index: v for v in views}
+    view = offered.get(choice) if isinstance(choice, int) and not isinstance(choice, bool) else None
+    if view is None:
+        raise RouterError(f"router plugin {name!r} returned {choice!r} for request {request.id!r}: not one of "
+                          f"the offered replicas {sorted(offered)}")
+    if not view.can_hold:
+        raise RouterError(f"router plugin {name!r} placed request {request.id!r} on replica {choice}, which cannot "
+                          f"hold it ({request.prompt_len} prompt + {request.max_tokens} max tokens)")
+    return choice
+
+
+def ended_at_prefill(pseq: Sequence, request: Request) -> Sequence:
+    """The record of ``request`` that ended on its prefill replica as ``pseq`` (rejected, or stopped at
+    its first token): the whole request, ended as ``pseq`` ended."""
+    final = continued(pseq, request)
+    assert pseq.finish_time is not None  # it ended
+    if pseq.status is Status.REJECTED:
+        assert pseq.rejected_reason is not None
+        final.reject(pseq.rejected_reason, pseq.finish_time)
+    else:
+        assert pseq.finish_reason is not None
+        final.finish(pseq.finish_reason, pseq.finish_time)
+    return final
+
+
+def continued(pseq: Sequence, request: Request) -> Sequence:
+    """A sequence of the whole ``request`` carrying on from its prefill-side sequence ``pseq``
+    (outputs, their times, when it was first scheduled, its cache hits and preemptions)."""
+    seq = Sequence(request, arrival_s=pseq.arrival_s)
+    for token, t in zip(pseq.output_token_ids, pseq.token_times):
+        seq.append_token(token, t)
+    seq.first_scheduled_time = pseq.first_scheduled_time
+    seq.num_cached_prompt_tokens = pseq.num_cached_prompt_tokens
+    seq.num_preemptions = pseq.num_preemptions
+    return seq

@@ -1,0 +1,224 @@
+"""What one job writes, shared by the one-engine job (:mod:`servelab.run.session`) and the cluster
+job (:mod:`servelab.run.cluster_run`): the result (:class:`RunResult`), the request records as they
+end (:class:`RequestWriter`), and :func:`run_and_write`, which runs a job and writes its results
+however it ends."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable, TextIO
+
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+from tqdm.autonotebook import tqdm as notebook_tqdm
+from tqdm.std import tqdm as std_tqdm
+
+from servelab.core.interfaces import EngineLimits
+from servelab.engine.engine import Engine, StepRecord
+from servelab.results.metrics import RequestStats, request_record
+
+log = logging.getLogger(__name__)
+
+
+class RunResult:
+    """What a run produced: one dict per request (``requests.jsonl``), the summary, the steps.
+
+    A run written as it went (``run_job``) reads its request records back from
+    ``requests.jsonl`` on first use of :attr:`requests`, so a long run never holds them all.
+    """
+
+    def __init__(self, requests: list[dict] | None, summary: dict, steps: list[StepRecord] | None = None,
+                 requests_path: Path | None = None) -> None:
+        self._requests = requests
+        self.summary = summary
+        self.steps = steps if steps is not None else []
+        self.requests_path = requests_path
+
+    @property
+    def requests(self) -> list[dict]:
+        if self._requests is None:
+            self._requests = list(self.iter_requests())
+        return self._requests
+
+    def iter_requests(self):
+        """The records one at a time (from the file when the run streamed them)."""
+        if self._requests is not None:
+            yield from self._requests
+        elif self.requests_path is not None:
+            with self.requests_path.open() as fh:
+                for line in fh:
+                    yield json.loads(line)
+
+    def by_id(self) -> dict[str, dict]:
+        return {r["id"]: r for r in self.requests}
+
+    def write(self, output_dir: str | Path, log_steps: bool = False) -> None:
+        """Write ``requests.jsonl`` (unless already streamed there), ``summary.json`` and (if
+        ``log_steps``) ``steps.jsonl``."""
+        out = Path(output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        target = out / "requests.jsonl"
+        if self.requests_path is None or self.requests_path.resolve() != target.resolve():
+            with target.open("w") as fh:
+                for rec in self.iter_requests():
+                    fh.write(json.dumps(rec) + "\n")
+        (out / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+        if log_steps:
+            with (out / "steps.jsonl").open("w") as fh:
+                for s in self.steps:
+                    fh.write(json.dumps(asdict(s)) + "\n")
+
+
+class _FloatText(dict):
+    """``repr`` of each float, remembered: a simulated trace writes millions of inter-token
+    latencies (to the microsecond), few of them distinct, and ``repr`` is most of a record's cost."""
+
+    def __missing__(self, value: float) -> str:
+        if len(self) > 1_000_000:
+            self.clear()
+        text = self[value] = repr(value)
+        return text
+
+
+_FLOAT_TEXT = _FloatText()
+_ITL_MARK = "\u0000itl_ms"  # no record holds this string: replaced by the list's text
+
+
+def record_line(rec: dict) -> str:
+    """``json.dumps(rec)``, the same text, with the ``itl_ms`` list written through :class:`_FloatText`."""
+    itl = rec.get("itl_ms")
+    if not itl:
+        return json.dumps(rec)
+    line = json.dumps({**rec, "itl_ms": _ITL_MARK})
+    return line.replace(json.dumps(_ITL_MARK), "[" + ", ".join(map(_FLOAT_TEXT.__getitem__, itl)) + "]", 1)
+
+
+class RequestWriter:
+    """Writes each request's record to ``requests.jsonl`` as it ends and keeps only its numbers
+    (:class:`RequestStats`); attach with ``engine.end_listeners`` and ``engine.forget_ended``."""
+
+    def __init__(self, path: Path, engine: Engine | None, time_scale: float, decorate=None, live=None,
+                 limits: EngineLimits | None = None) -> None:
+        """``limits``: whose SLO targets the records are judged by (default ``engine``'s; an engine
+        process's, sent to the parent of a wall-clock cluster, which holds no engine)."""
+        self.path, self.engine, self.time_scale, self.decorate = path, engine, time_scale, decorate
+        if limits is None:
+            assert engine is not None, "RequestWriter needs an engine or its limits"
+            limits = engine.limits
+        self.limits = limits
+        self.live = live  # () -> the sequences not yet ended (default: the engine's); a cluster has its own
+        self.stats = RequestStats()
+        self.record_listeners: list = []  # told of each record as it is written (the logger's table)
+        self._fh = path.open("w")
+
+    def on_end(self, seq) -> None:
+        self._write(seq)
+
+    def _write(self, seq) -> None:
+        limits = self.limits
+        rec = request_record(seq, self.time_scale, limits.ttft_slo_ms, limits.tpot_slo_ms)
+        if self.decorate is not None:
+            self.decorate(rec, seq)
+        self.stats.add(rec, seq)
+        for listener in self.record_listeners:
+            listener(rec)
+        self._fh.write(record_line(rec) + "\n")
+
+    def close(self) -> None:
+        """Write the sequences that have not ended (an interrupted run) and close the file."""
+        live = self.live() if self.live is not None else self.engine.sequences.values() if self.engine else ()
+        for seq in list(live):
+            if not seq.is_finished:
+                self._write(seq)
+        self._fh.close()
+
+
+def kv_pool_metrics(executor) -> dict:
+    """The KV pool of one rank: its blocks, and its bytes (quantised values and their scales included)."""
+    blocks = executor.num_kv_blocks
+    return {"kv_pool_blocks": blocks, "kv_pool_bytes": blocks * executor.bytes_per_block}
+
+
+def run_and_write(cfg: DictConfig, output_dir: Path, writer: RequestWriter, logger, num_requests: int,
+                  run: Callable[[Callable[[int], None] | None], None],
+                  collect: Callable[[str], RunResult]) -> RunResult:
+    """``run(on_progress)`` the workload, then, however it ended, ``collect(status)`` its results and
+    write them (partial ones too): the result files, ``config.yaml``, the logger's finish with the
+    exit code (0 completed, 2 every request rejected, 130 interrupted, 1 an error, which goes on)."""
+    status, exit_code = "completed", 0
+    progress = _progress_bar(num_requests, cfg.get("progress", True))
+    try:
+        run(progress.update if progress else None)
+        if writer.stats.num_requests and writer.stats.num_rejected == writer.stats.num_requests:
+            status, exit_code = "failed: every request was rejected", 2
+    except KeyboardInterrupt:
+        status, exit_code = "interrupted", 130
+        raise
+    except BaseException as exc:
+        status, exit_code = f"failed: {type(exc).__name__}: {exc}", 1
+        raise
+    finally:
+        if progress:
+            progress.close()
+        result = collect(status)
+        result.write(output_dir, cfg.debug.log_steps)
+        OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
+        logger.finish(result.summary, result.iter_requests(), exit_code)
+        if exit_code == 1:  # an error; the command line reports an interrupt or all-rejected run itself
+            log.error("run %s; partial results written to %s", status, output_dir)
+    return result
+
+
+def drop_placeholder_tokens(rec: dict, seq) -> None:
+    """The simulator's records say ``output_token_ids: null``: its tokens are placeholders (``output_len``
+    counts them), and encoding hundreds of zeros per request only costs a long simulated run time."""
+    rec["output_token_ids"] = None
+
+
+def _progress_bar(total: int, enabled: bool, stream: TextIO | None = None):
+    """The run's progress on ``stream`` (stderr): tqdm's bar on a terminal or in a notebook, else
+    (a log file, a pipe) :class:`LineProgress`, whose lines a file keeps apart."""
+    if not enabled:
+        return None
+    stream = stream or sys.stderr
+    if notebook_tqdm is std_tqdm and not stream.isatty():
+        return LineProgress(total, stream)
+    return tqdm(total=total, desc="requests", unit="req", dynamic_ncols=True, leave=False, file=stream)
+
+
+class LineProgress:
+    """Progress for a stream that is not a terminal: one line, ending in a newline, each time another
+    tenth of the requests has ended or ``every_s`` seconds have passed since the last line, and one at
+    the end (tqdm's bar redraws itself with carriage returns, which a file keeps as one long line)."""
+
+    FORMAT = "{desc}: {n_fmt}/{total_fmt} ({percentage:.0f}%) [{elapsed}<{remaining}, {rate_fmt}]"
+
+    def __init__(self, total: int, stream: TextIO, every_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.total, self.stream, self.every_s, self.clock = total, stream, every_s, clock
+        self.n = self._shown = 0
+        self._start = self._last = clock()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        now = self.clock()
+        if self._tenths(self.n) > self._tenths(self._shown) or now - self._last >= self.every_s:
+            self._print(now)
+
+    def _tenths(self, n: int) -> int:
+        return 10 * n // max(1, self.total)
+
+    def close(self) -> None:
+        if self.n != self._shown:
+            self._print(self.clock())
+
+    def _print(self, now: float) -> None:
+        line = tqdm.format_meter(self.n, self.total, now - self._start, prefix="requests", unit="req",
+                                 bar_format=self.FORMAT)
+        print(line, file=self.stream, flush=True)
+        self._shown, self._last = self.n, now
