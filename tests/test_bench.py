@@ -97,9 +97,8 @@ def test_bad_bench_settings_are_one_line_before_any_point(tmp_path, args, messag
 
 
 def test_usage_lists_bench_and_its_keys():
-    from servelab.cli.main import SUBCOMMANDS
     from servelab.cli.usage import usage_text
 
     text = usage_text()
-    assert "bench" in SUBCOMMANDS and "serve|bench|compare" in text
+    assert "  bench         a load sweep (rates or concurrencies) of any stack: curve.csv/png, the SLO knee" in text
     assert "rates: list[float] | None = null" in text and "concurrencies: list[int] | None = null" in text

@@ -27,6 +27,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from servelab.cli.help import help_text
+from servelab.cli.subcommands import SUBCOMMANDS
 from servelab.core.errors import ServelabError
 from servelab.core.registry import PluginError, check_selection
 from servelab.config import (ERROR_FILE, SweepReport, check_experiment_option, check_known_keys,
@@ -100,20 +101,6 @@ def _interrupted() -> None:
     sys.exit(130)
 
 
-# ``servelab <subcommand> [hydra overrides]``: each entry is "module:function" under servelab,
-# called with the remaining arguments (Hydra overrides) and returning an exit code.
-SUBCOMMANDS: dict[str, str] = {
-    "profile": "cli.profile:profile_main",  # fit a step-time profile of the real engine on this machine
-    "profile-ops": "cli.profile_ops:main",  # operator tables (docs/op-tables.md) measured on this machine
-    "eval-ppl": "cli.eval_ppl:main",  # held-out perplexity of the configured checkpoint (ppl.json)
-    "bench": "cli.bench:main",  # a load sweep (rates or concurrencies) of any stack: curve.csv/png, the SLO knee
-    "compare": "cli.compare:main",  # runs side by side: a table of metrics and the keys that differ, a plot
-    "check-plugin": "kit.conformance:main",  # a plugin through the conformance kit: exit 0 only when it passes
-    "new-plugin": "kit.new_plugin:main",  # a plugin package skeleton: entry point, typed Config, a passing test
-    "grade": "kit.grading:main",  # plugins scored against the built-ins on fixed simulated workloads
-    "serve": "serve.command:main",  # an OpenAI-compatible server (FastAPI + uvicorn) in front of the composed stack
-    "route": "serve.route_command:main",  # an OpenAI-compatible router (a router plugin) in front of N servers
-}
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -166,7 +153,7 @@ def main() -> None:
         print(help_text(sys.argv[2:]), end="")  # the usage page with the values the run would use
         sys.exit(0)
     if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
-        module, func = SUBCOMMANDS[sys.argv[1]].split(":")
+        module, func = SUBCOMMANDS[sys.argv[1]].target.split(":")
         try:
             code = getattr(importlib.import_module(f"servelab.{module}"), func)(sys.argv[2:])
         except ServelabError as exc:
