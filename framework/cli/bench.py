@@ -22,14 +22,15 @@ import json
 import sys
 from pathlib import Path
 
-from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
 from servelab.api import command_output_dir, compose_with_run_dir
 from servelab.cli.bench_curve import PERCENTILES, curve_row, knee, plot_curve, slo_holds, write_curve_csv
+from servelab.cli.args import refuse_flags
 from servelab.cli.help import plain_doc
 from servelab.core.errors import ConfigError, ServelabError
-from servelab.config import ERROR_FILE, check_known_keys, config_error_message
+from servelab.config import ERROR_FILE, check_known_keys
+from servelab.results.writable import writable_folder
 
 USAGE = ("usage: servelab bench [key=value ...] bench.rates=[r1,r2,...] | bench.concurrencies=[n1,n2,...]  "
          "(bench.percentile=90, slo.ttft_ms=, slo.tpot_ms=; hydra.run.dir=DIR)")
@@ -44,18 +45,13 @@ def main(argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(USAGE + "\n\n" + plain_doc(__doc__))
         return 0
-    flags = [a for a in argv if a.startswith("-")]
-    if flags:
-        raise ConfigError(f"unknown option {flags[0]}: servelab bench takes Hydra overrides (key=value); "
-                          "servelab bench --help")
-    try:
-        cfg, run_dir = compose_with_run_dir(argv)
-    except HydraException as exc:
-        raise ConfigError(config_error_message(exc)) from None
+    refuse_flags(argv, "bench")
+    cfg, run_dir = compose_with_run_dir(argv)
     check_known_keys(cfg)
     key, values = load_points(cfg)
     out = command_output_dir("bench", run_dir, cfg.bench.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    writable_folder(out, f"hydra.run.dir={run_dir}" if run_dir else f"bench.output_dir={cfg.bench.output_dir}"
+                    if cfg.bench.output_dir else "the bench folder")
     OmegaConf.save(cfg, out / "bench.yaml")  # not config.yaml: compare would take the bench folder for one run
     return run_bench(cfg, key, values, out)
 
