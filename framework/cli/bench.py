@@ -104,6 +104,8 @@ def run_bench(cfg: DictConfig, key: str, values: list[float], out: Path) -> int:
         try:
             summary = run_job(point_config(cfg, key, value), folder).summary
             status = str(summary.get("status", "completed"))
+        except KeyboardInterrupt:  # Ctrl-C: the finished points' curve, then the folder, then exit 130
+            return _interrupted(rows, verdicts, slo, cfg.bench.percentile, out, folder, len(values))
         except Exception as exc:  # noqa: BLE001 - a failed point is marked; the others still run
             line = " ".join(f"{type(exc).__name__}: {exc}".split()) if not isinstance(exc, ServelabError) else \
                 " ".join(str(exc).split())
@@ -114,10 +116,7 @@ def run_bench(cfg: DictConfig, key: str, values: list[float], out: Path) -> int:
         rows.append(curve_row(i, folder, kind, value, status, summary))
         verdicts.append(slo_holds(folder, summary, status, slo, cfg.bench.percentile)
                         if status == "completed" else (False, status))
-    result = knee(rows, verdicts, slo, cfg.bench.percentile)
-    write_curve_csv(rows, out / "curve.csv")
-    (out / "knee.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot_curve(rows, slo, out / "curve.png")
+    result = _write_curve(rows, verdicts, slo, cfg.bench.percentile, out)
     _print_table(rows, result)
     failed = [r for r in rows if r["status"] != "completed"]
     if failed:
@@ -125,6 +124,33 @@ def run_bench(cfg: DictConfig, key: str, values: list[float], out: Path) -> int:
               + "; ".join(f"{r['folder']} ({r['status']})" for r in failed), file=sys.stderr, flush=True)
     print(f"results: {out}", flush=True)
     return 1 if failed else 0
+
+
+def _write_curve(rows: list[dict], verdicts: list[tuple[bool, str]], slo: dict, percentile: float,
+                 out: Path) -> dict:
+    """``curve.csv``, ``knee.json`` and ``curve.png`` of ``rows``; the knee."""
+    result = knee(rows, verdicts, slo, percentile)
+    write_curve_csv(rows, out / "curve.csv")
+    (out / "knee.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot_curve(rows, slo, out / "curve.png")
+    return result
+
+
+def _interrupted(rows: list[dict], verdicts: list[tuple[bool, str]], slo: dict, percentile: float, out: Path,
+                 cut: Path, num_points: int) -> int:
+    """Ctrl-C during a point: the curve of the points that finished (none: no curve files), one line
+    saying what was kept, ``results: <bench folder>``; exit 130. The interrupted point's folder keeps
+    its partial run (the run writes it as any interrupted run does) but is no point of the curve."""
+    if rows:
+        result = _write_curve(rows, verdicts, slo, percentile, out)
+        kept = (f"curve.csv, knee.json and curve.png of the {len(rows)} finished points written to {out} "
+                f"({result['message']})")
+    else:
+        kept = f"no point finished: no curve; {out} holds bench.yaml"
+    print(f"servelab bench: interrupted at point {len(rows) + 1} of {num_points} ({cut.name}: partial, not in the "
+          f"curve); {kept}", file=sys.stderr, flush=True)
+    print(f"results: {out}", flush=True)
+    return 130
 
 
 def _summary_if_written(folder: Path) -> dict:

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from servelab.api import command_output_dir, compose_with_run_dir
 from servelab.core.errors import ConfigError
-from servelab.config import check_known_keys
+from servelab.config import check_known_keys, recorded_config
 from servelab.assemble.preflight import check_device
 from servelab.results.loggers import RunLogger, make_logger
 from servelab.results.writable import writable_folder
@@ -223,7 +223,7 @@ def _write_results(cfg: DictConfig, stack: Stack, writer: RequestWriter | None, 
                                                          **stack.describe_time()},
                              writer=writer, fairness_weights=config_weights(cfg))
     result.write(output_dir, cfg.debug.log_steps)
-    OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
+    OmegaConf.save(recorded_config(cfg), output_dir / "config.yaml", resolve=True)  # a checkpoint's real shape
     logger.finish(result.summary, result.iter_requests(), code)
     summary = result.summary
     print(f"servelab serve: {summary['num_requests']} requests ({summary['num_finished']} finished, "
