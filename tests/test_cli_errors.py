@@ -252,6 +252,8 @@ ONE_LINE_CASES = [
     ("new-plugin-dir-unwritable", ["new-plugin", "scheduler", "my_sched", "--dir", "{file}/p"], 2,
      f"servelab new-plugin: error: --dir {{file}}/p: cannot write to {{file}}/p ({{file}} is a file, not a folder); "
      f"{WRITE}"),
+    ("run-dir-unwritable", [*SIM, "hydra.run.dir={file}/run"], 2,
+     "servelab: error: hydra.run.dir: cannot write to {file}/run (Not a directory); choose a folder you can write to"),
     ("serve-host-not-an-address", ["serve", "--host", "999.1.1.1", "model=tiny", "logger=none"], 2,
      "servelab serve: error: serve.host=999.1.1.1: not an address of this machine (..."),
     ("profile-ops-unknown-flag", ["profile-ops", "--bogus"], 2,
@@ -462,26 +464,29 @@ def test_a_replica_process_ignores_ctrl_c_and_the_parent_gets_it_back():
 @pytest.mark.slow
 def test_ctrl_c_on_a_real_engine_cluster_is_one_line_from_the_parent(tmp_path):
     """Ctrl-C as a terminal sends it (SIGINT to the whole process group) once the two engine processes
-    of a ``model=tiny_code`` cluster run: the parent's one line, exit 130, partial results, and not a
-    word (no traceback) from either replica. Minutes on 2 cores: the fast twin is the test above."""
+    of a ``model=tiny_code`` cluster run serve requests (the first progress line: a tenth have ended):
+    the parent's one line, exit 130, partial results, and not a word (no traceback) from either replica.
+    About a minute on 2 cores: the fast twin is the test above."""
     import signal
 
     proc = subprocess.Popen([str(BIN / "servelab"), "cluster.replicas=2", "router=round_robin", "model=tiny_code",
-                             "logger=none", "progress=false", "workload.num_requests=50", f"hydra.run.dir={tmp_path}"],
+                             "logger=none", "progress=true", "workload.num_requests=50", f"hydra.run.dir={tmp_path}"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
-        seen = []
-        for line in proc.stdout:  # the banner's cluster line: both engine processes are running
-            seen.append(line)
-            if line.strip().startswith("cluster ") and "engine processes" in line:
+        before = []
+        for line in proc.stderr:  # not a terminal: a progress line per tenth of the requests ended
+            before.append(line)
+            if line.startswith("requests: "):
                 os.killpg(proc.pid, signal.SIGINT)
                 break
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+    said = [line for line in err.strip().splitlines() if not line.startswith("requests: ")]
     assert proc.returncode == 130, err[-3000:]
-    assert err.strip().splitlines() == [f"interrupted; partial results written to {tmp_path}"], err[-3000:]
+    assert "Traceback" not in "".join(before) + err + out, err[-3000:]
+    assert said == [f"interrupted; partial results written to {tmp_path}"], err[-3000:]
     assert out.strip().splitlines()[-1] == f"results: {tmp_path}"
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "interrupted"

@@ -175,6 +175,12 @@ def main() -> None:
         _hydra_main()
     except KeyboardInterrupt:
         _interrupted()
+    except OSError as exc:  # outside the job: Hydra making the run's folder (or its log file there)
+        if full_error:
+            raise
+        key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(sys.argv) else "hydra.run.dir"
+        _fail(f"{key}: cannot write to {exc.filename} ({exc.strerror or type(exc).__name__}); choose a folder you "
+              "can write to")
     except Exception as exc:
         if full_error:
             raise

@@ -213,8 +213,6 @@ def _jsonl_request(obj, where: str, index: int, rng, vocab_size: int, text=None)
             prompt = _random_prompt(rng, _length(obj["prompt_len"], "prompt_len", where), vocab_size)
         else:
             raise WorkloadError(f"{where}: needs 'prompt', 'prompt_token_ids' or 'prompt_len'")
-        if not prompt:
-            raise WorkloadError(f"{where}: the prompt is empty (a request needs at least one prompt token)")
         sampling = SamplingParams(float(obj.get("temperature", 0.0)), float(obj.get("top_p", 1.0)),
                                   int(obj.get("top_k", 0)), obj.get("seed"))
         return Request(
