@@ -94,7 +94,8 @@ def run_bench(cfg: DictConfig, key: str, values: list[float], out: Path) -> int:
     from servelab.run.session import run_job  # noqa: PLC0415 - torch on demand
 
     kind = LOADS[key][0]
-    rows, verdicts = [], []
+    rows: list[dict] = []
+    verdicts: list[tuple[bool, str]] = []
     slo = {"ttft_ms": cfg.slo.ttft_ms, "tpot_ms": cfg.slo.tpot_ms}
     for i, value in enumerate(values):
         folder = out / f"{i}_{kind}={value:g}"

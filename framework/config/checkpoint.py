@@ -50,4 +50,4 @@ def recorded_config(cfg: DictConfig) -> DictConfig:
     plain = cast("dict[str, Any]", OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
     for key in ("architecture", *SHAPE_FIELDS):
         plain["model"][key] = shape.get(key)
-    return cast(DictConfig, OmegaConf.create(plain))
+    return OmegaConf.create(plain)

@@ -11,7 +11,7 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, cast
+from typing import Any, Callable, Iterable, Literal, cast
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -259,9 +259,9 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def _mode(cfg: DictConfig) -> str:
+def _mode(cfg: DictConfig) -> Literal["online", "offline", "disabled", "shared"]:
     """``logger.mode`` as W&B spells it (the schema's enum, or a plain string)."""
-    return str(getattr(cfg.mode, "value", cfg.mode))
+    return cast(Literal["online", "offline", "disabled", "shared"], str(getattr(cfg.mode, "value", cfg.mode)))
 
 
 def make_logger(cfg: DictConfig) -> RunLogger:
