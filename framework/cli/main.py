@@ -23,6 +23,7 @@ import hydra
 from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
@@ -116,6 +117,16 @@ def unknown_command_message(word: str) -> str:
             "(a run takes key=value overrides: servelab [key=value ...])")
 
 
+def _outside_the_job(exc: Exception) -> str:
+    """The line for an error Hydra raised around the job: composing the config, or making the run's folder
+    (or its log file there), which names the key that chose the folder."""
+    if isinstance(exc, OSError) and exc.filename is not None and not isinstance(exc, HydraException):
+        key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(sys.argv) else "hydra.run.dir"
+        return f"{key}: cannot write to {exc.filename} ({exc.strerror or type(exc).__name__}); choose a folder you " \
+               "can write to"
+    return config_error_message(exc)
+
+
 def check_arguments(argv: list[str]) -> None:
     """Refuse in one line, before Hydra starts, what it would answer in many: an unknown first word
     (a mistyped subcommand), an unknown flag, an override that does not parse, an ``experiment=``
@@ -175,15 +186,9 @@ def main() -> None:
         _hydra_main()
     except KeyboardInterrupt:
         _interrupted()
-    except OSError as exc:  # outside the job: Hydra making the run's folder (or its log file there)
-        if full_error:
-            raise
-        key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(sys.argv) else "hydra.run.dir"
-        _fail(f"{key}: cannot write to {exc.filename} ({exc.strerror or type(exc).__name__}); choose a folder you "
-              "can write to")
     except Exception as exc:
         if full_error:
             raise
-        _fail(config_error_message(exc))
+        _fail(_outside_the_job(exc))
     if SweepReport.failed:
         sys.exit(1)
