@@ -230,7 +230,7 @@ def _jsonl_request(obj, where: str, index: int, rng, vocab_size: int, text=None)
 
 def _length(value, key: str, where: str) -> int:
     """A token count of a jsonl request: an integer >= 1 (a negative or zero one is refused, not run)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
         raise WorkloadError(f"{where}: {key}={json.dumps(value)} must be a whole number of tokens >= 1")
     if value < 1:
         raise WorkloadError(f"{where}: {key}={int(value)} must be >= 1")
