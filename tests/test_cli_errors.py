@@ -252,6 +252,15 @@ ONE_LINE_CASES = [
     ("new-plugin-dir-unwritable", ["new-plugin", "scheduler", "my_sched", "--dir", "{file}/p"], 2,
      f"servelab new-plugin: error: --dir {{file}}/p: cannot write to {{file}}/p ({{file}} is a file, not a folder); "
      f"{WRITE}"),
+    ("serve-output-dir-unwritable", ["serve", "model=tiny", "logger=none", "serve.output_dir={file}/s"], 2,
+     f"servelab serve: error: serve.output_dir={{file}}/s: cannot write to {{file}}/s ({{file}} is a file, not a "
+     f"folder); {WRITE}"),
+    ("eval-ppl-output-dir-unwritable", ["eval-ppl", "model=tiny_code", "eval_ppl.output_dir={file}/e"], 2,
+     f"servelab eval-ppl: error: eval_ppl.output_dir={{file}}/e: cannot write to {{file}}/e ({{file}} is a file, not "
+     f"a folder); {WRITE}"),
+    ("profile-out-unwritable", ["profile", "--out={file}/p.json", "model=tiny"], 2,
+     f"servelab profile: error: --out={{file}}/p.json: cannot write to {{file}} ({{file}} is a file, not a folder); "
+     f"{WRITE}"),
     ("run-dir-unwritable", [*SIM, "hydra.run.dir={file}/run"], 2,
      "servelab: error: hydra.run.dir: cannot write to {file}/run (Not a directory); choose a folder you can write to"),
     ("serve-host-not-an-address", ["serve", "--host", "999.1.1.1", "model=tiny", "logger=none"], 2,
