@@ -24,9 +24,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import yaml
 from hydra import compose as hydra_compose, initialize_config_module
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
-from servelab.config import register_configs
+from servelab.config import config_error_message, register_configs
 from servelab.core.errors import ConfigError
 from servelab.core.registry import check_selection
 from servelab.core.request import Request, SamplingParams
@@ -40,7 +42,9 @@ from servelab.workloads.text import attach_text, checkpoint_text
 
 
 def compose(overrides: Seq[str] = (), **values: Any) -> DictConfig:
-    """Compose the config exactly as ``python run.py <overrides>`` would (Hydra compose API).
+    """Compose the config exactly as ``python run.py <overrides>`` would (Hydra compose API). A mistake
+    is a :class:`~servelab.core.errors.ConfigError` with the command line's one line (an unknown key
+    with the closest names, an unknown option with the options, a value of the wrong type).
 
     Keyword arguments are extra ``key=value`` overrides (``logger="none"``); nested keys use
     ``__``, e.g. ``workload__num_requests=8``.
@@ -57,8 +61,11 @@ def compose_with_run_dir(overrides: Seq[str] = (), **values: Any) -> tuple[DictC
     register_configs()
     extra = [f"{k.replace('__', '.')}={_render(v)}" for k, v in values.items()]
     check_selection(list(overrides) + extra)
-    with initialize_config_module("servelab.conf", version_base="1.3"):
-        cfg = hydra_compose("config", overrides=list(overrides) + extra, return_hydra_config=True)
+    try:
+        with initialize_config_module("servelab.conf", version_base="1.3"):
+            cfg = hydra_compose("config", overrides=list(overrides) + extra, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as exc:  # the command line's one line, not Hydra's trace
+        raise ConfigError(config_error_message(exc)) from None
     run_dir = None
     if cfg.hydra.run._get_node("dir")._value() != _default_run_dir():
         run_dir = str(OmegaConf.select(cfg, "hydra.run.dir"))

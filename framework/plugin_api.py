@@ -32,12 +32,15 @@ A time model that prices a step from operator tables or the calibrated roofline 
 
 Moved out: ``FakeExecutor``, ``KVCheckingExecutor``, ``VirtualClock``, ``StepTimeModel``,
 ``check_plugin``, ``Report``, ``compose`` and ``run_job`` are :mod:`servelab.testing`'s. Asking for
-one here raises an :class:`ImportError` that says so (no import happens here: this module never
-loads the testing layer).
+one here says so: ``from servelab.plugin_api import FakeExecutor`` raises an :class:`ImportError`,
+``servelab.plugin_api.FakeExecutor`` an :class:`AttributeError` (so ``hasattr`` is False). No import
+happens here: this module never loads the testing layer.
 """
 
 from __future__ import annotations
 
+import opcode
+import sys
 from typing import NoReturn
 
 from servelab.core.batch import StepBatch
@@ -85,10 +88,16 @@ MOVED_TO_TESTING = ("FakeExecutor", "KVCheckingExecutor", "VirtualClock", "StepT
 
 
 def __getattr__(name: str) -> NoReturn:
-    """Only a clear error for the 0.1 testing names (nothing is loaded or forwarded): an
-    :class:`ImportError`, because ``from servelab.plugin_api import FakeExecutor`` would turn an
-    :class:`AttributeError` into Python's generic "cannot import name" message."""
-    if name in MOVED_TO_TESTING:
-        raise ImportError(f"servelab.plugin_api.{name} moved to servelab.testing (plugin_api is the plugin contract "
-                          f"only): `from servelab.testing import {name}`", name=name, path=__file__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    """An :class:`AttributeError` for any unknown name, as a module's attribute lookup must give
+    (``hasattr``, ``getattr(m, name, default)``); for the 0.1 testing names it says where they went
+    (nothing is loaded or forwarded). Asked by a ``from servelab.plugin_api import FakeExecutor`` it is
+    an :class:`ImportError` with the same words: Python turns an AttributeError there into its generic
+    "cannot import name", which would lose them."""
+    if name not in MOVED_TO_TESTING:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}", name=name, obj=sys.modules[__name__])
+    message = (f"servelab.plugin_api.{name} moved to servelab.testing (plugin_api is the plugin contract only): "
+               f"`from servelab.testing import {name}`")
+    caller = sys._getframe(1)
+    if opcode.opname[caller.f_code.co_code[caller.f_lasti]] == "IMPORT_FROM":
+        raise ImportError(message, name=name, path=__file__)
+    raise AttributeError(message, name=name, obj=sys.modules[__name__])

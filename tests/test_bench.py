@@ -97,9 +97,29 @@ def test_bad_bench_settings_are_one_line_before_any_point(tmp_path, args, messag
 
 
 def test_usage_lists_bench_and_its_keys():
-    from servelab.cli.main import SUBCOMMANDS
     from servelab.cli.usage import usage_text
 
     text = usage_text()
-    assert "bench" in SUBCOMMANDS and "serve|bench|compare" in text
+    assert "  bench         a load sweep (rates or concurrencies) of any stack: curve.csv/png, the SLO knee" in text
     assert "rates: list[float] | None = null" in text and "concurrencies: list[int] | None = null" in text
+
+
+@pytest.mark.slow
+def test_the_readmes_load_curve_finds_the_knee_it_quotes(tmp_path, capsys):
+    """The README's one-command load curve (Llama-3-70B TP 4 on simulated H100s, 200 ms TTFT) crosses its
+    SLO inside the sweep, and prints the knee line the README and docs/bench.md quote (the virtual clock:
+    the same figures on any machine). ~30 s on 2 cores; the knee's logic is tested fast above."""
+    import re
+    import shlex
+
+    from conftest import REPO
+
+    readme = (REPO / "README.md").read_text().replace("\n", " ")
+    command = re.search(r"`(servelab bench [^`]+)`", readme).group(1)
+    quoted = re.search(r"prints `(knee: [^`]+)`", readme).group(1)
+    line = next(x for x in (REPO / "docs" / "bench.md").read_text().splitlines() if x.startswith(quoted))
+    assert command in " ".join((REPO / "docs" / "bench.md").read_text().split())
+    code = bench.main([*shlex.split(command)[2:], "logger=none", "progress=false", f"hydra.run.dir={tmp_path}"])
+    knee = json.loads((tmp_path / "knee.json").read_text())
+    assert code == 0 and not knee["past_the_sweep"] and knee["knee"] is not None
+    assert knee["message"] == line and line in capsys.readouterr().out

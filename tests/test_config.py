@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
-from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from conftest import compose
 from servelab.assemble.validate import validate
@@ -27,19 +28,19 @@ def test_readme_override_line_composes():
 
 @pytest.mark.parametrize("override", ["bogus=1", "scheduler.bogus=1", "workload.nope=2"])
 def test_unknown_keys_fail_at_compose_time(override):
-    with pytest.raises(ConfigCompositionException, match="Could not override"):
+    with pytest.raises(ConfigError, match=rf"^unknown key '{override.split('=')[0]}'"):
         compose(override)
 
 
 @pytest.mark.parametrize("override", ["allocator.prefix_caching=maybe", "model.dtype=float64",
                                       "attention_backend=cuda", "max_num_seqs=1.5"])
 def test_wrong_types_fail_at_compose_time(override):
-    with pytest.raises(ConfigCompositionException, match="Error merging override"):
+    with pytest.raises(ConfigError, match=rf"^{re.escape(override)}: "):
         compose(override)
 
 
 def test_unknown_plugin_lists_available_options():
-    with pytest.raises(MissingConfigException, match=r"(?s)Could not find 'scheduler/nope'.*fcfs"):
+    with pytest.raises(ConfigError, match=r"^unknown scheduler option 'nope'; options: fcfs, "):
         compose("scheduler=nope")
 
 

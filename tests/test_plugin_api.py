@@ -71,12 +71,15 @@ def test_the_plugin_facades_are_eager_and_load_no_torch_hydra_or_omegaconf(facad
 
 
 def test_the_contract_hands_out_no_test_doubles_or_runners():
-    """They are servelab.testing's: asking plugin_api for one is an ImportError naming the new home,
-    and it imports nothing (plugin_api never reaches up into the testing layer)."""
+    """They are servelab.testing's: asking plugin_api for one names the new home (an AttributeError, so
+    ``hasattr`` is False; an ImportError from ``from ... import``), and it imports nothing (plugin_api
+    never reaches up into the testing layer)."""
     assert not set(api.MOVED_TO_TESTING) & set(api.__all__)
     for name in api.MOVED_TO_TESTING:
-        with pytest.raises(ImportError, match=rf"moved to servelab.testing .*from servelab.testing import {name}"):
+        with pytest.raises(AttributeError, match=rf"moved to servelab.testing .*from servelab.testing import {name}"):
             getattr(api, name)
+        assert not hasattr(api, name) and getattr(api, name, None) is None
+    assert not hasattr(api, "no_such_name")
     out = _fresh("""
         import sys
         try:

@@ -120,11 +120,9 @@ def test_fp8_missing_from_the_torch_build_is_a_start_up_error(monkeypatch):
 @pytest.mark.parametrize("bad, known", [("model.quantization=int4", r"\[none, int8\]"),
                                         ("kv_cache_dtype=fp16", r"\[auto, int8, fp8_e4m3\]")])
 def test_unknown_names_list_the_known_ones(bad, known):
-    from hydra.errors import ConfigCompositionException
-
-    with pytest.raises(ConfigCompositionException) as info:
+    with pytest.raises(ConfigError) as info:
         compose(bad)
-    assert info.value.__cause__ is not None and re.search(known, str(info.value.__cause__))
+    assert re.search(known, str(info.value))
 
 
 # ---- the pool is sized in bytes ------------------------------------------------------------

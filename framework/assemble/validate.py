@@ -11,9 +11,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from servelab.core.errors import ConfigError
 from servelab.core.packaged import PACKAGED_CHECKPOINTS, PACKAGED_MODELS
-from servelab.config import check_known_keys
+from servelab.config import check_known_keys, config_yaml_defaults
 from servelab.assemble.preflight import check_device
-from servelab.workloads.arrivals import check_closed_loop
+from servelab.workloads.arrivals import check_arrivals
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def validate(cfg: DictConfig) -> None:
     check_known_keys(cfg)  # a Python API config too: the CLI's composer already said it in one line
     check_device(cfg)
     check_packaged_model(cfg)
-    check_closed_loop(cfg.workload)
+    check_arrivals(cfg.workload)
     bs = check_block_size(cfg.block_size)
     if cfg.max_num_seqs < 1:
         raise ConfigError(f"max_num_seqs={cfg.max_num_seqs} must be >= 1")
@@ -68,7 +68,24 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"backend.activation_reserve_gb={cfg.backend.activation_reserve_gb} must be >= 0")
     if cfg.backend.kv_cache_memory_gb <= 0:
         raise ConfigError(f"backend.kv_cache_memory_gb={cfg.backend.kv_cache_memory_gb} must be > 0")
+    threads = cfg.backend.get("num_threads")
+    if threads is not None and threads < 1:
+        raise ConfigError(f"backend.num_threads={threads} must be >= 1 (torch's threads per rank; null = "
+                          "torch's default)")
+    check_evictor(cfg)
     check_engine_timing(cfg)
+
+
+def check_evictor(cfg: DictConfig) -> None:
+    """An evictor only chooses which cached prefix block goes: one other than the default, without a
+    prefix cache, would never be asked (the run would silently be the default's)."""
+    evictor = cfg.get("evictor")
+    if evictor is None or evictor.name == config_yaml_defaults().get("evictor"):
+        return
+    if not cfg.allocator.get("prefix_caching", False):
+        raise ConfigError(f"evictor={evictor.name} chooses which cached prefix block to give up, and allocator="
+                          f"{cfg.allocator.name} caches none here: add allocator.prefix_caching=true (or drop "
+                          f"evictor={evictor.name})")
 
 
 def check_engine_timing(cfg: DictConfig) -> None:

@@ -22,14 +22,15 @@ import json
 import sys
 from pathlib import Path
 
-from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
 from servelab.api import command_output_dir, compose_with_run_dir
 from servelab.cli.bench_curve import PERCENTILES, curve_row, knee, plot_curve, slo_holds, write_curve_csv
+from servelab.cli.args import refuse_flags
 from servelab.cli.help import plain_doc
 from servelab.core.errors import ConfigError, ServelabError
-from servelab.config import ERROR_FILE, check_known_keys, config_error_message
+from servelab.config import ERROR_FILE, check_known_keys
+from servelab.results.writable import writable_folder
 
 USAGE = ("usage: servelab bench [key=value ...] bench.rates=[r1,r2,...] | bench.concurrencies=[n1,n2,...]  "
          "(bench.percentile=90, slo.ttft_ms=, slo.tpot_ms=; hydra.run.dir=DIR)")
@@ -44,18 +45,13 @@ def main(argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(USAGE + "\n\n" + plain_doc(__doc__))
         return 0
-    flags = [a for a in argv if a.startswith("-")]
-    if flags:
-        raise ConfigError(f"unknown option {flags[0]}: servelab bench takes Hydra overrides (key=value); "
-                          "servelab bench --help")
-    try:
-        cfg, run_dir = compose_with_run_dir(argv)
-    except HydraException as exc:
-        raise ConfigError(config_error_message(exc)) from None
+    refuse_flags(argv, "bench")
+    cfg, run_dir = compose_with_run_dir(argv)
     check_known_keys(cfg)
     key, values = load_points(cfg)
     out = command_output_dir("bench", run_dir, cfg.bench.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    writable_folder(out, f"hydra.run.dir={run_dir}" if run_dir else f"bench.output_dir={cfg.bench.output_dir}"
+                    if cfg.bench.output_dir else "the bench folder")
     OmegaConf.save(cfg, out / "bench.yaml")  # not config.yaml: compare would take the bench folder for one run
     return run_bench(cfg, key, values, out)
 
@@ -98,7 +94,8 @@ def run_bench(cfg: DictConfig, key: str, values: list[float], out: Path) -> int:
     from servelab.run.session import run_job  # noqa: PLC0415 - torch on demand
 
     kind = LOADS[key][0]
-    rows, verdicts = [], []
+    rows: list[dict] = []
+    verdicts: list[tuple[bool, str]] = []
     slo = {"ttft_ms": cfg.slo.ttft_ms, "tpot_ms": cfg.slo.tpot_ms}
     for i, value in enumerate(values):
         folder = out / f"{i}_{kind}={value:g}"
@@ -108,6 +105,8 @@ def run_bench(cfg: DictConfig, key: str, values: list[float], out: Path) -> int:
         try:
             summary = run_job(point_config(cfg, key, value), folder).summary
             status = str(summary.get("status", "completed"))
+        except KeyboardInterrupt:  # Ctrl-C: the finished points' curve, then the folder, then exit 130
+            return _interrupted(rows, verdicts, slo, cfg.bench.percentile, out, folder, len(values))
         except Exception as exc:  # noqa: BLE001 - a failed point is marked; the others still run
             line = " ".join(f"{type(exc).__name__}: {exc}".split()) if not isinstance(exc, ServelabError) else \
                 " ".join(str(exc).split())
@@ -118,10 +117,7 @@ def run_bench(cfg: DictConfig, key: str, values: list[float], out: Path) -> int:
         rows.append(curve_row(i, folder, kind, value, status, summary))
         verdicts.append(slo_holds(folder, summary, status, slo, cfg.bench.percentile)
                         if status == "completed" else (False, status))
-    result = knee(rows, verdicts, slo, cfg.bench.percentile)
-    write_curve_csv(rows, out / "curve.csv")
-    (out / "knee.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot_curve(rows, slo, out / "curve.png")
+    result = _write_curve(rows, verdicts, slo, cfg.bench.percentile, out)
     _print_table(rows, result)
     failed = [r for r in rows if r["status"] != "completed"]
     if failed:
@@ -129,6 +125,33 @@ def run_bench(cfg: DictConfig, key: str, values: list[float], out: Path) -> int:
               + "; ".join(f"{r['folder']} ({r['status']})" for r in failed), file=sys.stderr, flush=True)
     print(f"results: {out}", flush=True)
     return 1 if failed else 0
+
+
+def _write_curve(rows: list[dict], verdicts: list[tuple[bool, str]], slo: dict, percentile: float,
+                 out: Path) -> dict:
+    """``curve.csv``, ``knee.json`` and ``curve.png`` of ``rows``; the knee."""
+    result = knee(rows, verdicts, slo, percentile)
+    write_curve_csv(rows, out / "curve.csv")
+    (out / "knee.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot_curve(rows, slo, out / "curve.png")
+    return result
+
+
+def _interrupted(rows: list[dict], verdicts: list[tuple[bool, str]], slo: dict, percentile: float, out: Path,
+                 cut: Path, num_points: int) -> int:
+    """Ctrl-C during a point: the curve of the points that finished (none: no curve files), one line
+    saying what was kept, ``results: <bench folder>``; exit 130. The interrupted point's folder keeps
+    its partial run (the run writes it as any interrupted run does) but is no point of the curve."""
+    if rows:
+        result = _write_curve(rows, verdicts, slo, percentile, out)
+        kept = (f"curve.csv, knee.json and curve.png of the {len(rows)} finished points written to {out} "
+                f"({result['message']})")
+    else:
+        kept = f"no point finished: no curve; {out} holds bench.yaml"
+    print(f"servelab bench: interrupted at point {len(rows) + 1} of {num_points} ({cut.name}: partial, not in the "
+          f"curve); {kept}", file=sys.stderr, flush=True)
+    print(f"results: {out}", flush=True)
+    return 130
 
 
 def _summary_if_written(folder: Path) -> dict:

@@ -44,6 +44,7 @@ from rich.table import Table
 
 from servelab.cli.compare_runs import (COMPLETED, NO_SUMMARY, CompareError, completed_only, find_runs, load_run,
                                        run_names, status_kind)
+from servelab.results.writable import writable_file
 
 DEFAULT_METRICS = ("num_finished", "num_rejected", "output_throughput_tok_s", "ttft_ms.p50", "ttft_ms.p99",
                    "tpot_ms.p50", "slo_attainment", "goodput_req_s", "num_preemptions", "prefix_cache_hit_rate",
@@ -316,6 +317,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--completed-only", action="store_true",
                    help="compare only the runs that completed; exit 1, naming the others, when some did not")
     args = p.parse_args(argv)
+    if args.out:  # checked before anything is printed: the table is not worth printing half of
+        if args.out.suffix not in (".csv", ".md"):
+            raise CompareError(f"--out {args.out}: the file must end in .csv or .md")
+        writable_file(args.out, f"--out {args.out}")
+    if args.plot_out:
+        writable_file(args.plot_out, f"--plot-out {args.plot_out}")
     runs = [load_run(r) for r in find_runs(args.paths)]
     left_out = ""
     if args.completed_only:

@@ -23,18 +23,19 @@ import time
 
 import torch
 import torch.nn.functional as F
-from hydra.errors import HydraException
 
 from servelab.api import command_output_dir, compose_with_run_dir
+from servelab.cli.args import refuse_flags
 from servelab.cli.help import plain_doc
 from servelab.core.errors import ConfigError, ServelabError
 from servelab.core.model_spec import load_spec
 from servelab.exec.executor import ModelWorker
 from servelab.exec.model.llama import AttentionMetadata
-from servelab.config import check_known_keys, config_error_message
+from servelab.config import check_known_keys
 from servelab.assemble.preflight import check_device
 from servelab.assemble.executor import worker_config
 from servelab.assemble.validate import explicit_block_size
+from servelab.results.writable import writable_folder
 from servelab.workloads import corpus
 from servelab.workloads.text import checkpoint_text
 
@@ -46,18 +47,14 @@ def main(argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(USAGE + "\n\n" + plain_doc(__doc__))
         return 0
-    flags = [a for a in argv if a.startswith("-")]
-    if flags:
-        raise ConfigError(f"unknown option {flags[0]}: servelab eval-ppl takes Hydra overrides (key=value); "
-                          "servelab eval-ppl --help")
-    try:
-        cfg, run_dir = compose_with_run_dir(argv)
-    except HydraException as exc:
-        raise ConfigError(config_error_message(exc)) from None
+    refuse_flags(argv, "eval-ppl")
+    cfg, run_dir = compose_with_run_dir(argv)
     check_known_keys(cfg)
+    check_has_weights(cfg)  # bad input before the folder is made
     out = command_output_dir("eval-ppl", run_dir, cfg.eval_ppl.output_dir)
+    writable_folder(out, f"hydra.run.dir={run_dir}" if run_dir else f"eval_ppl.output_dir={cfg.eval_ppl.output_dir}"
+                    if cfg.eval_ppl.output_dir else "the eval-ppl folder")
     result = evaluate(cfg)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "ppl.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"held-out bits per byte {result['bits_per_byte']:.4f}, perplexity {result['perplexity']:.4f} per token "
           f"over {result['num_tokens']:,} tokens ({result['model']}, {result['dtype']}, window {result['window']}, "

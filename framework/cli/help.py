@@ -13,20 +13,16 @@ each top-level key shows the composed value, with the schema default beside it w
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
-from pathlib import Path
 from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
 from servelab.cli.usage import usage_text
 import servelab.config as C
+from servelab.config.checkpoint import SHAPE_FIELDS, checkpoint_shape
 
 _SCHEMAS = {"model": C.ModelConfig, "backend": C.BackendConfig, "hardware": C.HardwareConfig}
-# config.json keys that are ModelConfig fields (the shape a checkpoint brings)
-_SHAPE = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-          "vocab_size", "max_position_embeddings", "tie_word_embeddings")
 _GROUP_HEADER = re.compile(r"^(\w+)  \((default|this run): ([^)]*)\)(.*)$")  # the rest: the kind's summary
 _TOP_KEY = re.compile(r"^  (\w+): (.+?) = (.*)$")
 _ROLE = re.compile(r":(?:func|mod|class|meth|attr|data|obj):`~?([^`]+)`")  # :func:`servelab.x.y` -> servelab.x.y
@@ -63,20 +59,6 @@ def _schema_default(cls, name: str):
     return "???"
 
 
-def checkpoint_shape(path) -> dict | None:
-    """The shape fields of the checkpoint at ``path`` (its ``config.json``), or None if unreadable."""
-    file = Path(str(path))
-    file = file / "config.json" if file.is_dir() else file
-    try:
-        data = json.loads(file.read_text())
-    except (OSError, ValueError):
-        return None
-    shape = {k: data[k] for k in _SHAPE if k in data}
-    if data.get("architectures"):
-        shape = {"architecture": data["architectures"][0], **shape}
-    return shape
-
-
 def this_run_line(group: str, cfg: DictConfig) -> str | None:
     """``  this run (model=tiny_code): path=..., ...; shape from its config.json: ...`` for a
     shared-schema group: the composed values that differ from the fields' defaults."""
@@ -87,7 +69,7 @@ def this_run_line(group: str, cfg: DictConfig) -> str | None:
     schema = _SCHEMAS[group]
     shape = checkpoint_shape(values["path"]) if group == "model" and values.get("path") else None
     changed = [f"{k}={_text(v)}" for k, v in values.items()
-               if k != "name" and not (shape and k in (*_SHAPE, "architecture"))
+               if k != "name" and not (shape and k in (*SHAPE_FIELDS, "architecture"))
                and _text(v) != _text(_schema_default(schema, k))]
     text = ", ".join(changed) or "the fields' defaults"
     if shape:

@@ -23,10 +23,12 @@ import hydra
 from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from servelab.cli.help import help_text
+from servelab.cli.subcommands import SUBCOMMANDS
 from servelab.core.errors import ServelabError
 from servelab.core.registry import PluginError, check_selection
 from servelab.config import (ERROR_FILE, SweepReport, check_experiment_option, check_known_keys,
@@ -100,20 +102,6 @@ def _interrupted() -> None:
     sys.exit(130)
 
 
-# ``servelab <subcommand> [hydra overrides]``: each entry is "module:function" under servelab,
-# called with the remaining arguments (Hydra overrides) and returning an exit code.
-SUBCOMMANDS: dict[str, str] = {
-    "profile": "cli.profile:profile_main",  # fit a step-time profile of the real engine on this machine
-    "profile-ops": "cli.profile_ops:main",  # operator tables (docs/op-tables.md) measured on this machine
-    "eval-ppl": "cli.eval_ppl:main",  # held-out perplexity of the configured checkpoint (ppl.json)
-    "bench": "cli.bench:main",  # a load sweep (rates or concurrencies) of any stack: curve.csv/png, the SLO knee
-    "compare": "cli.compare:main",  # runs side by side: a table of metrics and the keys that differ, a plot
-    "check-plugin": "kit.conformance:main",  # a plugin through the conformance kit: exit 0 only when it passes
-    "new-plugin": "kit.new_plugin:main",  # a plugin package skeleton: entry point, typed Config, a passing test
-    "grade": "kit.grading:main",  # plugins scored against the built-ins on fixed simulated workloads
-    "serve": "serve.command:main",  # an OpenAI-compatible server (FastAPI + uvicorn) in front of the composed stack
-    "route": "serve.route_command:main",  # an OpenAI-compatible router (a router plugin) in front of N servers
-}
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -127,6 +115,16 @@ def unknown_command_message(word: str) -> str:
     hint = f" did you mean '{close[0]}'?" if close else ""
     return (f"unknown command '{word}';{hint} commands: {', '.join(SUBCOMMANDS)} "
             "(a run takes key=value overrides: servelab [key=value ...])")
+
+
+def _outside_the_job(exc: Exception) -> str:
+    """The line for an error Hydra raised around the job: composing the config, or making the run's folder
+    (or its log file there), which names the key that chose the folder."""
+    if isinstance(exc, OSError) and exc.filename is not None and not isinstance(exc, HydraException):
+        key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(sys.argv) else "hydra.run.dir"
+        return f"{key}: cannot write to {exc.filename} ({exc.strerror or type(exc).__name__}); choose a folder you " \
+               "can write to"
+    return config_error_message(exc)
 
 
 def check_arguments(argv: list[str]) -> None:
@@ -166,7 +164,7 @@ def main() -> None:
         print(help_text(sys.argv[2:]), end="")  # the usage page with the values the run would use
         sys.exit(0)
     if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
-        module, func = SUBCOMMANDS[sys.argv[1]].split(":")
+        module, func = SUBCOMMANDS[sys.argv[1]].target.split(":")
         try:
             code = getattr(importlib.import_module(f"servelab.{module}"), func)(sys.argv[2:])
         except ServelabError as exc:
@@ -191,6 +189,6 @@ def main() -> None:
     except Exception as exc:
         if full_error:
             raise
-        _fail(config_error_message(exc))
+        _fail(_outside_the_job(exc))
     if SweepReport.failed:
         sys.exit(1)

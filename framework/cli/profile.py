@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from hydra.errors import HydraException
 
+from servelab.cli.args import refuse_flags
 from servelab.cli.help import plain_doc
 from servelab.api import command_output_dir, compose, compose_with_run_dir
 from servelab.core.errors import ConfigError
@@ -29,6 +29,7 @@ from servelab.core.request import Request
 from servelab.core.shapes import ModelShape
 from servelab.run.runner import run_workload
 from servelab.assemble.stack import build_stack
+from servelab.results.writable import writable_file
 from servelab.sim.step_profile import StepProfile, feature_vector, fit_profile, machine_description
 
 log = logging.getLogger(__name__)
@@ -197,15 +198,14 @@ def profile_main(argv: list[str]) -> int:
                 raise ConfigError(f"servelab profile: {arg} must be a positive integer")
         else:
             overrides.append(arg)
-    try:  # where it goes, and bad overrides as one line before the probe runs
-        _, run_dir = compose_with_run_dir(overrides)
-    except HydraException as exc:
-        raise ConfigError(str(exc).splitlines()[0]) from None
+    refuse_flags(overrides, "profile", takes="--out=FILE, --rounds=N")
+    _, run_dir = compose_with_run_dir(overrides)  # where it goes, and bad overrides as one line before the probe runs
+    option = f"hydra.run.dir={run_dir}" if run_dir else f"--out={out}" if out is not None else "the profile folder"
     if run_dir or out is None:
         out = command_output_dir("profile", run_dir) / "profile.json"
+    writable_file(out, option)  # before the probe (minutes)
     profile = measure_profile(overrides, rounds)
     source = profile.source
-    out.parent.mkdir(parents=True, exist_ok=True)
     profile.save(out)
     fit = profile.fit
     print(f"servelab profile: {source['measured_steps']} steps measured in {rounds} round(s), {fit['num_steps']} distinct "

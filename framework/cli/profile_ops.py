@@ -37,12 +37,13 @@ from typing import Any, Optional, cast
 
 import numpy as np
 import torch
-from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from servelab.cli.args import refuse_flags
 from servelab.cli.help import plain_doc
 from servelab.api import command_output_dir, compose_with_run_dir
+from servelab.results.writable import writable_folder
 from servelab.core.errors import ConfigError, ServelabError
 from servelab.core.model_spec import SUPPORTED_ARCHITECTURES, ModelSpec, load_spec
 from servelab.core.shapes import ModelShape
@@ -233,10 +234,7 @@ def profile_ops(argv: list[str], out: str | Path | None = None, quiet: bool = Fa
     ``attention_rows`` and ``warnings`` (each also printed as one line)."""
     settings, overrides = split_args(list(argv))
     opts = parse_options(settings)
-    try:
-        cfg, run_dir = compose_with_run_dir(overrides)
-    except HydraException as exc:
-        raise ConfigError(str(exc).splitlines()[0]) from None
+    cfg, run_dir = compose_with_run_dir(overrides)
     explicit_block_size(cfg, "servelab profile-ops")
     out = Path(out) if out is not None else command_output_dir("profile-ops", run_dir)
     lines = _Lines(quiet)
@@ -272,6 +270,7 @@ def profile_ops(argv: list[str], out: str | Path | None = None, quiet: bool = Fa
         degrees.append(tp)
     if not degrees:
         raise ConfigError(f"profile_ops.tp_degrees={opts.tp_degrees}: {refused[0]}")
+    writable_folder(out, f"hydra.run.dir={run_dir}" if run_dir else "the profile-ops folder")  # before the timing
     for line in refused:
         lines.warn(line)
 
@@ -538,6 +537,7 @@ def main(argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(USAGE + "\n\n" + plain_doc(__doc__))
         return 0
+    refuse_flags(argv, "profile-ops")
     result = profile_ops(argv)
     tables, folder = result["tables"], result["folder"]
     for tp in result["tp_degrees"]:

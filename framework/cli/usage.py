@@ -16,6 +16,7 @@ from typing import get_type_hints
 import yaml
 
 import servelab.config as C
+from servelab.cli.subcommands import commands_help
 from servelab.core.kinds import KINDS
 from servelab.core.registry import default_registry
 
@@ -93,8 +94,10 @@ def usage_text() -> str:
         "usage: servelab [key=value ...]            run one job (python run.py is the same)",
         "       servelab -m key=a,b [key=c,d ...]   a Hydra multirun (every combination)",
         "       servelab --cfg job [key=value ...]  print the composed config",
-        "       servelab serve|bench|compare|profile|profile-ops|eval-ppl|check-plugin|new-plugin|grade ...  subcommands (servelab compare --help)",
+        "       servelab <command> [args ...]       a subcommand (the commands below)",
         "       servelab --hydra-help               Hydra's own flags",
+        "",
+        *commands_help(),
         "",
         "Select an option with group=option; set its fields with group.field=value. Fields are typed:",
         "a wrong key or type fails at start-up naming it. Metrics: docs/metrics.md.",

@@ -17,7 +17,7 @@ from omegaconf import MISSING
 from servelab.core.kinds import KINDS
 from servelab.core.registry import Registry, default_registry
 from servelab.core.packaged import PACKAGED_CHECKPOINTS, PACKAGED_MODELS
-from servelab.config.schema import LoggerConfig, ModelConfig, ServelabConfig, kv_tier_presets
+from servelab.config.schema import LoggerConfig, LoggerMode, ModelConfig, ServelabConfig, kv_tier_presets
 from servelab.config.workloads import (ChatSessionsWorkload, CorpusWorkload, HashIdsWorkload, JsonlWorkload,
                                        PromptsWorkload, SyntheticWorkload, TraceWorkload)
 
@@ -107,4 +107,4 @@ def register_configs(registry: Registry | None = None) -> None:
         node = {"kv_tiers": tiers, **({"allocator": {"prefix_caching": True}} if tiers.tiers else {})}
         cs.store(group="kv_tiers", name=name, node=node, package="_global_")
     cs.store(group="logger", name="wandb", node=LoggerConfig)
-    cs.store(group="logger", name="none", node=LoggerConfig(name="none", mode="disabled"))
+    cs.store(group="logger", name="none", node=LoggerConfig(name="none", mode=LoggerMode.disabled))

@@ -81,7 +81,7 @@ def unknown_key_message(key: str, node_type: Any) -> str:
     close = [prefix + c for c in difflib.get_close_matches(leaf, names, n=3, cutoff=0.6)]
     message = f"unknown key '{key}'"
     group = parent if parent and "." not in parent else ""
-    here = _option_label(group, node_type) or parent
+    here = _option_label(group, node_type) or parent or "this entry"  # an item of a list (workload.clients)
     others = [o for o, keys in _option_keys(group).items() if leaf in keys] if group else []
     if not close and others:
         return (f"{message}: {here} has no {leaf}; " + ", ".join(f"{group}={o}" for o in others)

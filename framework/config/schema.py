@@ -119,10 +119,19 @@ class HardwareConfig:
     inter_node_latency_us: float = 20.0
 
 
+class LoggerMode(enum.Enum):
+    """``logger.mode``: W&B's run modes (``wandb.init(mode=...)``); ``shared``: W&B's several-writers-one-run mode."""
+
+    offline = "offline"  # written under the run's folder; ``wandb sync`` uploads it
+    online = "online"
+    disabled = "disabled"  # no W&B run (as logger=none)
+    shared = "shared"
+
+
 @dataclass
 class LoggerConfig:
     name: str = "wandb"
-    mode: str = "offline"  # offline | online | disabled
+    mode: LoggerMode = LoggerMode.offline
     project: str = "servelab"
     entity: Optional[str] = None
     group: Optional[str] = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,11 +50,15 @@ def load_spec(path: str | Path) -> ModelSpec:
     if not (path / "config.json").is_file():
         raise CheckpointError(f"model.path={str(path)!r}: no config.json there (expected an HF-format "
                               "checkpoint directory: config.json + *.safetensors)")
+    try:
+        json.loads((path / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # transformers says OSError, naming no line
+        raise CheckpointError(f"model.path={str(path)!r}: {path / 'config.json'} is not valid JSON ({exc})") from None
     from transformers import AutoConfig  # noqa: PLC0415 - transformers (and torch): core stays light
 
     try:
         cfg = AutoConfig.from_pretrained(str(path), local_files_only=True)
-    except (ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError) as exc:
         raise CheckpointError(f"{path}/config.json could not be parsed by transformers: {exc}") from exc
     archs = list(getattr(cfg, "architectures", None) or [])
     arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)

@@ -42,7 +42,7 @@ import random
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-from servelab.core.errors import ServelabError
+from servelab.core.errors import ConfigError, ServelabError
 from servelab.core.interfaces import LengthPredictorError, predict_checked
 from servelab.core.kinds import KINDS, resolve, takes_legacy_args
 from servelab.core.registry import Registry, default_registry
@@ -447,7 +447,8 @@ def _check_event_script(name: str, registry: Registry, extra: tuple[str, ...]) -
     from servelab.kit.testing import KVCheckingExecutor, VirtualClock  # noqa: PLC0415 - torch
     from servelab.assemble.stack import build_stack  # noqa: PLC0415 - torch
 
-    cfg = _compose(merge_overrides(("model=tiny", "allocator=paged", f"evictor={name}"), extra))
+    cfg = _compose(merge_overrides(("model=tiny", "allocator=paged", "allocator.prefix_caching=true", f"evictor={name}"),
+                                   extra))
     for seed in SCRIPT_SEEDS:
         clock = VirtualClock()
         try:
@@ -855,6 +856,8 @@ def main(argv: list[str]) -> int:
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
         parser.error(f"expected overrides as key=value, got {bad[0]!r}")
+    if args.cases < 1:  # a PASS must have tested something
+        raise ConfigError(f"--cases {args.cases}: give at least 1 random scenario (default 50)")
     report = check_plugin(kind, name, cases=args.cases, seed=args.seed, real_model=not args.no_real_model,
                           overrides=tuple(args.overrides))
     print(report)

@@ -43,6 +43,7 @@ from servelab.core.kinds import KINDS
 from servelab.core.registry import Registry, default_registry
 from servelab.kit.grade_workloads import SIM, GradeWorkload, graded_kinds, workloads_for
 from servelab.config import register_configs
+from servelab.results.writable import writable_file, writable_folder
 from servelab.run.runner import run_workload
 
 # kind -> the built-in it is scored against (the kinds table's grade_reference; a router: round_robin)
@@ -247,6 +248,14 @@ def main(argv: list[str]) -> int:
     run_dir, specs = _run_dir(args.plugins)
     if not specs:
         raise ServelabError(f"expected <kind>=<name> with kind one of {', '.join(GRADED)}")
+    from servelab.api import command_output_dir  # noqa: PLC0415 - torch
+
+    # where the tables go, checked before the grading (minutes) rather than after it
+    if args.out and not run_dir:
+        writable_file(args.out, f"--out {args.out}")
+    else:
+        folder = writable_folder(command_output_dir("grade", run_dir), f"hydra.run.dir={run_dir}" if run_dir
+                                 else "the grade folder")
     grades = []
     for spec in specs:
         kind, sep, name = spec.partition("=")
@@ -256,14 +265,9 @@ def main(argv: list[str]) -> int:
         print_grade(grades[-1])
     if args.out and not run_dir:
         out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(to_csv(grades) if out.suffix.lower() == ".csv" else to_markdown(grades))
         print(f"results: {out}")
         return 0
-    from servelab.api import command_output_dir  # noqa: PLC0415 - torch
-
-    folder = command_output_dir("grade", run_dir)
-    folder.mkdir(parents=True, exist_ok=True)
     (folder / "grade.md").write_text(to_markdown(grades))
     (folder / "grade.csv").write_text(to_csv(grades))
     print(f"results: {folder}/grade.md, grade.csv")

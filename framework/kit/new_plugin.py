@@ -25,6 +25,7 @@ from servelab.core.kinds import KINDS
 from servelab.core.registry import default_registry
 from servelab.kit.grade_workloads import graded_kinds
 from servelab.kit.plugin_templates import PYPROJECT, README, generated_test, module_template
+from servelab.results.writable import writable_folder
 
 # what `servelab grade` scores (servelab.kit.grading.GRADED)
 GRADED_KINDS = tuple(graded_kinds())
@@ -102,6 +103,7 @@ def new_plugin(kind: str, name: str, directory: str | Path = ".") -> Path:
     root = Path(directory) / name
     if root.exists():
         raise NewPluginError(f"{root} exists already; remove it or choose another --dir")
+    writable_folder(directory, f"--dir {directory}")
     files = render(kind, name)
     for rel, text in files.items():
         path = root / rel

@@ -11,7 +11,7 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, cast
+from typing import Any, Callable, Iterable, Literal, cast
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -149,7 +149,7 @@ class WandbLogger(RunLogger):
 
         lc = self.cfg
         self.run = wandb.init(
-            project=lc.project, entity=lc.entity, group=lc.group or sweep_group(), tags=list(lc.tags), mode=lc.mode,
+            project=lc.project, entity=lc.entity, group=lc.group or sweep_group(), tags=list(lc.tags), mode=_mode(lc),
             dir=str(output_dir), config=cast("dict[str, Any]", OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)),
             name=output_dir.name, settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
         )
@@ -157,9 +157,9 @@ class WandbLogger(RunLogger):
     def where(self) -> str:
         if self.run is None:
             return "not started"
-        if self.cfg.mode == "online":
+        if _mode(self.cfg) == "online":
             return f"online, {self.run.url}"
-        return f"{self.cfg.mode}, {Path(self.run.dir).parent} (wandb sync uploads it)"
+        return f"{_mode(self.cfg)}, {Path(self.run.dir).parent} (wandb sync uploads it)"
 
     def attach(self, engine) -> None:
         self.window.queue_lengths = engine.scheduler.queue_lengths  # read once per point, not per step
@@ -259,9 +259,14 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def _mode(cfg: DictConfig) -> Literal["online", "offline", "disabled", "shared"]:
+    """``logger.mode`` as W&B spells it (the schema's enum, or a plain string)."""
+    return cast(Literal["online", "offline", "disabled", "shared"], str(getattr(cfg.mode, "value", cfg.mode)))
+
+
 def make_logger(cfg: DictConfig) -> RunLogger:
     """``logger=wandb`` (mode from ``logger.mode``) or ``logger=none``."""
-    if cfg.name == "none" or cfg.mode == "disabled":
+    if cfg.name == "none" or _mode(cfg) == "disabled":
         return RunLogger()
     if cfg.name == "wandb":
         return WandbLogger(cfg)

@@ -80,33 +80,56 @@ def print_rejections(summary: dict, console: Console | None = None) -> None:
     console.print(table)
 
 
+# how each finish reason reads in the samples' header and labels
+FINISH_WORDS = {"stop": "ended at EOS", "length": "hit the length limit (max_tokens or max_model_len)",
+                "abort": "aborted", None: "unfinished"}
+
+
 def print_samples(requests: Iterable[dict], console: Console | None = None, limit: int = 3,
                   prompt_chars: int = 240, max_ids: int = 16) -> None:
-    """A few prompt -> completion pairs (records with ``output_text``: checkpoints with a tokenizer),
-    those that ended by themselves (EOS) first: a whole definition reads best. Each is labelled
-    ``prompt:`` / ``completion:`` in words, so the pair survives a pipe (no colour there). A side that
-    is not text (a token-id workload's random ids, or a random-weight model's output, decode to control
-    bytes and broken UTF-8) shows the prompt's length or the first ``max_ids`` output token ids instead."""
-    stopped: list[dict] = []
-    other: list[dict] = []
+    """A few prompt -> completion pairs (records with ``output_text``: checkpoints with a tokenizer) and
+    how every request ended. The samples are a mix: those that ended by themselves (EOS: a whole
+    definition reads best) and at least one of each other ending there is (a request cut at its
+    ``max_tokens``, the common case for a short ``max_tokens``), each labelled with its
+    ``finish_reason``. Each is labelled ``prompt:`` / ``completion:`` in words, so the pair survives a
+    pipe (no colour there). A side that is not text (a token-id workload's random ids, or a
+    random-weight model's output, decode to control bytes and broken UTF-8) shows the prompt's length
+    or the first ``max_ids`` output token ids instead."""
+    by_reason: dict = {}  # finish reason -> the first `limit` records that ended so
+    counts: dict = {}
     for r in requests:
         if "output_text" not in r:
             return  # no tokenizer: no record has text
-        if r.get("finish_reason") == "stop":
-            stopped.append(r)
-            if len(stopped) >= limit:
-                break
-        elif r.get("finish_reason") and len(other) < limit:
-            other.append(r)
-    shown = (stopped + other)[:limit]
+        reason = r.get("finish_reason")
+        counts[reason] = counts.get(reason, 0) + 1
+        if reason is not None and len(by_reason.setdefault(reason, [])) < limit:
+            by_reason[reason].append(r)
+    shown = _mix(by_reason, counts, limit)
     if not shown:
         return
     console = console or Console()
-    console.print("[bold]sample completions[/bold] (all in requests.jsonl)")
+    total = sum(counts.values())
+    ended = "; ".join(f"{n} finish={reason}: {FINISH_WORDS.get(reason, reason)}"
+                      for reason, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    console.print(Text.assemble(("sample completions", "bold"), f" (of {total} requests: {ended}; all in "
+                                "requests.jsonl)"), soft_wrap=True)
     for r in shown:
-        console.rule(Text(f"{r['id']}: {r['output_len']} tokens, finish={r['finish_reason']}"), style="dim")
+        console.rule(Text(f"{r['id']}: {r['output_len']} tokens, finish={r['finish_reason']} "
+                          f"({FINISH_WORDS.get(r['finish_reason'], r['finish_reason'])})"), style="dim")
         _print_sample(console, r, prompt_chars, max_ids)
     console.rule(style="dim")
+
+
+def _mix(by_reason: dict, counts: dict, limit: int) -> list[dict]:
+    """Up to ``limit`` samples: one of each finish reason first (EOS first, then the commonest), then
+    the rest filled in the same order."""
+    order = sorted(by_reason, key=lambda reason: (reason != "stop", -counts[reason]))
+    shown = [by_reason[reason][0] for reason in order][:limit]
+    for reason in order:
+        for r in by_reason[reason][1:]:
+            if len(shown) < limit:
+                shown.append(r)
+    return shown
 
 
 def _print_sample(console: Console, r: dict, prompt_chars: int, max_ids: int) -> None:

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from tqdm.autonotebook import tqdm as notebook_tqdm
 from tqdm.std import tqdm as std_tqdm
 
+from servelab.config.checkpoint import recorded_config
 from servelab.core.interfaces import EngineLimits
 from servelab.engine.engine import Engine, StepRecord
 from servelab.results.metrics import RequestStats, request_record
@@ -167,7 +168,7 @@ def run_and_write(cfg: DictConfig, output_dir: Path, writer: RequestWriter, logg
             progress.close()
         result = collect(status)
         result.write(output_dir, cfg.debug.log_steps)
-        OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
+        OmegaConf.save(recorded_config(cfg), output_dir / "config.yaml", resolve=True)  # a checkpoint's real shape
         logger.finish(result.summary, result.iter_requests(), exit_code)
         if exit_code == 1:  # an error; the command line reports an interrupt or all-rejected run itself
             log.error("run %s; partial results written to %s", status, output_dir)

@@ -11,6 +11,7 @@ configured) to ``hydra.run.dir`` (alias ``serve.output_dir``; default ``outputs/
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import socket
@@ -18,14 +19,14 @@ import sys
 import threading
 from pathlib import Path
 
-from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
 from servelab.api import command_output_dir, compose_with_run_dir
 from servelab.core.errors import ConfigError
-from servelab.config import check_known_keys, config_error_message
+from servelab.config import check_known_keys, recorded_config
 from servelab.assemble.preflight import check_device
 from servelab.results.loggers import RunLogger, make_logger
+from servelab.results.writable import writable_folder
 from servelab.run.session import RequestWriter, collect_results
 from servelab.results.fairness import config_weights
 from servelab.cluster.build import is_cluster
@@ -70,10 +71,7 @@ def compose_serve_config(argv: list[str]) -> DictConfig:
 def compose_command(command: str, overrides: list[str]) -> DictConfig:
     """The composed config of a server command (``serve``, ``route``): Hydra's errors as one line,
     unknown keys refused, ``<command>.output_dir`` set to where its results go (``hydra.run.dir`` first)."""
-    try:
-        cfg, run_dir = compose_with_run_dir(overrides)
-    except HydraException as exc:
-        raise ConfigError(config_error_message(exc)) from None
+    cfg, run_dir = compose_with_run_dir(overrides)
     check_known_keys(cfg)
     node = cfg[command]
     node.output_dir = str(command_output_dir(command, run_dir, node.output_dir))
@@ -105,21 +103,30 @@ def main(argv: list[str]) -> int:
     return serve(cfg)
 
 
-def check_port_free(host: str, port: int) -> None:
-    """Raise :class:`ConfigError` when ``host:port`` cannot be bound (another server holds it, or
-    the address is not this machine's). Port 0 (any free port) always binds. SO_REUSEADDR as
-    uvicorn sets it, so a port in TIME_WAIT after a previous server counts as free, as for uvicorn."""
-    if port == 0:
-        return
+def check_port_free(host: str, port: int, command: str = "serve") -> None:
+    """Raise :class:`ConfigError` naming ``<command>.host`` when ``host`` is no address of this machine
+    (it does not resolve, or nothing here has it), or ``<command>.port`` when another server holds the
+    port. Port 0 (any free port) binds whenever the host does. SO_REUSEADDR as uvicorn sets it, so a
+    port in TIME_WAIT after a previous server counts as free, as for uvicorn."""
+    not_here = (f"{command}.host={host}: not an address of this machine ({{}}); use --host 127.0.0.1 (this "
+                "machine only), 0.0.0.0 (every interface) or one of its addresses")
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (OSError, UnicodeError) as exc:  # socket.gaierror: not an address, and no name that resolves
+        raise ConfigError(not_here.format(_reason(exc))) from None
+    try:
         with socket.socket(family, kind, proto) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind(address)
     except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise ConfigError(f"serve.port={port}: cannot listen on {host}:{port} ({reason}); choose another with "
-                          "--port N (0 = any free port) or stop the server that holds it") from None
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise ConfigError(not_here.format(_reason(exc))) from None
+        raise ConfigError(f"{command}.port={port}: cannot listen on {host}:{port} ({_reason(exc)}); choose another "
+                          "with --port N (0 = any free port) or stop the server that holds it") from None
+
+
+def _reason(exc: BaseException) -> str:
+    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
 
 
 def serve(cfg: DictConfig) -> int:
@@ -165,10 +172,9 @@ def serve(cfg: DictConfig) -> int:
 
 def _output_dir(path: str | None) -> Path:
     """``serve.output_dir`` (:func:`compose_serve_config` sets it from ``hydra.run.dir``), by default
-    ``outputs/serve/<date>/<time>``; created."""
-    output_dir = command_output_dir("serve", None, path)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    return output_dir
+    ``outputs/serve/<date>/<time>``; created, and checked writable before the model loads."""
+    return writable_folder(command_output_dir("serve", None, path), f"serve.output_dir={path}" if path
+                           else "the serve folder")
 
 
 def _record(engine, logger: RunLogger, metrics, text, output_dir: Path) -> RequestWriter:
@@ -217,7 +223,7 @@ def _write_results(cfg: DictConfig, stack: Stack, writer: RequestWriter | None, 
                                                          **stack.describe_time()},
                              writer=writer, fairness_weights=config_weights(cfg))
     result.write(output_dir, cfg.debug.log_steps)
-    OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
+    OmegaConf.save(recorded_config(cfg), output_dir / "config.yaml", resolve=True)  # a checkpoint's real shape
     logger.finish(result.summary, result.iter_requests(), code)
     summary = result.summary
     print(f"servelab serve: {summary['num_requests']} requests ({summary['num_finished']} finished, "

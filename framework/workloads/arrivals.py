@@ -84,9 +84,14 @@ def workload_concurrency(workload_cfg) -> int | None:
     return int(workload_cfg.concurrency) if is_closed_loop(workload_cfg) else None
 
 
-def check_closed_loop(workload_cfg) -> None:
-    """``workload.concurrency`` / ``think_time_s`` / ``think_time_dist`` against ``workload.arrival``:
-    each mistake one :class:`ConfigError` line naming the key."""
+def check_arrivals(workload_cfg) -> None:
+    """``workload.time_scale`` (> 0: it multiplies every arrival time), and ``workload.concurrency`` /
+    ``think_time_s`` / ``think_time_dist`` against ``workload.arrival``: each mistake one
+    :class:`ConfigError` line naming the key."""
+    time_scale = workload_cfg.get("time_scale", 1.0)
+    if time_scale <= 0:
+        raise ConfigError(f"workload.time_scale={time_scale} must be > 0: it multiplies every arrival time (0.5 = "
+                          "twice as fast); for every request at once use workload.arrival=all_at_once")
     concurrency = workload_cfg.get("concurrency")
     if not is_closed_loop(workload_cfg):
         if concurrency is not None:
@@ -108,10 +113,10 @@ def check_closed_loop(workload_cfg) -> None:
 
 
 def arrival_source(workload_cfg, requests: Iterable[Request]) -> OpenLoop | ClosedLoop:
-    """The source ``workload_cfg`` asks for, over ``requests`` (checked by :func:`check_closed_loop`)."""
+    """The source ``workload_cfg`` asks for, over ``requests`` (checked by :func:`check_arrivals`)."""
+    check_arrivals(workload_cfg)
     if not is_closed_loop(workload_cfg):
         return OpenLoop(requests, workload_cfg.time_scale)
-    check_closed_loop(workload_cfg)
     dist = getattr(workload_cfg.think_time_dist, "value", workload_cfg.think_time_dist)
     return ClosedLoop(requests, int(workload_cfg.concurrency), float(workload_cfg.think_time_s), dist,
                       int(workload_cfg.seed))

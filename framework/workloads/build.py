@@ -210,13 +210,14 @@ def _jsonl_request(obj, where: str, index: int, rng, vocab_size: int, text=None)
                 raise WorkloadError(f"{where}: 'prompt_token_ids' must be a list of integers")
             prompt = tuple(tokens)
         elif "prompt_len" in obj:
-            prompt = _random_prompt(rng, int(obj["prompt_len"]), vocab_size)
+            prompt = _random_prompt(rng, _length(obj["prompt_len"], "prompt_len", where), vocab_size)
         else:
             raise WorkloadError(f"{where}: needs 'prompt', 'prompt_token_ids' or 'prompt_len'")
         sampling = SamplingParams(float(obj.get("temperature", 0.0)), float(obj.get("top_p", 1.0)),
                                   int(obj.get("top_k", 0)), obj.get("seed"))
         return Request(
-            id=str(obj.get("id", f"req-{index}")), prompt_token_ids=prompt, max_tokens=int(obj["max_tokens"]),
+            id=str(obj.get("id", f"req-{index}")), prompt_token_ids=prompt,
+            max_tokens=_length(obj["max_tokens"], "max_tokens", where),
             arrival_time=float(obj.get("arrival_time") or 0.0), sampling=sampling,
             ignore_eos=bool(obj.get("ignore_eos", "prompt" not in obj)), priority=int(obj.get("priority", 0)),
             ttft_slo_ms=_opt_float(obj.get("ttft_slo_ms")), tpot_slo_ms=_opt_float(obj.get("tpot_slo_ms")),
@@ -225,6 +226,15 @@ def _jsonl_request(obj, where: str, index: int, rng, vocab_size: int, text=None)
         if isinstance(exc, ServelabError):
             raise
         raise WorkloadError(f"{where}: bad value ({exc})") from None
+
+
+def _length(value, key: str, where: str) -> int:
+    """A token count of a jsonl request: an integer >= 1 (a negative or zero one is refused, not run)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
+        raise WorkloadError(f"{where}: {key}={json.dumps(value)} must be a whole number of tokens >= 1")
+    if value < 1:
+        raise WorkloadError(f"{where}: {key}={int(value)} must be >= 1")
+    return int(value)
 
 
 def _opt_float(v):
@@ -270,12 +280,13 @@ def trace_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
     total = len(rows)
     rng = np.random.default_rng(cfg.seed)
     rows = rows[cfg.start_row:]
+    lines = list(range(cfg.start_row + 2, cfg.start_row + 2 + len(rows)))  # each row's line in the file (header: 1)
     if cfg.sample == "resample":
         return _resampled_trace(cfg, rows, (a_col, p_col, o_col), path, rng, vocab_size, max_model_len)
     if cfg.num_requests is not None and cfg.num_requests < len(rows):
         if cfg.sample == "random":
             picked = np.sort(rng.choice(len(rows), size=cfg.num_requests, replace=False))
-            rows = [rows[i] for i in picked]
+            rows, lines = [rows[i] for i in picked], [lines[i] for i in picked]
         elif cfg.sample == "head":
             rows = rows[:cfg.num_requests]
         else:
@@ -288,11 +299,14 @@ def trace_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
     requests, clipped = [], 0
     min_len, length_scale, start_row = cfg.min_len, cfg.length_scale, cfg.start_row  # not OmegaConf per row
     for i, row in enumerate(rows):
+        where = f"{path}:{lines[i]}"  # the file and line (the header is line 1), as for jsonl
         try:
-            prompt_len = max(min_len, int(round(float(row[p_col]) * length_scale)))
-            output_len = max(1, int(round(float(row[o_col]) * out_scale)))
+            raw_prompt, raw_output = float(row[p_col]), float(row[o_col])
         except (TypeError, ValueError):
-            raise WorkloadError(f"{path}: row {start_row + i + 2}: bad length values {row}") from None
+            raise WorkloadError(f"{where}: bad length values {row}") from None
+        _check_trace_lengths(where, (p_col, raw_prompt), (o_col, raw_output))
+        prompt_len = max(min_len, int(round(raw_prompt * length_scale)))
+        output_len = max(1, int(round(raw_output * out_scale)))
         if prompt_len + output_len > max_model_len:
             clipped += 1
             prompt_len = min(prompt_len, max_model_len - 1)
@@ -319,10 +333,16 @@ def _resampled_trace(cfg, rows: list[dict], cols: tuple, path: Path, rng: np.ran
         raise WorkloadError("workload.sample=resample does not assign clients: leave workload.clients out")
     out_scale = cfg.output_scale if cfg.output_scale is not None else cfg.length_scale
     try:
-        prompts = np.maximum(cfg.min_len, np.rint(np.array([float(r[p_col]) for r in rows]) * cfg.length_scale))
-        outputs = np.maximum(1, np.rint(np.array([float(r[o_col]) for r in rows]) * out_scale))
+        raw_prompts = np.array([float(r[p_col]) for r in rows])
+        raw_outputs = np.array([float(r[o_col]) for r in rows])
     except (TypeError, ValueError):
         raise WorkloadError(f"{path}: bad length values") from None
+    bad = np.flatnonzero((raw_prompts < 1) | (raw_outputs < 1))
+    if bad.size:
+        i = int(bad[0])
+        _check_trace_lengths(f"{path}:{cfg.start_row + i + 2}", (p_col, raw_prompts[i]), (o_col, raw_outputs[i]))
+    prompts = np.maximum(cfg.min_len, np.rint(raw_prompts * cfg.length_scale))
+    outputs = np.maximum(1, np.rint(raw_outputs * out_scale))
     prompts = np.minimum(prompts, max_model_len - 1).astype(np.int64)
     outputs = np.maximum(1, np.minimum(outputs, max_model_len - prompts)).astype(np.int64)
     stamps = np.sort(_trace_arrivals(rows, a_col, path, rng, cfg.rate))
@@ -343,6 +363,15 @@ def _resampled_trace(cfg, rows: list[dict], cols: tuple, path: Path, rng: np.ran
                 max_tokens=int(outputs[row]), arrival_time=float(arrivals[i]), ignore_eos=True), vocab_size)
 
     return cast("list[Request]", InArrivalOrder(n, generate))
+
+
+def _check_trace_lengths(where: str, *columns: tuple[str, float]) -> None:
+    """A trace row's token counts as the trace gives them (before any scaling): each >= 1. A row that
+    says -5 or 0 tokens is a broken row, refused naming it, not run as a 1-token request."""
+    for column, value in columns:
+        if not value >= 1:  # NaN too
+            raise WorkloadError(f"{where}: {column}={value:g} is not a length (each request needs >= 1 prompt "
+                                "token and >= 1 output token); fix or drop the row")
 
 
 def _trace_arrivals(rows, col, path, rng, rate) -> np.ndarray:

@@ -51,6 +51,10 @@ def hash_ids_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]
             arrival = (float(row["timestamp"]) - t0) / 1e3
         except (KeyError, TypeError, ValueError) as exc:
             raise WorkloadError(f"{where}: needs timestamp, input_length, output_length, hash_ids ({exc})") from None
+        for key in ("input_length", "output_length"):
+            if int(row[key]) < 1:  # a broken row, not a 1-token request
+                raise WorkloadError(f"{where}: {key}={int(row[key])} is not a length (each request needs >= 1 prompt "
+                                    "token and >= 1 output token); fix or drop the row")
         if len(ids) * block_tokens < prompt_len:
             raise WorkloadError(f"{where}: {len(ids)} hash_ids x {block_tokens} tokens cannot cover the scaled "
                                 f"input_length {prompt_len}")

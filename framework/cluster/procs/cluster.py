@@ -41,7 +41,7 @@ from servelab.core.request import Request, Sequence
 from servelab.engine.arrival_source import ArrivalSource
 from servelab.kv.pd.process import KVPayload, Loaded
 from servelab.results.cluster_summary import KVTransferSums
-from servelab.cluster.procs.engine import replica_main
+from servelab.cluster.procs.engine import children_ignore_ctrl_c, replica_main
 from servelab.cluster.procs.replica import ProcReplica, ReplicaProcessError, exit_text
 from servelab.results.replica_report import ReplicaReport
 
@@ -91,7 +91,8 @@ class ProcessCluster:
                 conn, child_end = self._ctx.Pipe(duplex=False)
                 process = self._ctx.Process(target=replica_main, name=f"servelab-replica{index}",
                                             args=(index, role, OmegaConf.to_yaml(pcfg, resolve=True), inbox, child_end))
-                process.start()
+                with children_ignore_ctrl_c():  # Ctrl-C is the parent's: the child stops when told, quietly
+                    process.start()
                 child_end.close()  # the child holds the only writing end: its exit reads as end-of-file here
                 self.replicas.append(ProcReplica(index, role, process, inbox, conn, pcfg.tensor_parallel_size))
         deadline = time.monotonic() + STARTUP_TIMEOUT_S

@@ -5,7 +5,8 @@ says it is ready (its limits), waits for the run's start time, then loops: take 
 sent (requests to admit, handed-off sequences with their prompt KV, stop), step the engine, and
 send back what happened (gauges after each step, each ended sequence, each prefilled sequence
 with its KV, each landed transfer). At ``stop`` it sends its :class:`ReplicaReport` and exits. Any
-error is sent as one line naming the replica before the process exits.
+error is sent as one line naming the replica before the process exits. Ctrl-C is the parent's to
+answer: the child ignores SIGINT and reports and exits when the parent says ``abort``.
 
 Messages, parent -> child: ``("start", t0, decode_max_model_len)``, ``("add", request, arrival_s, hand_off)``,
 ``("seq", seq, payload)``, ``("stop",)`` (finish what it holds, then report) and ``("abort",)``
@@ -18,8 +19,11 @@ clock counts from it, so the processes' timestamps compare (one machine, one mon
 
 from __future__ import annotations
 
+import contextlib
 import queue
-from typing import Any, cast
+import signal
+import threading
+from typing import Any, Iterator, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -34,9 +38,34 @@ from servelab.assemble.stack import Stack, build_stack
 IDLE_WAIT_S = 0.05  # how long an idle engine waits for the parent's next message
 
 
+@contextlib.contextmanager
+def children_ignore_ctrl_c() -> Iterator[None]:
+    """While the parent spawns the replicas: SIGINT ignored, so each child starts ignoring it (an ignored
+    signal stays ignored across exec, and Python then installs no KeyboardInterrupt handler). Ctrl-C
+    reaches the whole process group; the parent alone answers it (one line, partial results) and tells
+    each replica to report and exit, so no child prints a traceback of its own. Off the main thread
+    (where no handler can be set) nothing changes."""
+    previous = _ignore_ctrl_c()
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _ignore_ctrl_c() -> Any:
+    """Ignore SIGINT in this process (on its main thread: elsewhere no handler can be set); the handler
+    it had, or None where nothing changed."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def replica_main(index: int, role: str, config_yaml: str, inbox: Any, outbox: Any) -> None:
     """The target of replica ``index``'s process (``role``: mixed, prefill or decode; ``config_yaml``: its
-    resolved config, as text: the composed config's schema class is made at run time and does not pickle)."""
+    resolved config, as text: the composed config's schema class is made at run time and does not pickle).
+    Ctrl-C is the parent's to answer (:func:`children_ignore_ctrl_c`): ignored here too, whoever started it."""
+    _ignore_ctrl_c()
     try:
         _serve(index, role, typed_config(config_yaml), inbox, outbox)
     except Exception as exc:  # noqa: BLE001 - told to the parent as one line; it stops the run naming this replica

@@ -180,7 +180,7 @@ def main(argv: list[str]) -> int:
     from servelab.serve.route.app import build_route_app  # noqa: PLC0415
 
     cfg, replica_overrides = compose_route_config(argv)
-    check_port_free(cfg.route.host, cfg.route.port)  # before any replica starts
+    check_port_free(cfg.route.host, cfg.route.port, "route")  # before any replica starts
     state, replicas = prepare(cfg, replica_overrides)
     try:
         urls = ", ".join(b.url for b in state.pool.backends)
