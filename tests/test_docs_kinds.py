@@ -206,3 +206,27 @@ def test_a_stage_without_a_description_is_named(widget_kind):
     with pytest.raises(UndescribedStage, match="conformance stage 'servelab.kit.stage_info:nothing_here' has no "
                                                "StageInfo"):
         kind_docs.stale_pages(REPO)
+
+
+# ---- the command lines' own help ------------------------------------------------------------------
+
+def test_servelab_help_lists_every_kind(widget_kind):
+    """``servelab --help`` is built from the table: a kind added to it is listed with its summary."""
+    from servelab.cli.usage import usage_text
+
+    widget_kind(None)
+    text = usage_text()
+    for spec in KINDS.values():
+        assert f"{spec.group}  (default: " in text and spec.summary in text, spec.name
+
+
+@pytest.mark.parametrize("command, which", [("servelab.kit.conformance", "check-plugin"),
+                                            ("servelab.kit.new_plugin", "all"), ("servelab.kit.grading", "grade")])
+def test_each_commands_help_lists_its_kinds(command, which, capsys):
+    import importlib
+
+    with pytest.raises(SystemExit):
+        importlib.import_module(command).main(["--help"])
+    listed = " ".join(capsys.readouterr().out.split())
+    kinds = kind_docs.kinds_list(which, REPO / "README.md", REPO).replace("`", "")
+    assert kinds in listed, f"{command} --help does not list {kinds}"

@@ -40,6 +40,13 @@ def test_the_documented_override_draws_a_class_per_request_and_keeps_the_workloa
     assert {(r.ttft_slo_ms, r.tpot_slo_ms, r.priority) for r in batch} == {(5000.0, None, 1)}
 
 
+def test_the_override_is_the_one_the_docs_show():
+    from conftest import REPO
+
+    page = (REPO / "docs" / "configuration.md").read_text()
+    assert f"'{CLASSES}'" in page, "docs/configuration.md#slo-classes shows another override than this test runs"
+
+
 def test_the_draws_follow_the_workload_seed():
     first = [r.slo_class for r in _reqs("workload.num_requests=50", CLASSES)]
     assert first == [r.slo_class for r in _reqs("workload.num_requests=50", CLASSES)]

@@ -15,7 +15,9 @@ or ``servelab check-plugin scheduler=spf`` (exit code 0 only when it passes). Tw
    can never fit the pool) and every invalid one is rejected with a reason; no block leaks;
    tokens equal the default stack's; drafts within ``k`` and the vocabulary; the run ends; once
    every sequence ended (finished, aborted, preempted on the way) a scheduler, allocator or
-   drafter holds no state for any of them (:mod:`servelab.kit.conformance_state`). An evictor
+   drafter holds no state for any of them (:mod:`servelab.kit.conformance_state`). A scheduler
+   also runs fixed scenarios with mixed SLO classes (:mod:`servelab.kit.conformance_slo_mix`), so
+   an order that reads deadlines or priorities is exercised under the same contracts. An evictor
    runs behind ``allocator=paged allocator.prefix_caching=true``, every answer of its ``evict()``
    is checked before the allocator acts on it, and it also goes through its own checks
    (:mod:`servelab.kit.conformance_evictor`: scripted cache events, a fixed shared-prefix workload

@@ -36,18 +36,19 @@ def preset_yaml(workload: GradeWorkload) -> str:
     values: dict[str, Any] = {}
     composed = None
     for override in overrides:
-        key, _, value = override.partition("=")
+        key, _, text = override.partition("=")
         if key in groups:
-            choices[key] = value
+            choices[key] = text
             continue
         path = key.split(".")
         digit = next((i for i, part in enumerate(path) if part.isdigit()), None)
         if digit is not None:  # a list element: the whole list, as the overrides compose it
             composed = composed or compose(list(overrides), logger="none")
             path = path[:digit]
-            value = OmegaConf.to_container(OmegaConf.select(composed, ".".join(path)), resolve=True, enum_to_str=True)
+            value: Any = OmegaConf.to_container(OmegaConf.select(composed, ".".join(path)), resolve=True,
+                                                enum_to_str=True)
         else:
-            value = yaml.safe_load(value)
+            value = yaml.safe_load(text)
         node = values
         for part in path[:-1]:
             node = node.setdefault(part, {})

@@ -161,9 +161,10 @@ def score_of(kind: str, row: Row, reference: Row | None) -> float | None:
     if reference is None:
         return None
     ratios = [term.ratio(row, reference) for term in score_rule(kind).terms]
-    if any(r is None for r in ratios):
+    known = [r for r in ratios if r is not None]
+    if len(known) < len(ratios):
         return None
-    return math.prod(ratios) ** (1.0 / len(ratios))  # type: ignore[operator]
+    return math.prod(known) ** (1.0 / len(known))
 
 
 def _run(kind: str, policy: str, workload: GradeWorkload, requests, registry: Registry) -> Row:
