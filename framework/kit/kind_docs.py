@@ -90,10 +90,10 @@ def exchanged_names(spec: KindSpec) -> list[str]:
 
 def hooks(spec: KindSpec) -> list[str]:
     """The methods (and properties) a plugin of this kind may implement: the public members its base
-    class and the bases between it and ``Plugin`` define."""
+    class and its bases (but ``Plugin`` and the standard library's) define."""
     names: list[str] = []
     for cls in spec.base.__mro__:
-        if cls is Plugin or not issubclass(cls, Plugin):
+        if cls is Plugin or cls.__module__ in ("builtins", "abc", "typing"):
             continue
         for name, member in vars(cls).items():
             if name.startswith("_") or name in names:
