@@ -199,10 +199,27 @@ class IgnoresItsBound(QueueScheduler):
         return lambda seq: (seq.prompt_len, seq.arrival_s)
 
 
+class SeatsForDeadlines(QueueScheduler):
+    """Seats two sequences more than max_num_seqs while a request with a tight TTFT target waits: a
+    fault only requests with SLOs bring out."""
+
+    name = "seats_for_deadlines"
+
+    def schedule(self, now):
+        limits = self.limits
+        if any(seq.request.ttft_slo_ms is not None and seq.request.ttft_slo_ms < 100 for seq in self.waiting):
+            self.limits = dataclasses.replace(limits, max_num_seqs=limits.max_num_seqs + 2)
+        try:
+            return super().schedule(now)
+        finally:
+            self.limits = limits
+
+
 class _Broken:
     @hookimpl
     def servelab_register_schedulers(self):
-        return [OverBudget, ExtraSeats, NoDecodeBlocks, IgnoresItsBound, KeepsAbortedWaiting, RemembersEveryone]
+        return [OverBudget, ExtraSeats, NoDecodeBlocks, IgnoresItsBound, KeepsAbortedWaiting, RemembersEveryone,
+                SeatsForDeadlines]
 
     @hookimpl
     def servelab_register_preemption_policies(self):
@@ -297,3 +314,34 @@ def test_the_kits_fast_compose_gives_what_hydra_composes():
         fast = OmegaConf.to_container(_compose(overrides), resolve=True)
         full = compose([*overrides, "workload=synthetic"], logger="none", progress=False)
         assert fast == OmegaConf.to_container(full, resolve=True), overrides
+
+
+# ---- mixed SLO classes ------------------------------------------------------------------------
+def test_the_mixed_slo_scenarios_are_caught_breaking_a_contract_only_slos_bring_out(registry):
+    """With no random scenario at all, the fixed mixed-SLO ones find a fault that shows only while a
+    request with a tight target waits."""
+    report = check_plugin("scheduler", "seats_for_deadlines", registry=registry, cases=0, real_model=False)
+    assert report.contracts_broken == ["seats"], str(report)
+    assert "mixed SLO classes (the kit's fixed scenario 0)" in str(report) and "Request('tight-" in str(report)
+
+
+def test_the_mixed_slo_scenarios_exercise_a_deadline_aware_order():
+    """The scenarios make slo_aware (deadlines, late requests) and priority (the classes' priorities)
+    start requests in another order than fcfs, under preemption, and slo_aware meet more targets."""
+    from servelab.kit.conformance import _run
+    from servelab.kit.conformance_slo_mix import SLO_MIX_SEEDS, slo_mix_scenario
+
+    preempted = 0
+    for seed in SLO_MIX_SEEDS:
+        runs = {}
+        for name in ("fcfs", "slo_aware", "priority"):
+            scenario = slo_mix_scenario(seed, name)
+            _, result = _run(scenario.overrides, scenario.num_blocks, scenario.num_swap_blocks, scenario.requests,
+                             default_registry(), checked=False)
+            started = sorted(result.requests, key=lambda r: r["arrival_s"] * 1e3 + r["queue_ms"])
+            runs[name] = ([r["id"] for r in started], result.summary)
+        assert runs["slo_aware"][0] != runs["fcfs"][0] and runs["priority"][0] != runs["fcfs"][0]
+        assert runs["slo_aware"][1]["slo_attainment"] > runs["fcfs"][1]["slo_attainment"]
+        assert {r.slo_class for r in slo_mix_scenario(seed, "fcfs").requests} == {"tight", "loose", "none"}
+        preempted += runs["fcfs"][1]["num_preemptions"]
+    assert preempted > 0

@@ -37,8 +37,10 @@ def _study() -> tuple[list[str], list[str], dict[str, list[str]]]:
     """The page's study: its sweep's overrides (the router and hydra's left out), the routers it
     sweeps, and its table (router -> cells)."""
     text = (DOCS / PAGE).read_text()
-    command = next(line for line in text.replace("\\\n", " ").splitlines() if line.startswith("python run.py -m"))
-    args = shlex.split(command)[3:]
+    command = next(line for line in text.replace("\\\n", " ").splitlines()
+                   if line.startswith(("python run.py -m", "servelab -m")))
+    words = shlex.split(command)
+    args = words[words.index("-m") + 1:]
     routers = next(a for a in args if a.startswith("router=")).split("=", 1)[1].split(",")
     overrides = [a for a in args if not a.startswith(("router=", "hydra."))]
     rows = text[text.index("| router | TTFT p50 s"):].split("\n\n")[0]

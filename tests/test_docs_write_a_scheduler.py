@@ -77,3 +77,21 @@ def test_the_pages_test_section_needs_only_the_two_facades_and_passes(tmp_path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     exec(compile(block, "write-a-scheduler.md#3", "exec"), {"my_plugin_module": module})  # its asserts run
+
+
+@pytest.mark.parametrize("own, default, expected_ms", [(200.0, 500.0, 200.0), (None, 500.0, 500.0), (None, None, None)])
+def test_the_pages_slo_target_snippet_gives_the_target_a_request_is_measured_against(own, default, expected_ms):
+    """Section 1's snippet: a request's own target wins over the run's slo.ttft_ms (limits), as
+    requests.jsonl's met_slo and slo_aware read them."""
+    from types import SimpleNamespace
+
+    from servelab.core.interfaces import EngineLimits
+    from servelab.core.request import Sequence
+
+    snippet = next(c for c in page_code_blocks("write-a-scheduler.md") if "deadline_s =" in c)
+    seq = Sequence(Request("r", (1, 2, 3), 4, ttft_slo_ms=own), arrival_s=2.0)
+    limits = EngineLimits(16, 4, 64, 128, True, ttft_slo_ms=default)
+    scope = {"seq": seq, "self": SimpleNamespace(limits=limits)}
+    exec(compile(snippet, "write-a-scheduler.md#slo-targets", "exec"), scope)
+    assert scope["ttft_ms"] == expected_ms
+    assert scope["deadline_s"] == (None if expected_ms is None else 2.0 + expected_ms / 1e3)

@@ -23,7 +23,8 @@ from servelab.core.registry import default_registry
 # non-plugin groups: option -> its dataclass (the typed schema the option composes into)
 _TYPED: dict[str, dict[str, type]] = {
     "workload": {"corpus": C.CorpusWorkload, "synthetic": C.SyntheticWorkload, "jsonl": C.JsonlWorkload,
-                 "prompts": C.PromptsWorkload, "trace": C.TraceWorkload, "hash_ids": C.HashIdsWorkload},
+                 "prompts": C.PromptsWorkload, "trace": C.TraceWorkload, "hash_ids": C.HashIdsWorkload,
+                 "chat_sessions": C.ChatSessionsWorkload, "grade": C.GradeWorkloadConfig},
     "model": {"tiny": C.ModelConfig},
     "hardware": {},
     "logger": {"wandb": C.LoggerConfig},

@@ -18,8 +18,8 @@ from servelab.core.kinds import KINDS
 from servelab.core.registry import Registry, default_registry
 from servelab.core.packaged import PACKAGED_CHECKPOINTS, PACKAGED_MODELS
 from servelab.config.schema import LoggerConfig, LoggerMode, ModelConfig, ServelabConfig, kv_tier_presets
-from servelab.config.workloads import (ChatSessionsWorkload, CorpusWorkload, HashIdsWorkload, JsonlWorkload,
-                                       PromptsWorkload, SyntheticWorkload, TraceWorkload)
+from servelab.config.workloads import (ChatSessionsWorkload, CorpusWorkload, GradeWorkloadConfig, HashIdsWorkload,
+                                       JsonlWorkload, PromptsWorkload, SyntheticWorkload, TraceWorkload)
 
 if TYPE_CHECKING:
     from servelab.core.interfaces import Plugin
@@ -103,6 +103,7 @@ def register_configs(registry: Registry | None = None) -> None:
     cs.store(group="workload", name="chat_sessions", node=ChatSessionsWorkload)
     cs.store(group="workload", name="prompts", node=PromptsWorkload)
     cs.store(group="workload", name="corpus", node=CorpusWorkload)
+    cs.store(group="workload", name="grade", node=GradeWorkloadConfig)
     for name, tiers in kv_tier_presets().items():  # tiers hold prefix-cache blocks: the presets turn it on
         node = {"kv_tiers": tiers, **({"allocator": {"prefix_caching": True}} if tiers.tiers else {})}
         cs.store(group="kv_tiers", name=name, node=node, package="_global_")

@@ -54,6 +54,21 @@ class ClientConfig:
 
 
 @dataclass
+class SloClassConfig:
+    """One entry of ``workload.slo_classes`` (``servelab.workloads.slo_classes``): a class of requests
+    with their own targets. Each request's class is drawn with probability share / sum of shares (the
+    workload's seed, its own stream); a request then carries ``ttft_ms`` / ``tpot_ms`` as its own
+    ``ttft_slo_ms`` / ``tpot_slo_ms`` (null: the run's ``slo.*``), ``priority`` (null: 0) and ``name``
+    (``summary.json``'s ``slo_classes`` reports each class)."""
+
+    name: str = ""
+    share: Optional[float] = None  # null = 1
+    ttft_ms: Optional[float] = None
+    tpot_ms: Optional[float] = None
+    priority: Optional[int] = None
+
+
+@dataclass
 class SyntheticWorkload:
     name: str = "synthetic"
     num_requests: int = 256
@@ -67,6 +82,7 @@ class SyntheticWorkload:
     seed: int = "${seed}"  # type: ignore[assignment]
     time_scale: float = 1.0
     clients: Optional[list[ClientConfig]] = None  # null = no clients (every request anonymous)
+    slo_classes: Optional[list[SloClassConfig]] = None  # null = no classes (targets from slo.* alone)
 
 
 @dataclass
@@ -169,6 +185,18 @@ class HashIdsWorkload:
     seed: int = "${seed}"  # type: ignore[assignment]
     time_scale: float = 1.0
     clients: Optional[list[ClientConfig]] = None  # shares only: a trace keeps its arrival times
+
+
+@dataclass
+class GradeWorkloadConfig:
+    """The traffic of a ``servelab grade`` workload (``servelab.workloads.grade``): ``grade`` names its
+    generator (``chat_burst``, ``long_prompts``, ``tight_pool``, ``fairness_flood``, ``prefix_thrash``,
+    ``cluster_chat``); fixed, seeded requests. ``experiment=grade_<workload>`` runs one with the engine
+    settings ``grade`` gives it."""
+
+    name: str = "grade"
+    grade: str = MISSING
+    time_scale: float = 1.0
 
 
 @dataclass

@@ -90,7 +90,7 @@ _FAST_FORWARD = "servelab.kit.conformance_fast_forward:check_fast_forward"  # ki
 BUILTIN_KINDS = (
     KindSpec("scheduler", Scheduler, "servelab_register_schedulers", SchedulerContext, "fcfs",
              "which requests run each step and how many tokens each computes",
-             checks=("scenarios", "state", "starvation",
+             checks=("scenarios", "state", "starvation", "slo_mix",
                      "servelab.kit.conformance_disagg:check_disaggregated", "real_model", _FAST_FORWARD),
              template="scheduler",
              guide="docs/write-a-scheduler.md", grade_reference="fcfs"),

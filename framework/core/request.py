@@ -34,7 +34,9 @@ class Request:
     tenants with different salts cannot probe each other's prompts through cache-hit timing.
     ``client_id`` says who sent it: fair-sharing schedulers (``scheduler=vtc``) share service
     between clients, and the run's fairness figures (``service_by_client``, ``max_service_gap_tokens``,
-    ``jain_fairness_index``) compare them; ``None`` = the one anonymous client.
+    ``jain_fairness_index``) compare them; ``None`` = the one anonymous client. ``slo_class`` names
+    the SLO class its targets came from (``workload.slo_classes``, a ``jsonl`` line's
+    ``slo_class``): ``summary.json`` reports each class's attainment; policies read the targets.
     """
 
     id: str
@@ -48,6 +50,7 @@ class Request:
     tpot_slo_ms: float | None = None
     cache_salt: str | None = None
     client_id: str | None = None  # who sent it; None: the anonymous client
+    slo_class: str | None = None  # the SLO class its targets came from (reporting only)
     # when the client sent it, where a front end (``frontend``) delayed its arrival at the engine
     # (``arrival_time``); its TTFT and E2E count from here. None: sent at ``arrival_time``.
     sent_time: float | None = None

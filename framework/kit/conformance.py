@@ -15,7 +15,9 @@ or ``servelab check-plugin scheduler=spf`` (exit code 0 only when it passes). Tw
    can never fit the pool) and every invalid one is rejected with a reason; no block leaks;
    tokens equal the default stack's; drafts within ``k`` and the vocabulary; the run ends; once
    every sequence ended (finished, aborted, preempted on the way) a scheduler, allocator or
-   drafter holds no state for any of them (:mod:`servelab.kit.conformance_state`). An evictor
+   drafter holds no state for any of them (:mod:`servelab.kit.conformance_state`). A scheduler
+   also runs fixed scenarios with mixed SLO classes (:mod:`servelab.kit.conformance_slo_mix`), so
+   an order that reads deadlines or priorities is exercised under the same contracts. An evictor
    runs behind ``allocator=paged allocator.prefix_caching=true``, every answer of its ``evict()``
    is checked before the allocator acts on it, and it also goes through its own checks
    (:mod:`servelab.kit.conformance_evictor`: scripted cache events, a fixed shared-prefix workload
@@ -52,8 +54,9 @@ from servelab.kit.conformance_evictor import (LADDER_BLOCK_SIZE, SCRIPT_BLOCKS, 
                                               event_script, ideal_cached_tokens, ladder, ladder_requests,
                                               real_model_case, victim_problem)
 from servelab.kit.kv_tier_contracts import KV_TIER_CONTRACTS
-from servelab.kit.conformance_router import (ROUTER_CONTRACTS, context_of, router_scenario, scenario_problem,
-                                             spread_problem, spread_scenario)
+from servelab.kit.conformance_router import (ROUTER_CONTRACTS, SIM_CLUSTER_REQUESTS, SIM_CLUSTERS, context_of,
+                                             router_scenario, scenario_problem, spread_problem, spread_scenario)
+from servelab.kit.conformance_slo_mix import SLO_MIX_SEEDS, slo_mix_scenario
 from servelab.kit.conformance_starvation import promises_bound, starvation_message, starvation_scenario
 from servelab.kit.conformance_state import STATE_KINDS, plugin_of, state_left_behind, state_message, state_scenario
 from servelab.config import register_configs
@@ -223,6 +226,20 @@ def _stage_scenarios(run: KitRun):
                 break
 
 
+def _stage_slo_mix(run: KitRun):
+    """The fixed mixed-SLO scenarios (:mod:`servelab.kit.conformance_slo_mix`), the random scenarios' contracts."""
+    if run.report.failures:
+        return  # one root cause at a time
+    for seed in SLO_MIX_SEEDS:
+        scenario = with_overrides(slo_mix_scenario(seed, run.name), run.extra)
+        failure = _check_scenario(scenario, run.registry, run.warnings, (run.kind, run.name))
+        if failure is not None:
+            failure = _shrink(failure, run.registry, run.warnings, (run.kind, run.name))
+            failure.message = f"mixed SLO classes (the kit's fixed scenario {seed}): {failure.message}"
+            run.report.failures.append(failure)
+            return
+
+
 def _stage_state(run: KitRun):
     if run.report.failures or (run.kind == "drafter" and _needs_draft_model(run.registry.get(run.kind, run.name))):
         return  # one root cause at a time
@@ -266,7 +283,8 @@ def _stage_router(run: KitRun):
 
 #: The conformance stages a kind's ``checks`` may name; else ``"module:function"``, a function of a
 #: :class:`KitRun` returning None, a :class:`Failure` (recorded) or :data:`STOP`.
-STAGES = {"scenarios": _stage_scenarios, "state": _stage_state, "evictor_script": _stage_evictor_script,
+STAGES = {"scenarios": _stage_scenarios, "state": _stage_state, "slo_mix": _stage_slo_mix,
+          "evictor_script": _stage_evictor_script,
           "evictor_ladder": _stage_evictor_ladder, "starvation": _stage_starvation, "real_model": _stage_real_model,
           "predictions": _stage_predictions, "router": _stage_router}
 
@@ -391,11 +409,11 @@ def _router_cluster_check(report: Report, registry: Registry, extra: tuple[str, 
     every request must end exactly once and every pool end empty."""
     from servelab.cluster.build import build_cluster  # noqa: PLC0415 - torch
 
-    shapes = (("cluster.replicas=3",), ("cluster.prefill_replicas=2", "cluster.decode_replicas=2"))
-    for shape in shapes:
-        cfg = _compose(merge_overrides(("backend=sim", "model=llama3_8b", "hardware=h100", "workload.num_requests=40",
+    n = SIM_CLUSTER_REQUESTS
+    for shape in SIM_CLUSTERS:
+        cfg = _compose(merge_overrides(("backend=sim", "model=llama3_8b", "hardware=h100", f"workload.num_requests={n}",
                                         "workload.rate=50", f"seed={seed}", f"router={report.name}", *shape), extra))
-        where = f"a simulated cluster ({' '.join(shape)}, 40 requests)"
+        where = f"a simulated cluster ({' '.join(shape)}, {n} requests)"
         try:
             cluster, stacks = build_cluster(cfg, registry=registry)
         except Exception as exc:  # noqa: BLE001 - e.g. its __init__ refusing its config
@@ -413,7 +431,7 @@ def _router_cluster_check(report: Report, registry: Registry, extra: tuple[str, 
                 stack.executor.shutdown()
         leaked = sum(r.engine.allocator.leaked_blocks() for r in cluster.replicas)
         twice = sorted({i for i in ended if ended.count(i) > 1})
-        if len(ended) != 40 or twice or leaked:
+        if len(ended) != n or twice or leaked:
             report.failures.append(Failure("cluster run", f"{where}: {len(ended)} requests ended (duplicates: "
                                            f"{twice[:3]}), {leaked} KV blocks still held at the end"))
             return

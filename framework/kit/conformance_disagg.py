@@ -31,6 +31,7 @@ CONTRACT_TEXT = ("a scheduler seats a request whose KV a connector loads (prefil
                  "landed, waits for blocks when the pool refuses, and its tokens equal one engine's; no block "
                  "stays held on either side")
 DECODE_BLOCKS = 14  # a pool that holds about three of the requests below at once: loads wait for blocks
+NUM_REQUESTS = 12
 MAX_STEPS = 5_000
 
 
@@ -102,7 +103,7 @@ class _Connector(KVConnector):
 
 def _requests(rng: random.Random, vocab: int) -> list[Request]:
     out = []
-    for i in range(12):
+    for i in range(NUM_REQUESTS):
         prompt = [rng.randrange(vocab) for _ in range(rng.randint(4, 40))]
         out.append(Request(id=f"kv-{i}", arrival_time=0.01 * i, prompt_token_ids=tuple(prompt),
                            max_tokens=rng.randint(1, 14), ignore_eos=True))
@@ -206,6 +207,6 @@ def check_disaggregated(run: "KitRun") -> "Failure | None":
         rid = wrong[0]
         return Failure(CONTRACT, f"{len(wrong)} requests got other tokens than on one engine, e.g. {rid!r}: "
                        f"{got.get(rid)} vs {want[rid]} (decode engine: {' '.join(overrides)})")
-    run.report.notes.append("disaggregated: KV of 12 requests handed prefill -> decode through a KV connector, "
-                            f"decode pool of {DECODE_BLOCKS} blocks")
+    run.report.notes.append(f"disaggregated: KV of {NUM_REQUESTS} requests handed prefill -> decode through a KV "
+                            f"connector, decode pool of {DECODE_BLOCKS} blocks")
     return None

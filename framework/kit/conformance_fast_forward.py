@@ -23,12 +23,17 @@ CONTRACT = "fast-forward exact"
 CONTRACT_TEXT = ("the simulator's results (summary.json, requests.jsonl) are identical with sim.fast_forward on and "
                  "off: next_decision() / quiet_decode_tokens() name only steps in which the plugin would not act")
 BASE = ("backend=sim", "hardware=h100", "model=llama3_8b", "max_model_len=2048")
-RUNS = (  # light load; memory-tight (preemption); shared prefixes in a small cache; few seats
+#: The SLO classes of the last run (``workload.slo_classes``): a deadline- or lateness-aware order
+#: acts on them while requests decode (a TPOT target a request can miss), which a declaration must see.
+SLO_CLASSES = ("[{name:tight,share:2,ttft_ms:150,tpot_ms:12,priority:0},{name:loose,share:2,ttft_ms:3000,tpot_ms:60,"
+               "priority:1},{name:none,share:1,priority:2}]")
+RUNS = (  # light load; memory-tight (preemption); shared prefixes in a small cache; few seats; mixed SLOs
     ("workload.num_requests=40", "workload.rate=4"),
     ("workload.num_requests=60", "workload.rate=80", "num_kv_blocks=90"),
     ("workload=chat_sessions", "workload.num_sessions=16", "workload.session_rate=8", "workload.think_time_s=1",
      "allocator.prefix_caching=true", "num_kv_blocks=160"),
     ("workload.num_requests=40", "workload.rate=40", "max_num_seqs=4"),
+    ("workload.num_requests=60", "workload.rate=40", "num_kv_blocks=150", f"workload.slo_classes={SLO_CLASSES}"),
 )
 FIRST_KEYS = ("num_steps", "duration_s", "ttft_ms", "tpot_ms", "e2e_ms", "num_preemptions")
 SUMMARY_SKIPPED = ("wall_s",)  # the run's own wall time, if a summary carries it

@@ -54,6 +54,9 @@ ROUTER_CONTRACTS = {
 RouterFactory = Callable[[RouterContext], Router]  # a fresh router for a cluster (its replicas and seed)
 Problem = tuple[str, str]  # (contract, why)
 
+#: The simulated clusters a router runs in after the synthetic ones (``backend=sim``), and their requests.
+SIM_CLUSTERS = (("cluster.replicas=3",), ("cluster.prefill_replicas=2", "cluster.decode_replicas=2"))
+SIM_CLUSTER_REQUESTS = 40
 _MAX_SEQS = 8  # a synthetic replica runs this many requests at once; the rest of its outstanding ones wait
 
 

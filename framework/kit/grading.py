@@ -48,8 +48,47 @@ from servelab.run.runner import run_workload
 
 # kind -> the built-in it is scored against (the kinds table's grade_reference; a router: round_robin)
 GRADED = graded_kinds()
-HIT_RATE_KINDS = ("evictor", "router")  # the table shows their prefix-cache hit rate in Jain's place
 PREDICTOR = "length_predictor=oracle"  # what a scheduler that orders by predicted length is graded with
+
+
+@dataclass(frozen=True)
+class Term:
+    """One factor of a score: the submission's figure against the reference's, oriented so above 1
+    is better (``higher``: the figure's ratio, else its inverse)."""
+
+    field: str  # a Row field
+    label: str  # as a page writes it
+    higher: bool = True
+
+    def ratio(self, row: "Row", reference: "Row") -> float | None:
+        mine, theirs = getattr(row, self.field), getattr(reference, self.field)
+        if not mine or not theirs:
+            return None
+        return mine / theirs if self.higher else theirs / mine
+
+
+GOODPUT = Term("goodput_req_s", "goodput")
+HIT_RATE = Term("prefix_hit_rate", "prefix hit rate")
+TTFT_P99 = Term("ttft_p99_ms", "TTFT p99", higher=False)
+
+
+@dataclass(frozen=True)
+class ScoreRule:
+    """How a kind's rows are scored against its reference's on one workload: the geometric mean of
+    ``terms``; ``hit_rate_column``: the table shows the prefix-cache hit rate in Jain's place."""
+
+    terms: tuple[Term, ...] = (GOODPUT,)
+    hit_rate_column: bool = False
+
+
+#: kind -> its rule (a kind not listed: goodput alone). The pages' grade formulas are written from this.
+SCORE_RULES = {"evictor": ScoreRule((HIT_RATE, GOODPUT), hit_rate_column=True),
+               "router": ScoreRule((GOODPUT, TTFT_P99), hit_rate_column=True),
+               "kv_tier_policy": ScoreRule((GOODPUT, TTFT_P99))}
+
+
+def score_rule(kind: str) -> ScoreRule:
+    return SCORE_RULES.get(kind, ScoreRule())
 
 
 @dataclass
@@ -116,21 +155,17 @@ def grade(kind: str, name: str, registry: Registry | None = None,
 
 
 def score_of(kind: str, row: Row, reference: Row | None) -> float | None:
-    """``row``'s goodput relative to ``reference``'s; an evictor's: the geometric mean of that and
-    its prefix-cache hit rate relative to the reference's; a router's or a KV tier policy's: the geometric mean of that and
-    the reference's TTFT p99 relative to its own. None when a reference value is 0 or missing."""
-    if reference is None or not reference.goodput_req_s:
+    """``row``'s score against ``reference`` (:func:`score_rule`: the geometric mean of its terms,
+    goodput relative to the reference's, for an evictor also the prefix-cache hit rate, for a router
+    or a KV tier policy the reference's TTFT p99 relative to its own). None when the reference is
+    missing or a term's figure is 0 or missing."""
+    if reference is None:
         return None
-    goodput = row.goodput_req_s / reference.goodput_req_s
-    if kind in ("router", "kv_tier_policy"):
-        if not (reference.ttft_p99_ms and row.ttft_p99_ms):
-            return None
-        return math.sqrt(goodput * reference.ttft_p99_ms / row.ttft_p99_ms)
-    if kind != "evictor":
-        return goodput
-    if not reference.prefix_hit_rate:
+    ratios = [term.ratio(row, reference) for term in score_rule(kind).terms]
+    known = [r for r in ratios if r is not None]
+    if len(known) < len(ratios):
         return None
-    return math.sqrt(goodput * row.prefix_hit_rate / reference.prefix_hit_rate)
+    return math.prod(known) ** (1.0 / len(known))
 
 
 def _run(kind: str, policy: str, workload: GradeWorkload, requests, registry: Registry) -> Row:
@@ -178,14 +213,14 @@ HIT_RATE_HEADER = HEADER[:-2] + ("prefix hit", "score")  # what an evictor or a 
 
 
 def header(kind: str) -> tuple[str, ...]:
-    return HIT_RATE_HEADER if kind in HIT_RATE_KINDS else HEADER
+    return HIT_RATE_HEADER if score_rule(kind).hit_rate_column else HEADER
 
 
 def _cells(row: Row, kind: str = "scheduler") -> tuple[str, ...]:
     def num(v, fmt="{:.1f}"):
         return "-" if v is None else fmt.format(v)
 
-    last = (num(100 * row.prefix_hit_rate, "{:.1f}%") if kind in HIT_RATE_KINDS
+    last = (num(100 * row.prefix_hit_rate, "{:.1f}%") if score_rule(kind).hit_rate_column
             else num(row.jain_fairness_index, "{:.3f}"))
     return (row.workload, row.policy, f"{row.finished}/{row.requests}", num(row.throughput_tok_s, "{:.0f}"),
             num(row.ttft_p50_ms), num(row.ttft_p99_ms), num(row.tpot_p50_ms), num(row.tpot_p99_ms),
@@ -195,8 +230,7 @@ def _cells(row: Row, kind: str = "scheduler") -> tuple[str, ...]:
 
 def title(g: Grade) -> str:
     overall = "-" if g.score is None else f"{g.score:.3f}"
-    measure = {"evictor": "prefix hit rate and goodput", "router": "goodput and TTFT p99",
-               "kv_tier_policy": "goodput and TTFT p99"}.get(g.kind, "goodput")
+    measure = " and ".join(term.label for term in score_rule(g.kind).terms)
     workloads = list(dict.fromkeys(r.workload for r in g.rows))
     over = f"geometric mean over {len(workloads)} workloads" if len(workloads) != 1 else f"on {workloads[0]}"
     return (f"{g.kind}={g.name}: score {overall} ({measure} vs {GRADED[g.kind]}, {over}; "

@@ -48,6 +48,7 @@ def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
         "arrival_s": arrival,
         "priority": req.priority,
         "client_id": req.client_id,
+        "slo_class": req.slo_class,
         "num_preemptions": seq.num_preemptions,
         "num_cached_prompt_tokens": seq.num_cached_prompt_tokens,
         "num_draft_tokens": seq.num_draft_tokens,
@@ -109,6 +110,47 @@ def stats(values: Iterable[float]) -> dict[str, float | None]:
     return {"mean": float(arr.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
 
 
+def _count_slo(into, rec: dict) -> None:
+    """Count ``rec``'s targets and whether it met them into ``into`` (its ``with_*`` and ``met*``)."""
+    for flag, count, met in (("met_slo", "with_slo", "met"), ("met_ttft_slo", "with_ttft", "met_ttft"),
+                             ("met_tpot_slo", "with_tpot", "met_tpot")):
+        if rec[flag] is not None:
+            setattr(into, count, getattr(into, count) + 1)
+            setattr(into, met, getattr(into, met) + bool(rec[flag]))
+
+
+class SloClassStats:
+    """One SLO class's figures (its admitted requests): what ``summary.json``'s ``slo_classes`` says."""
+
+    def __init__(self) -> None:
+        self.num_requests = self.met = self.met_ttft = self.met_tpot = 0
+        self.with_slo = self.with_ttft = self.with_tpot = 0
+        self.ttft, self.tpot = array("d"), array("d")
+
+    def add(self, rec: dict) -> None:
+        self.num_requests += 1
+        _count_slo(self, rec)
+        if rec["finish_reason"] in ("stop", "length"):
+            if rec["ttft_ms"] is not None:
+                self.ttft.append(rec["ttft_ms"])
+            if rec["output_len"] > 1 and rec["tpot_ms"] is not None:
+                self.tpot.append(rec["tpot_ms"])
+
+    def figures(self, duration: float) -> dict:
+        return {"num_requests": self.num_requests, "num_requests_with_slo": self.with_slo,
+                **slo_figures(self, duration), "ttft_ms": stats(self.ttft), "tpot_ms": stats(self.tpot)}
+
+
+def slo_figures(r, duration: float) -> dict:
+    """Attainment and goodput of the counts ``r`` holds (a run's, or one SLO class's)."""
+    return {
+        "slo_attainment": r.met / r.with_slo if r.with_slo else None,
+        "ttft_slo_attainment": r.met_ttft / r.with_ttft if r.with_ttft else None,
+        "tpot_slo_attainment": r.met_tpot / r.with_tpot if r.with_tpot else None,
+        "goodput_req_s": r.met / duration if r.with_slo else None,
+    }
+
+
 class RequestStats:
     """Folds request records (``requests.jsonl`` lines) into what the summary needs, so a run can
     write each record as its request ends and keep only numbers (memory stays flat in the number
@@ -125,6 +167,7 @@ class RequestStats:
         self.drafted_by_position: list[int] = []  # [i]: verify steps that had a draft at position i
         self.accepted_by_position: list[int] = []  # [i]: of which kept it
         self.service = ServiceLog()  # per-client service over time: the fairness figures
+        self.slo_classes: dict[str, SloClassStats] = {}  # slo_class -> its figures (summary.json's slo_classes)
 
     def add(self, rec: dict, seq: Sequence | None = None) -> None:
         """Fold one record in; its sequence, when there is one, gives the fairness figures exact times."""
@@ -140,11 +183,9 @@ class RequestStats:
             return
         self.prompt_tokens += rec["prompt_len"]
         self.cached_prompt_tokens += rec["num_cached_prompt_tokens"]
-        for flag, count, met in (("met_slo", "with_slo", "met"), ("met_ttft_slo", "with_ttft", "met_ttft"),
-                                 ("met_tpot_slo", "with_tpot", "met_tpot")):
-            if rec[flag] is not None:
-                setattr(self, count, getattr(self, count) + 1)
-                setattr(self, met, getattr(self, met) + bool(rec[flag]))
+        _count_slo(self, rec)
+        if rec.get("slo_class") is not None:
+            self.slo_classes.setdefault(rec["slo_class"], SloClassStats()).add(rec)
         if rec["finish_reason"] is None:
             return
         if rec["finish_reason"] == "abort":  # left early: its latencies describe no whole request
@@ -229,10 +270,9 @@ def summarize(requests: RequestStats, totals: StepTotals, duration_s: float, lea
         "e2e_ms": stats(r.e2e),
         "queue_ms": stats(r.queue),
         "num_requests_with_slo": r.with_slo,
-        "slo_attainment": r.met / r.with_slo if r.with_slo else None,
-        "ttft_slo_attainment": r.met_ttft / r.with_ttft if r.with_ttft else None,
-        "tpot_slo_attainment": r.met_tpot / r.with_tpot if r.with_tpot else None,
-        "goodput_req_s": r.met / duration if r.with_slo else None,
+        **slo_figures(r, duration),
+        # per SLO class (workload.slo_classes, a jsonl line's slo_class), by name; null without classes
+        "slo_classes": {name: c.figures(duration) for name, c in sorted(r.slo_classes.items())} or None,
         "num_preemptions": sum(preemptions.values()),
         "num_preemptions_by_kind": preemptions,
         "kv_utilization_mean": totals.kv_utilization_mean,

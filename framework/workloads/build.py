@@ -24,8 +24,10 @@ from servelab.core.request import Request, SamplingParams, drawn_from
 from servelab.workloads.clients import (client_ids, client_rng, draw_clients, parse_clients,
                                         rates_unless_all_at_once, summed_rate)
 from servelab.workloads.chat_sessions import chat_session_requests
+from servelab.workloads.grade import grade_requests
 from servelab.workloads.hash_ids import hash_ids_requests
 from servelab.workloads.lengths import draw_lengths
+from servelab.workloads.slo_classes import draw_slo_classes, parse_slo_classes
 from servelab.workloads.text import CheckpointText
 from servelab.workloads.text_prompts import corpus_requests, prompts_requests
 
@@ -38,6 +40,7 @@ def build_requests(cfg, vocab_size: int, max_model_len: int, text=None) -> list[
     text = text if text is not None else CheckpointText(None)
     kinds = {"synthetic": synthetic_requests, "jsonl": lambda c, v, m: jsonl_requests(c, v, m, text),
              "trace": trace_requests, "hash_ids": hash_ids_requests, "chat_sessions": chat_session_requests,
+             "grade": grade_requests,
              "prompts": lambda c, v, m: prompts_requests(c, text), "corpus": lambda c, v, m: corpus_requests(c, text)}
     if cfg.name not in kinds:
         raise WorkloadError(f"workload.name={cfg.name!r} is not one of {sorted(kinds)}")
@@ -80,11 +83,14 @@ def synthetic_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request
 
     With ``workload.clients`` each request also gets a client (``servelab.workloads.clients``);
     a client's own ``prompt_len`` / ``output_len`` replace the workload's for its requests, drawn
-    from the client's own generator, so every other request keeps its prompt."""
+    from the client's own generator, so every other request keeps its prompt. With
+    ``workload.slo_classes`` each request also gets a class's targets, priority and name
+    (``servelab.workloads.slo_classes``; the rest of the workload is unchanged)."""
     if cfg.num_requests < 0:
         raise WorkloadError(f"workload.num_requests={cfg.num_requests} must be >= 0")
     poisson = getattr(cfg.arrival, "value", cfg.arrival) == "poisson"
     clients = parse_clients(cfg, rates_unless_all_at_once(cfg), lengths=True)
+    slo_classes = parse_slo_classes(cfg)
     rng = np.random.default_rng(cfg.seed)
     n = cfg.num_requests
     prompts = draw_lengths(rng, cfg.prompt_len, n, "prompt_len")
@@ -101,6 +107,7 @@ def synthetic_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request
     owners = draw_clients(clients, n, cfg.seed)
     ids = client_ids(clients, owners, n)
     own_prompt = _client_lengths(clients, owners, cfg.seed, prompts, outputs)
+    drawn_classes = draw_slo_classes(slo_classes, n, cfg.seed)
 
     def generate():  # prompts drawn in request order, as they are needed; the same on every pass
         prompt_rng = np.random.default_rng()
@@ -112,8 +119,10 @@ def synthetic_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request
                 k = int(owners[i])
                 own_rng = own_rngs.setdefault(k, client_rng(cfg.seed, k, 1))
                 prompt = _random_prompt(own_rng, int(own_prompt[i]), vocab_size)
+            slo = {} if drawn_classes is None else slo_classes[int(drawn_classes[i])].request_fields()
             yield drawn_from(Request(id=f"req-{i}", prompt_token_ids=prompt, max_tokens=int(outputs[i]),
-                                     arrival_time=float(arrivals[i]), ignore_eos=True, client_id=ids[i]), vocab_size)
+                                     arrival_time=float(arrivals[i]), ignore_eos=True, client_id=ids[i], **slo),
+                             vocab_size)
 
     return cast("list[Request]", InArrivalOrder(n, generate))  # sized, iterable and indexable like the list
 
@@ -156,7 +165,7 @@ class InArrivalOrder:
 
 
 _JSONL_KEYS = {"id", "prompt", "prompt_token_ids", "prompt_len", "max_tokens", "arrival_time", "priority", "ttft_slo_ms",
-               "tpot_slo_ms", "ignore_eos", "temperature", "top_p", "top_k", "seed", "cache_salt", "client_id"}
+               "tpot_slo_ms", "ignore_eos", "temperature", "top_p", "top_k", "seed", "cache_salt", "client_id", "slo_class"}
 
 
 def jsonl_requests(cfg, vocab_size: int, max_model_len: int, text=None) -> list[Request]:
@@ -221,7 +230,8 @@ def _jsonl_request(obj, where: str, index: int, rng, vocab_size: int, text=None)
             arrival_time=float(obj.get("arrival_time") or 0.0), sampling=sampling,
             ignore_eos=bool(obj.get("ignore_eos", "prompt" not in obj)), priority=int(obj.get("priority", 0)),
             ttft_slo_ms=_opt_float(obj.get("ttft_slo_ms")), tpot_slo_ms=_opt_float(obj.get("tpot_slo_ms")),
-            cache_salt=_opt_salt(obj.get("cache_salt"), where), client_id=_opt_client(obj.get("client_id"), where))
+            cache_salt=_opt_salt(obj.get("cache_salt"), where), client_id=_opt_client(obj.get("client_id"), where),
+            slo_class=_opt_label(obj.get("slo_class"), where, "slo_class"))
     except (TypeError, ValueError) as exc:
         if isinstance(exc, ServelabError):
             raise
@@ -244,6 +254,12 @@ def _opt_float(v):
 def _opt_salt(v, where: str) -> str | None:
     if v is not None and not isinstance(v, str):
         raise WorkloadError(f"{where}: 'cache_salt' must be a string, got {type(v).__name__}")
+    return v
+
+
+def _opt_label(v, where: str, key: str) -> str | None:
+    if v is not None and not (isinstance(v, str) and v):
+        raise WorkloadError(f"{where}: {key} must be a non-empty string, got {json.dumps(v)}")
     return v
 
 
