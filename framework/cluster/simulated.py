@@ -34,8 +34,9 @@ from servelab.cluster.replica import Replica
 from servelab.core.interfaces import Router
 from servelab.core.request import Request, Sequence
 from servelab.engine.arrival_source import ArrivalSource, OpenLoop
-from servelab.kv.link import KVLink, Transfer
+from servelab.kv.link import KVLink
 from servelab.kv.pd.sim import PDTransfers
+from servelab.results.cluster_summary import KVTransferSums
 
 INF = float("inf")
 
@@ -87,38 +88,15 @@ class Cluster:
     def router(self) -> Router:
         return self.protocol.router
 
-    # the transfers' sums (summary.json), the links and, with keep_transfers, each transfer
-    @property
-    def num_kv_transfers(self) -> int:
-        return self.kv.num_kv_transfers
-
-    @property
-    def kv_transfer_bytes(self) -> float:
-        return self.kv.kv_transfer_bytes
-
-    @property
-    def kv_transfer_s(self) -> float:
-        return self.kv.kv_transfer_s
-
-    @property
-    def kv_transfer_exposed_s(self) -> float:
-        return self.kv.kv_transfer_exposed_s
-
-    @property
-    def transfers(self) -> list[Transfer]:
-        return self.kv.transfers
+    def kv_transfer_sums(self) -> KVTransferSums:
+        """The prefill->decode transfers' sums (summary.json); each transfer is in ``kv.transfers``
+        when ``kv.keep_transfers`` was set before the run."""
+        kv = self.kv
+        return KVTransferSums(kv.num_kv_transfers, kv.kv_transfer_bytes, kv.kv_transfer_s, kv.kv_transfer_exposed_s)
 
     @property
     def links(self) -> dict[tuple[int, int], KVLink]:
         return self.kv.links
-
-    @property
-    def keep_transfers(self) -> bool:
-        return self.kv.keep_transfers
-
-    @keep_transfers.setter
-    def keep_transfers(self, keep: bool) -> None:
-        self.kv.keep_transfers = keep
 
     @property
     def disaggregated(self) -> bool:
