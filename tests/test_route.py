@@ -125,7 +125,7 @@ class _Pinned(Router):
 def _swap_router(routed, router: Router, name: str):
     state = routed.state
     old = state.router, state.router_name
-    state.router, state.router_name = router, name
+    state.protocol.router, state.router_name = router, name
     return old
 
 
@@ -236,10 +236,13 @@ def test_a_backends_view_takes_vllms_gauges_and_its_own_counts():
                    'vllm:num_requests_swapped{model_name="m"} 1.0\nvllm:kv_cache_usage_perc{model_name="m"} 0.25\n'
                    'vllm:cache_config_info{block_size="32",model_name="m",num_gpu_blocks="900"} 1.0\n')
     b.place(Request("a", (1,) * 10, 20))
-    view = b.view(Request("b", (1,) * 60, 50), exact_length=True)
+    long = Request("b", (1,) * 60, 50)
+    b.checks_length = True  # the router counts prompts in the backends' own tokens
+    view = b.view(b.can_hold(long))
     assert (view.index, view.num_running, view.num_waiting, view.kv_utilization) == (1, 3, 3, 0.25)
     assert (view.block_size, view.num_kv_blocks, view.num_outstanding, view.outstanding_tokens) == (32, 900, 1, 30)
     assert not view.can_hold  # 60 + 50 > max_model_len 100
-    assert b.view(Request("b", (1,) * 60, 50), exact_length=False).can_hold  # byte counts: no length check
+    b.checks_length = False
+    assert b.can_hold(long)  # byte counts: no length check
     b.up = False
-    assert not b.view(Request("c", (1,), 1), exact_length=True).can_hold
+    assert not b.can_hold(Request("c", (1,), 1))

@@ -13,15 +13,14 @@ from servelab.cluster.simulated import Cluster
 from servelab.kv.pd.sim import PDTransfers
 from servelab.cluster.replica import Replica
 from servelab.kv.link import kv_link
+from servelab.cluster.router import build_router
 from servelab.core.errors import ConfigError
-from servelab.core.contexts import RouterContext
-from servelab.core.interfaces import ReplicaView, Router
 from servelab.core.registry import Registry, default_registry
 from servelab.core.shapes import HardwareProfile, ModelShape
 from servelab.assemble.block_size import resolve_block_size
 from servelab.config import HardwareConfig
 from servelab.kv.tiers.shared import SharedTiers, check_shared_tiers
-from servelab.assemble.executor import model_shape, plugin_config, storage_bytes
+from servelab.assemble.executor import model_shape, storage_bytes
 from servelab.assemble.stack import Stack, build_stack
 from servelab.assemble.validate import clock_kind, validate
 
@@ -132,7 +131,8 @@ def build_cluster(cfg: DictConfig, requests=None, registry: Registry | None = No
                 connector = transfers.endpoint(len(replicas), role) if transfers is not None else None
                 stack = build_stack(pcfg, registry, requests=requests, connector=connector, shared_tiers=shared_tiers)
                 stacks.append(stack)
-                replicas.append(Replica(len(replicas), role, stack.engine, tp, pcfg.hardware.name, gpu))
+                replicas.append(Replica(len(replicas), stack.engine, pcfg.hardware.name, gpu, role=role,
+                                        tensor_parallel_size=tp))
                 gpu += tp
         links, kv_bytes, layers = {}, 0.0, 1
         if c.prefill_replicas is not None:
@@ -141,7 +141,7 @@ def build_cluster(cfg: DictConfig, requests=None, registry: Registry | None = No
             kv_bytes, layers = kv_bytes_per_token(prefill_cfg, shape), shape.num_layers
             links = _links(cfg, replicas, HardwareProfile.from_config(prefill_cfg.hardware),
                            HardwareProfile.from_config(decode_cfg.hardware))
-        router = make_router(cfg, registry, [r.view(0.0, True) for r in replicas])
+        router = build_router(cfg, [r.view(True) for r in replicas], registry)
     except BaseException:
         for stack in stacks:
             stack.executor.shutdown()
@@ -183,11 +183,3 @@ def _links(cfg: DictConfig, replicas: list[Replica], prefill_hw: HardwareProfile
                                                 min(p.tensor_parallel_size, d.tensor_parallel_size))
     return links
 
-
-def make_router(cfg: DictConfig, registry: Registry, views: list[ReplicaView]) -> Router:
-    """The ``router=`` plugin, told the replicas as they are at the start."""
-    cls = registry.get("router", cfg.router.name)
-    try:
-        return cls(plugin_config(cfg.router), RouterContext(tuple(views), cfg.seed))
-    except ValueError as exc:
-        raise ConfigError(f"router={cfg.router.name}: {exc}") from None

@@ -5,7 +5,9 @@ the earliest thing next: a KV transfer landing, a request arriving (the router p
 the step of the replica whose clock is earliest (ties: the lower index). So N replicas on one CPU
 behave as N machines would on that time model, and a run is a function of its config and seed.
 
-Colocated (``cluster.replicas=N``): every replica prefills and decodes. Disaggregated
+Where requests go, the hand-off and the router's books are the cluster protocol's
+(:mod:`servelab.cluster.protocol`); this loop is its virtual-clock driver. Colocated
+(``cluster.replicas=N``): every replica prefills and decodes. Disaggregated
 (``cluster.prefill_replicas=P cluster.decode_replicas=D``): a request is placed on a prefill
 replica, which computes its prompt and first token; its KV connector keeps the blocks. The router
 then picks a decode replica and the cluster gives it the continued sequence; that replica's
@@ -22,15 +24,19 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
-from dataclasses import replace
 from typing import Callable, Iterable
 
-from servelab.kv.pd.sim import PDTransfers
+from servelab.cluster.protocol import ClusterProtocol
+# their home before the protocol (old imports, tests, the conformance kit): re-exported
+from servelab.cluster.protocol import checked_route as checked_route, continued as continued
+from servelab.cluster.protocol import ended_at_prefill as ended_at_prefill
 from servelab.cluster.replica import Replica
-from servelab.kv.link import KVLink, Transfer
-from servelab.core.interfaces import ReplicaView, Router, RouterError
-from servelab.core.request import Request, Sequence, Status
+from servelab.core.interfaces import Router
+from servelab.core.request import Request, Sequence
 from servelab.engine.arrival_source import ArrivalSource, OpenLoop
+from servelab.kv.link import KVLink
+from servelab.kv.pd.sim import PDTransfers
+from servelab.results.cluster_summary import KVTransferSums
 
 INF = float("inf")
 
@@ -43,18 +49,15 @@ class Cluster:
     layer-sized pieces an overlapped transfer streams in. ``request_listeners`` are told of each
     request's final sequence once (its record: the run's writer listens). ``transfers``: the
     :class:`PDTransfers` whose connectors the replicas' engines were built with (disaggregated).
+    ``protocol``: placement, the hand-off and the router's books, which this loop drives.
     """
 
     def __init__(self, replicas: list[Replica], router: Router, links: dict[tuple[int, int], KVLink] | None = None,
                  kv_bytes_per_token: float = 0.0, num_layers: int = 1, overlap_kv_transfer: bool = True,
                  transfers: PDTransfers | None = None) -> None:
+        self.protocol: ClusterProtocol[Replica] = ClusterProtocol(replicas, router)
         self.replicas = replicas
-        self.router = router
-        self.mixed = [r for r in replicas if r.role == "mixed"]
-        self.prefill = [r for r in replicas if r.role == "prefill"]
-        self.decode = [r for r in replicas if r.role == "decode"]
-        if bool(self.prefill) != bool(self.decode) or (self.mixed and self.prefill):
-            raise ValueError("a cluster is either all mixed replicas or prefill and decode pools")
+        self.mixed, self.prefill, self.decode = self.protocol.mixed, self.protocol.prefill, self.protocol.decode
         if self.prefill and (transfers is None or any(r.engine.connector is not transfers.endpoints.get(r.index)
                                                       for r in self.prefill + self.decode)):
             raise ValueError("a disaggregated cluster's engines are built with the connectors of its PDTransfers "
@@ -64,7 +67,7 @@ class Cluster:
         self.kv.kv_bytes_per_token = kv_bytes_per_token
         self.kv.num_layers = num_layers
         self.kv.overlap = overlap_kv_transfer
-        self.kv.should_send = self._continues
+        self.kv.should_send = self.protocol.continues
         self.kv.at = self._at
         self.kv.on_started = self._transfer_started
         self.kv.on_landed = self._landed
@@ -78,43 +81,22 @@ class Cluster:
         self._doing: tuple[float, int, int] = (0.0, 0, 0)
         self._told: list[tuple[tuple[float, int, int], int, Callable[[], None]]] = []
         self._order = itertools.count()
-        self._origin: dict[str, Request] = {}  # request id -> the request as it arrived (while prefilling)
-        self._in_flight: dict[str, Sequence] = {}  # decode-side sequences handed off and not yet ended
         for r in replicas:
             r.engine.end_listeners.append(functools.partial(self._on_engine_end, r))
 
-    # the transfers' sums (summary.json), the links and, with keep_transfers, each transfer
     @property
-    def num_kv_transfers(self) -> int:
-        return self.kv.num_kv_transfers
+    def router(self) -> Router:
+        return self.protocol.router
 
-    @property
-    def kv_transfer_bytes(self) -> float:
-        return self.kv.kv_transfer_bytes
-
-    @property
-    def kv_transfer_s(self) -> float:
-        return self.kv.kv_transfer_s
-
-    @property
-    def kv_transfer_exposed_s(self) -> float:
-        return self.kv.kv_transfer_exposed_s
-
-    @property
-    def transfers(self) -> list[Transfer]:
-        return self.kv.transfers
+    def kv_transfer_sums(self) -> KVTransferSums:
+        """The prefill->decode transfers' sums (summary.json); each transfer is in ``kv.transfers``
+        when ``kv.keep_transfers`` was set before the run."""
+        kv = self.kv
+        return KVTransferSums(kv.num_kv_transfers, kv.kv_transfer_bytes, kv.kv_transfer_s, kv.kv_transfer_exposed_s)
 
     @property
     def links(self) -> dict[tuple[int, int], KVLink]:
         return self.kv.links
-
-    @property
-    def keep_transfers(self) -> bool:
-        return self.kv.keep_transfers
-
-    @keep_transfers.setter
-    def keep_transfers(self, keep: bool) -> None:
-        self.kv.keep_transfers = keep
 
     @property
     def disaggregated(self) -> bool:
@@ -211,40 +193,22 @@ class Cluster:
     def _at(self, t: float, action: Callable[[], None]) -> None:
         heapq.heappush(self._events, (t, next(self._order), action))
 
-    # ---- placement ------------------------------------------------------------------------
+    # ---- placement: the protocol decides, the loop wakes the replica and hands the request over --
     def _arrive(self, request: Request, t: float) -> None:
-        if not self.disaggregated:
-            self._admit(self._route(request, self.mixed, t) or self.mixed[0], request, t)
-            return
-        if not any(d.can_hold(request) for d in self.decode):  # the decode replica rejects it, saying why
-            self._admit(self.decode[0], request, t)
-            return
-        prefill = self._route(request, self.prefill, t, tokens=request.prompt_len + 1) or self.prefill[0]
-        self._origin[request.id] = request
-        prefill.wake(t)
-        prefill.place(request)
-        prefill.engine.add_request(replace(request, max_tokens=1), t)  # the prompt and its first token
-
-    def _admit(self, r: Replica, request: Request, t: float) -> None:
+        r, asked = self.protocol.arrive(request, t)
         r.wake(t)
-        r.place(request)
-        r.engine.add_request(request, t)
-
-    def _route(self, request: Request, pool: list[Replica], t: float, tokens: int | None = None) -> Replica | None:
-        """The router's choice among ``pool`` (checked), or None when no replica can hold the request."""
-        choice = checked_route(self.router, request, [r.view(t, r.can_hold(request, tokens)) for r in pool], t)
-        return None if choice is None else self.replicas[choice]
+        r.engine.add_request(asked, t)
 
     # ---- a request ends on a replica ------------------------------------------------------
     def _on_engine_end(self, r: Replica, seq: Sequence) -> None:
         if r.role == "prefill":
             self._prefilled(r, seq)
             return
-        r.count_end(seq.request, seq, handed_on=self._in_flight.pop(seq.id, None) is not None)
-        self._tell(functools.partial(self._told_end, r.index, seq))
+        final = self.protocol.ended(r, seq)
+        self._tell(functools.partial(self._told_end, r.index, final))
 
     def _told_end(self, index: int, seq: Sequence) -> None:
-        self.router.on_finish(seq.request, index)
+        self.protocol.finished(seq.request, index)
         self._request_ended(seq)
 
     def _request_ended(self, seq: Sequence) -> None:
@@ -254,41 +218,26 @@ class Cluster:
 
     def _prefilled(self, p: Replica, pseq: Sequence) -> None:
         """A prefill replica is done with a request: hand its KV on, or end it there."""
-        continues = self._continues(pseq)  # (what the prefill's connector was told when it ended)
+        continues = self.protocol.continues(pseq)  # (what the prefill's connector was told when it ended)
         assert pseq.finish_time is not None  # it ended
-        request = self._origin.pop(pseq.id)
-        p.count_end(request, pseq)
-        self.router.on_finish(request, p.index)
-        if not continues:  # rejected, or stopped at its first token: the record is the prefill's
-            self._request_ended(ended_at_prefill(pseq, request))
+        final = self.protocol.prefill_ended(p, pseq, continues)
+        if final is not None:  # rejected, or stopped at its first token: the record is the prefill's
+            self._request_ended(final)
             return
-        self._at(pseq.finish_time, lambda: self._hand_off(p, pseq, request))
-
-    def _continues(self, pseq: Sequence) -> bool:
-        """Whether a request that ended on its prefill replica goes on to a decode replica (its
-        prefill connector keeps the KV for it); else its record is the prefill's."""
-        request = self._origin[pseq.id]
-        return (pseq.status is Status.FINISHED and pseq.finish_reason == "length" and request.max_tokens > 1
-                and pseq.num_tokens < min(d.engine.limits.max_model_len for d in self.decode))
+        self._at(pseq.finish_time, lambda: self._hand_off(p, pseq))
 
     # ---- disaggregation: the KV moves ---------------------------------------------------------
-    def _hand_off(self, p: Replica, pseq: Sequence, request: Request) -> None:
+    def _hand_off(self, p: Replica, pseq: Sequence) -> None:
         t = pseq.finish_time
         assert t is not None  # the prefill ended
-        d = self._route(request, self.decode, t)
-        if d is None:  # cannot happen after the arrival's check; kept for custom pools
-            raise RuntimeError(f"no decode replica can hold request {request.id!r}")
-        dseq = continued(pseq, request)
-        d.place(request)
-        self._in_flight[dseq.id] = dseq
+        d, dseq = self.protocol.hand_off(pseq, t)
         self.kv.expect(p.index, d.index, pseq, dseq.id)
         self.kv.now = t  # the decode replica allocates beside its scheduler (its connector), at once if it can
         d.engine.add_sequence(dseq)
 
     def _transfer_started(self, p: int, d: int, dseq: Sequence, hit: int) -> None:
-        decode = self.replicas[d]
-        decode.prompt_tokens += dseq.prompt_len
-        decode.cached_prompt_tokens += hit  # a prompt prefix cached on the decode replica is not sent
+        # a prompt prefix cached on the decode replica is not sent
+        self.protocol.prompt_received(self.replicas[d], dseq.request, hit)
 
     def _landed(self, p_index: int, d_index: int, pseq: Sequence, dseq: Sequence, t: float) -> None:
         p, d = self.replicas[p_index], self.replicas[d_index]
@@ -302,61 +251,13 @@ class Cluster:
     # ---- partial results ----------------------------------------------------------------------
     def live_sequences(self) -> list[Sequence]:
         """Every request not yet ended, once each (an interrupted run writes them as unfinished)."""
+        placements = self.protocol.placements
         live: list[Sequence] = []
         for r in self.replicas:
             for seq in r.engine.sequences.values():
                 if seq.is_finished:
                     continue
-                live.append(continued(seq, self._origin[seq.id]) if r.role == "prefill" else seq)
+                live.append(continued(seq, placements[seq.id].request) if r.role == "prefill" else seq)
         seen = {s.id for s in live}
-        live.extend(s for s in self._in_flight.values() if s.id not in seen)
+        live.extend(p.seq for p in placements.values() if p.seq is not None and p.seq.id not in seen)
         return live
-
-
-def checked_route(router: Router, request: Request, views: list[ReplicaView], t: float) -> int | None:
-    """The index ``router`` picks for ``request`` among ``views`` (None when none can hold it), checked:
-    a router that raises, or picks a replica not offered or one that cannot hold the request, is a
-    :class:`RouterError` naming the plugin and the request."""
-    if not any(v.can_hold for v in views):
-        return None
-    name = type(router).name
-    try:
-        choice = router.route(request, views, t)
-    except Exception as exc:  # reported naming the plugin and the request
-        raise RouterError(f"router plugin {name!r} failed on request {request.id!r}: "
-                          f"{type(exc).__name__}: {exc}") from exc
-    offered = {v.index: v for v in views}
-    view = offered.get(choice) if isinstance(choice, int) and not isinstance(choice, bool) else None
-    if view is None:
-        raise RouterError(f"router plugin {name!r} returned {choice!r} for request {request.id!r}: not one of "
-                          f"the offered replicas {sorted(offered)}")
-    if not view.can_hold:
-        raise RouterError(f"router plugin {name!r} placed request {request.id!r} on replica {choice}, which cannot "
-                          f"hold it ({request.prompt_len} prompt + {request.max_tokens} max tokens)")
-    return choice
-
-
-def ended_at_prefill(pseq: Sequence, request: Request) -> Sequence:
-    """The record of ``request`` that ended on its prefill replica as ``pseq`` (rejected, or stopped at
-    its first token): the whole request, ended as ``pseq`` ended."""
-    final = continued(pseq, request)
-    assert pseq.finish_time is not None  # it ended
-    if pseq.status is Status.REJECTED:
-        assert pseq.rejected_reason is not None
-        final.reject(pseq.rejected_reason, pseq.finish_time)
-    else:
-        assert pseq.finish_reason is not None
-        final.finish(pseq.finish_reason, pseq.finish_time)
-    return final
-
-
-def continued(pseq: Sequence, request: Request) -> Sequence:
-    """A sequence of the whole ``request`` carrying on from its prefill-side sequence ``pseq``
-    (outputs, their times, when it was first scheduled, its cache hits and preemptions)."""
-    seq = Sequence(request, arrival_s=pseq.arrival_s)
-    for token, t in zip(pseq.output_token_ids, pseq.token_times):
-        seq.append_token(token, t)
-    seq.first_scheduled_time = pseq.first_scheduled_time
-    seq.num_cached_prompt_tokens = pseq.num_cached_prompt_tokens
-    seq.num_preemptions = pseq.num_preemptions
-    return seq

@@ -19,7 +19,7 @@ from servelab.results.fairness import config_weights
 from servelab.results.loggers import make_logger
 from servelab.assemble.preflight import check_requests
 from servelab.results.replica_report import ReplicaReport
-from servelab.results.cluster_summary import KVTransferSums, cluster_summary
+from servelab.results.cluster_summary import cluster_summary
 from servelab.results.writer import RequestWriter, RunResult, drop_placeholder_tokens, run_and_write
 from servelab.run.process_cluster import run_process_cluster_job
 from servelab.assemble.executor import model_shape
@@ -77,6 +77,4 @@ def collect_cluster_results(cfg: DictConfig, cluster: Cluster, stacks: list[Stac
     writer.close()
     live = bool(cluster.live_sequences())
     reports = [ReplicaReport.of(stack, live) for stack in stacks]
-    kv = KVTransferSums(cluster.num_kv_transfers, cluster.kv_transfer_bytes, cluster.kv_transfer_s,
-                        cluster.kv_transfer_exposed_s)
-    return cluster_summary(cfg, cluster.replicas, reports, kv, status, writer, weights)
+    return cluster_summary(cfg, cluster.replicas, reports, cluster.kv_transfer_sums(), status, writer, weights)

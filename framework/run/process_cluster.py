@@ -11,7 +11,8 @@ from omegaconf import DictConfig
 from servelab.core.errors import ConfigError
 from servelab.core.registry import Registry, default_registry
 from servelab.assemble.block_size import resolve_block_size
-from servelab.cluster.build import check_kv_compatible, cluster_pools, make_router, validate_cluster
+from servelab.cluster.build import check_kv_compatible, cluster_pools, validate_cluster
+from servelab.cluster.router import build_router
 from servelab.results.cluster_summary import cluster_summary
 from servelab.results.fairness import config_weights
 from servelab.results.loggers import make_logger
@@ -40,7 +41,7 @@ def run_process_cluster_job(cfg: DictConfig, output_dir: Path, requests, banner:
         check_kv_compatible(pools[0][2], pools[1][2])  # one line naming both pools, before any process starts
     weights = config_weights(cfg)
     decorate = text_decorator(checkpoint_text(cfg))
-    cluster = ProcessCluster(pools, lambda views: make_router(cfg, registry, views), cfg.workload.time_scale)
+    cluster = ProcessCluster(pools, lambda views: build_router(cfg, views, registry), cfg.workload.time_scale)
     try:
         cluster.start()
         logger = make_logger(cfg.logger)

@@ -170,8 +170,8 @@ def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | N
 
 def single_replica_figures(stack: Stack, cfg: DictConfig, stats: RequestStats) -> dict:
     """``per_replica`` of a one-engine run: the engine as replica 0, serving every request."""
-    replica = Replica(0, "mixed", stack.engine, cfg.tensor_parallel_size,
-                      cfg.hardware.name if stack.clock_kind == "virtual" else "this machine")
+    replica = Replica(0, stack.engine, cfg.hardware.name if stack.clock_kind == "virtual" else "this machine",
+                      tensor_parallel_size=cfg.tensor_parallel_size)
     replica.placed, replica.prompt_tokens = stats.num_requests, stats.prompt_tokens
     replica.cached_prompt_tokens, replica.output_tokens = stats.cached_prompt_tokens, stats.output_tokens
     return replica_figures(replica, stack.engine.totals.last_time_s, stack.engine.totals,

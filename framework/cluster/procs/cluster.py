@@ -5,16 +5,17 @@ What ``cluster.replicas=N`` (colocated) or ``cluster.prefill_replicas=P cluster.
 replica is a child process (torch.multiprocessing, spawn) that builds its own stack from its
 replica's config and runs its engine loop (:mod:`servelab.cluster.procs.engine`). The parent:
 
-- feeds the workload's requests at their arrival times on the wall clock (open loop, or closed-loop
+- drives the cluster protocol (:mod:`servelab.cluster.protocol`) as the simulator's loop does:
+  feeds the workload's requests at their arrival times on the wall clock (open loop, or closed-loop
   clients: their next request is asked for when an end comes back), each placed by the router
-  plugin, the same ``Router`` interface as the simulator's cluster, on :class:`ReplicaView` s
-  made from its own counts (placed, ended) and the gauges each replica reports after its steps;
+  plugin on :class:`ReplicaView` s made from its own counts (placed, ended) and the gauges each
+  replica reports after its steps;
 - hears each ended sequence back and writes it through the same writer and summary as the
   simulator's cluster (:func:`servelab.results.cluster_summary.cluster_summary`);
 - disaggregated: places each request on a prefill replica (asked for its first token); the prefill
   process sends its prompt's KV (:mod:`servelab.kv.pd.process`) back with the prefilled
-  sequence, the router picks a decode replica, and the parent forwards the continued sequence
-  (:func:`servelab.cluster.simulated.continued`) with the KV to it. The transport is
+  sequence, the router picks a decode replica (the protocol's hand-off), and the parent forwards the
+  continued sequence with the KV to it. The transport is
   torch.multiprocessing's (each child's pipe to the parent, the parent's queue to each child): a
   tensor crosses as shared memory (its pages are mapped, only a handle is pickled), through the
   parent (which routes). The decode process measures bytes and wall time.
@@ -29,13 +30,12 @@ from __future__ import annotations
 
 import time
 from multiprocessing import connection
-from dataclasses import replace
 from typing import Callable
 
 import torch.multiprocessing as mp
 from omegaconf import DictConfig, OmegaConf
 
-from servelab.cluster.simulated import checked_route, continued, ended_at_prefill
+from servelab.cluster.protocol import ClusterProtocol
 from servelab.core.interfaces import ReplicaView, Router
 from servelab.core.request import Request, Sequence
 from servelab.engine.arrival_source import ArrivalSource
@@ -59,14 +59,16 @@ class ProcessCluster:
         self.make_router = make_router
         self.time_scale = time_scale
         self.replicas: list[ProcReplica] = []
-        self.router: Router | None = None
+        self.protocol: ClusterProtocol[ProcReplica] | None = None  # once every replica is ready (start)
         self.kv = KVTransferSums()
         self.request_listeners: list[Callable[[Sequence], None]] = []
         self.num_ended = 0
         self._ctx = mp.get_context("spawn")
-        self._origin: dict[str, Request] = {}  # request id -> the request as it arrived (while prefilling)
-        self._handed: set[str] = set()  # requests on a decode replica whose prompt a prefill replica computed
         self._t0 = 0.0
+
+    @property
+    def router(self) -> Router | None:
+        return self.protocol.router if self.protocol is not None else None
 
     @property
     def mixed(self) -> list[ProcReplica]:
@@ -94,13 +96,14 @@ class ProcessCluster:
                 with children_ignore_ctrl_c():  # Ctrl-C is the parent's: the child stops when told, quietly
                     process.start()
                 child_end.close()  # the child holds the only writing end: its exit reads as end-of-file here
-                self.replicas.append(ProcReplica(index, role, process, inbox, conn, pcfg.tensor_parallel_size))
+                self.replicas.append(ProcReplica(index, process, inbox, conn, role=role,
+                                                 tensor_parallel_size=pcfg.tensor_parallel_size))
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while any(r.limits is None for r in self.replicas):
             if time.monotonic() > deadline:
                 raise ReplicaProcessError(f"replica processes not ready after {STARTUP_TIMEOUT_S:.0f} s")
             self._receive(POLL_S * 10)
-        self.router = self.make_router([r.view(True) for r in self.replicas])
+        self.protocol = ClusterProtocol(self.replicas, self.make_router([r.view(True) for r in self.replicas]))
 
     def stop(self, finish: bool = False, timeout_s: float = 60.0) -> None:
         """Ask every live replica to report and exit (``finish``: after what it holds has ended; else at
@@ -126,20 +129,18 @@ class ProcessCluster:
 
     def live_sequences(self) -> list[Sequence]:
         """Requests placed and not ended, as the parent knows them (an interrupted run writes them unfinished)."""
-        seen: dict[str, Sequence] = {}
-        for r in self.replicas:
-            for rid, seq in r.live.items():
-                seen.setdefault(rid, seq)
-        return list(seen.values())
+        placements = self.protocol.placements.values() if self.protocol is not None else ()
+        return [p.seq for p in placements if p.seq is not None]
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self, source: ArrivalSource, on_progress: Callable[[int], None] | None = None) -> None:
         """Feed ``source``'s requests at their times and run until every one has ended."""
-        decode_max = min((r.limits.max_model_len for r in self.decode if r.limits), default=0)
+        assert self.protocol is not None  # built by start()
+        placements = self.protocol.placements
         self.request_listeners.append(source.on_end)
         self._t0 = time.perf_counter()
         for r in self.replicas:
-            r.inbox.put(("start", self._t0, decode_max))
+            r.inbox.put(("start", self._t0, self.protocol.decode_max_model_len))
         reported = 0
         try:
             while True:
@@ -148,7 +149,7 @@ class ProcessCluster:
                 while due is not None:
                     self._arrive(*due)
                     due = source.pop_due(now)
-                outstanding = any(r.live for r in self.replicas)
+                outstanding = bool(placements)
                 if source.exhausted and not outstanding:
                     break
                 upcoming = source.next_time()
@@ -189,7 +190,7 @@ class ProcessCluster:
         kind, index = message[0], message[1]
         r = self.replicas[index]
         if kind == "gauges":
-            r.gauges = (message[2], message[3], message[4])
+            r.gauges = message[2]
         elif kind == "ended":
             self._ended(r, message[2])
         elif kind == "prefilled":
@@ -204,72 +205,39 @@ class ProcessCluster:
         elif kind == "error":
             raise ReplicaProcessError(f"replica {index} ({r.role}, pid {r.process.pid}) failed: {message[2]}")
 
-    # ---- placement ------------------------------------------------------------------------------
+    # ---- placement: the protocol decides, the parent sends --------------------------------------
     def _arrive(self, request: Request, t: float) -> None:
-        if not self.prefill:
-            self._send(self._route(request, self.mixed, t) or self.mixed[0], request, t, request)
-            return
-        if not any(d.can_hold(request) for d in self.decode):  # the decode replica rejects it, saying why
-            self._send(self.decode[0], request, t, request)
-            return
-        p = self._route(request, self.prefill, t, tokens=request.prompt_len + 1) or self.prefill[0]
-        self._origin[request.id] = request
-        self._send(p, request, t, replace(request, max_tokens=1), hand_off=request.max_tokens > 1)
-
-    def _send(self, r: ProcReplica, request: Request, t: float, sent: Request, hand_off: bool = False) -> None:
-        r.place(request)
-        r.live[request.id] = Sequence(request, arrival_s=t)
-        r.inbox.put(("add", sent, t, hand_off))
-
-    def _route(self, request: Request, pool: list[ProcReplica], t: float,
-               tokens: int | None = None) -> ProcReplica | None:
-        """The router's choice among ``pool`` (checked), or None when no replica can hold the request."""
-        assert self.router is not None  # built by start()
-        choice = checked_route(self.router, request, [r.view(r.can_hold(request, tokens)) for r in pool], t)
-        return None if choice is None else self.replicas[choice]
+        assert self.protocol is not None
+        r, asked = self.protocol.arrive(request, t)
+        self.protocol.placements[request.id].seq = Sequence(request, arrival_s=t)  # what the parent knows of it
+        r.inbox.put(("add", asked, t, asked.max_tokens < request.max_tokens))  # a prefill it hands on
 
     # ---- what comes back ------------------------------------------------------------------------
     def _ended(self, r: ProcReplica, seq: Sequence) -> None:
-        assert self.router is not None
-        r.live.pop(seq.id, None)
+        assert self.protocol is not None
         if r.role == "prefill":  # rejected, or stopped at its first token: the record is the prefill's
-            request = self._origin.pop(seq.id)
-            r.count_end(request, seq)
-            seq = ended_at_prefill(seq, request)
+            final = self.protocol.prefill_ended(r, seq, continues=False)
+            assert final is not None
         else:
-            handed = seq.id in self._handed  # its prompt was computed and counted on a prefill replica
-            self._handed.discard(seq.id)
-            r.count_end(seq.request, seq, handed_on=handed)
-        self.router.on_finish(seq.request, r.index)
+            final = self.protocol.ended(r, seq)
+            self.protocol.finished(final.request, r.index)
         self.num_ended += 1
         for listener in self.request_listeners:
-            listener(seq)
+            listener(final)
 
     def _hand_off(self, p: ProcReplica, pseq: Sequence, payload: KVPayload) -> None:
-        """Prefill replica ``p`` computed ``pseq``'s prompt and first token: route its continuation
-        to a decode replica, with the prompt's KV."""
-        assert self.router is not None and pseq.finish_time is not None
-        request = self._origin.pop(pseq.id)
-        p.live.pop(pseq.id, None)
-        p.end(request)
-        p.prompt_tokens += request.prompt_len
-        p.cached_prompt_tokens += pseq.num_cached_prompt_tokens
-        p.output_tokens += pseq.num_output_tokens
-        self.router.on_finish(request, p.index)
-        d = self._route(request, self.decode, pseq.finish_time)
-        if d is None:  # cannot happen after the arrival's check
-            raise RuntimeError(f"no decode replica can hold request {request.id!r}")
-        dseq = continued(pseq, request)
-        d.place(request)
-        d.live[request.id] = dseq
-        self._handed.add(request.id)
+        """Prefill replica ``p`` computed ``pseq``'s prompt and first token: its continuation goes to
+        the decode replica the protocol's hand-off picks, with the prompt's KV."""
+        assert self.protocol is not None and pseq.finish_time is not None
+        self.protocol.prefill_ended(p, pseq, continues=True)
+        d, dseq = self.protocol.hand_off(pseq, pseq.finish_time)
         d.inbox.put(("seq", dseq, payload))
 
     def _loaded(self, d: ProcReplica, loaded: Loaded) -> None:
-        request = d.live[loaded.request_id].request
+        assert self.protocol is not None
+        request = self.protocol.placements[loaded.request_id].request
         self.kv.num_kv_transfers += 1
         self.kv.kv_transfer_bytes += loaded.nbytes
         self.kv.kv_transfer_s += loaded.transfer_s
         self.kv.kv_transfer_exposed_s += loaded.exposed_s
-        d.prompt_tokens += request.prompt_len
-        d.cached_prompt_tokens += loaded.cached_tokens
+        self.protocol.prompt_received(d, request, loaded.cached_tokens)

@@ -11,7 +11,7 @@ answer: the child ignores SIGINT and reports and exits when the parent says ``ab
 Messages, parent -> child: ``("start", t0, decode_max_model_len)``, ``("add", request, arrival_s, hand_off)``,
 ``("seq", seq, payload)``, ``("stop",)`` (finish what it holds, then report) and ``("abort",)``
 (report now: the run failed or was interrupted). Child -> parent: ``("ready", i, limits, num_kv_blocks)``,
-``("gauges", i, waiting, running, kv_utilization)``, ``("ended", i, seq)``,
+``("gauges", i, Gauges)``, ``("ended", i, seq)``,
 ``("prefilled", i, seq, payload)``, ``("loaded", i, Loaded)``, ``("report", i, report)``,
 ``("error", i, line)``, each on the child's own pipe. ``t0`` is the parent's ``time.perf_counter()`` at the start: every engine's
 clock counts from it, so the processes' timestamps compare (one machine, one monotonic clock).
@@ -27,13 +27,14 @@ from typing import Any, Iterator, cast
 
 from omegaconf import DictConfig, OmegaConf
 
+from servelab.cluster.protocol import Gauges, continues_after_prefill
 from servelab.core.kinds import KINDS
 from servelab.core.registry import default_registry
 from servelab.core.request import Sequence
 from servelab.kv.pd.process import KVPayload, ProcessKVConnector
 from servelab.config import plugin_node, schema
 from servelab.results.replica_report import ReplicaReport
-from servelab.assemble.stack import Stack, build_stack
+from servelab.assemble.stack import build_stack
 
 IDLE_WAIT_S = 0.05  # how long an idle engine waits for the parent's next message
 
@@ -100,8 +101,7 @@ def _serve(index: int, role: str, cfg: DictConfig, inbox: Any, outbox: Any) -> N
     if role != "mixed":
         connector = ProcessKVConnector(
             role, send=send,
-            should_send=lambda seq: (seq.id in hand_off and seq.finish_reason == "length"
-                                     and seq.num_tokens < decode_max_len[0]),
+            should_send=lambda seq: continues_after_prefill(seq, seq.id in hand_off, decode_max_len[0]),
             on_loaded=lambda loaded: outbox.send(("loaded", index, loaded)))
     stack = build_stack(cfg, connector=connector)
     engine = stack.engine
@@ -142,8 +142,7 @@ def _serve(index: int, role: str, cfg: DictConfig, inbox: Any, outbox: Any) -> N
                     stopping = stopping or said == "stop"
                 else:
                     engine.poll_connector()  # blocks whose KV this step read out go back now, not at the next step
-                    waiting, running = _queues(stack)
-                    outbox.send(("gauges", index, waiting, running, _kv_utilization(stack)))
+                    outbox.send(("gauges", index, Gauges.of(engine)))
     finally:
         engine.poll_connector()
         live = any(not s.is_finished for s in engine.sequences.values())
@@ -175,14 +174,3 @@ def _take(inbox: Any, engine, connector: ProcessKVConnector | None, hand_off: se
             engine.add_sequence(seq)
         elif kind in ("stop", "abort"):
             stop = stop if stop == "abort" else kind
-
-
-def _queues(stack: Stack) -> tuple[int, int]:
-    queues = stack.engine.scheduler.queue_lengths()
-    return queues.get("waiting", 0) + queues.get("swapped", 0), queues.get("running", 0)
-
-
-def _kv_utilization(stack: Stack) -> float:
-    allocator = stack.engine.allocator
-    return allocator.num_used_blocks() / max(1, allocator.num_blocks)
-

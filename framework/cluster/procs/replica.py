@@ -1,15 +1,16 @@
 """The parent's record of one engine process of a wall-clock cluster (:mod:`servelab.cluster.procs.cluster`):
-the router's counts, the gauges the replica last reported, and the figures ``per_replica`` reports."""
+the protocol's record of a replica (:class:`~servelab.cluster.protocol.ReplicaRecord`: the router's
+counts, the gauges the replica last reported, the figures ``per_replica`` reports) and its process."""
 
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from servelab.cluster.replica import RouterCounts, request_fits
-from servelab.core.interfaces import EngineLimits, ReplicaView
-from servelab.core.request import Request, Sequence
+from servelab.cluster.protocol import ReplicaRecord, request_fits
+from servelab.core.interfaces import EngineLimits
+from servelab.core.request import Request
 from servelab.results.replica_report import ReplicaReport
 
 
@@ -18,23 +19,18 @@ class ReplicaProcessError(RuntimeError):
 
 
 @dataclass
-class ProcReplica(RouterCounts):
-    """An engine process as the parent knows it: the router's counts
-    (:class:`~servelab.cluster.replica.RouterCounts`) and the gauges the replica last reported."""
+class ProcReplica(ReplicaRecord):
+    """An engine process as the parent knows it: the protocol's record of a replica, whose gauges
+    are the ones the process reported after its last step, and the process and its pipes."""
 
-    index: int
-    role: str
     process: Any
     inbox: Any  # parent -> child: a queue
     conn: Any  # child -> parent: the reading end of its pipe
-    tensor_parallel_size: int = 1
     hardware: str = "this machine"
     limits: EngineLimits | None = None
     num_kv_blocks: int = 0
-    gauges: tuple[int, int, float] = (0, 0, 0.0)  # waiting, running, KV utilisation after its last step
     report: ReplicaReport | None = None
     closed: bool = False  # its pipe reached end-of-file (the process exited)
-    live: dict[str, Sequence] = field(default_factory=dict)  # placed here, not ended (unfinished if the run stops)
 
     def can_hold(self, request: Request, tokens: int | None = None) -> bool:
         """Whether the request fits this replica's pool at all (paged arithmetic on the limits it sent;
@@ -43,13 +39,13 @@ class ProcReplica(RouterCounts):
         assert limits is not None  # it reported ready
         return request_fits(request, limits, lambda n: -(-n // limits.block_size) <= self.num_kv_blocks, tokens)
 
-    def view(self, can_hold: bool) -> ReplicaView:
-        waiting, running, kv = self.gauges
+    def context_length(self) -> int:
+        assert self.limits is not None  # it reported ready
+        return self.limits.max_model_len
+
+    def kv_pool(self) -> tuple[int, int]:
         assert self.limits is not None
-        return ReplicaView(index=self.index, role=self.role, can_hold=can_hold, num_outstanding=self.placed - self.ended,
-                           outstanding_tokens=self.placed_tokens - self.ended_tokens, num_waiting=waiting,
-                           num_running=running, kv_utilization=kv, num_kv_blocks=self.num_kv_blocks,
-                           block_size=self.limits.block_size, tensor_parallel_size=self.tensor_parallel_size)
+        return self.num_kv_blocks, self.limits.block_size
 
 
 def exit_text(code: int | None) -> str:

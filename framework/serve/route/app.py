@@ -2,8 +2,9 @@
 a backend by a router plugin and passed through; ``/v1/models``, ``/health``, ``/metrics``.
 
 For each request the handler reads the body just enough to build the :class:`Request` a router sees
-(:func:`request_of`), offers the plugin one view per backend (:mod:`servelab.serve.route.backends`),
-checks its answer as the simulator's cluster does, forwards the raw body and relays the answer: JSON
+(:func:`request_of`), places it through the cluster protocol (:mod:`servelab.cluster.protocol`, as the
+simulator's cluster and the engine processes do: one view per backend, :mod:`servelab.serve.route.backends`,
+the plugin's answer checked, the router's counts), forwards the raw body and relays the answer: JSON
 as it came, or server-sent events chunk by chunk as they arrive. ``on_finish`` is called once per
 placement when the request ends there (answered, failed or left). A client that disconnects closes
 the upstream connection, which a ``servelab serve`` backend takes as an abort. A backend that cannot
@@ -22,14 +23,14 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from servelab.core.interfaces import Router
+from servelab.cluster.protocol import ClusterProtocol
+from servelab.core.interfaces import Router, RouterError
 from servelab.core.request import Request
 from servelab.serve.protocol import error_body
 from servelab.serve.route.backends import Backend, BackendPool
@@ -87,62 +88,53 @@ class RouteFailure(Exception):
         self.code, self.message = code, message
 
 
-@dataclass
 class RouteState:
-    """What the handlers share."""
+    """What the handlers share: the backends, the cluster protocol that places requests on them (its
+    router plugin: :attr:`router`), the prompt codec and the metrics."""
 
-    pool: BackendPool
-    router: Router
-    router_name: str
-    codec: PromptCodec
-    metrics: RouteMetrics
-    retries: int = 1
-    default_max_tokens: int = 16
-    started: float = 0.0
-
-    def __post_init__(self) -> None:
+    def __init__(self, pool: BackendPool, router: Router, router_name: str, codec: PromptCodec,
+                 metrics: RouteMetrics, retries: int = 1, default_max_tokens: int = 16) -> None:
+        self.pool, self.router_name, self.codec, self.metrics = pool, router_name, codec, metrics
+        self.retries, self.default_max_tokens = retries, default_max_tokens
+        for b in pool.backends:
+            b.checks_length = codec.exact  # the router counts prompts as the backends do
+        self.protocol: ClusterProtocol[Backend] = ClusterProtocol(pool.backends, router)
         self.started = time.monotonic()
         self.pool.on_health = lambda b: self.metrics.up.labels(b.url).set(1 if b.up else 0)
+
+    @property
+    def router(self) -> Router:
+        return self.protocol.router
 
     def choose(self, request: Request, tried: set[int]) -> Backend:
         """The plugin's placement (checked) among the backends not yet tried; :class:`RouteFailure`
         when none can take it or the plugin fails."""
-        views = [b.view(request, self.codec.exact, b.index in tried) for b in self.pool.backends]
-        if not any(v.can_hold for v in views):
-            if any(b.up and b.index not in tried for b in self.pool.backends):
+        backends = self.pool.backends
+        try:
+            backend = self.protocol.route(request, backends, time.monotonic() - self.started, exclude=tried)
+        except RouterError as exc:  # the plugin's fault, reported; the router keeps serving
+            self.metrics.router_errors.labels(self.router_name).inc()
+            raise RouteFailure(500, str(exc)) from None
+        if backend is None:
+            if any(b.up and b.index not in tried for b in backends):
                 raise RouteFailure(400, f"prompt: {request.prompt_len} tokens + max_tokens {request.max_tokens} "
                                    "exceed every backend's max_model_len")
             raise RouteFailure(503, "no backend is up to take the request" + (" (tried: " + ", ".join(
-                self.pool.backends[i].url for i in sorted(tried)) + ")" if tried else ""))
-        name = self.router_name
-        try:
-            choice = self.router.route(request, views, time.monotonic() - self.started)
-        except Exception as exc:  # noqa: BLE001 - the plugin's fault, reported; the router keeps serving
-            self.metrics.router_errors.labels(name).inc()
-            raise RouteFailure(500, f"router plugin {name!r} failed on request {request.id!r}: "
-                               f"{type(exc).__name__}: {exc}") from None
-        view = (views[choice] if isinstance(choice, int) and not isinstance(choice, bool)
-                and 0 <= choice < len(views) else None)
-        if view is None or not view.can_hold:
-            self.metrics.router_errors.labels(name).inc()
-            why = "not one of the offered backends" if view is None else "a backend that cannot hold it (down?)"
-            raise RouteFailure(500, f"router plugin {name!r} returned {choice!r} for request {request.id!r}: {why} "
-                               f"(offered {[v.index for v in views if v.can_hold]})")
-        backend = self.pool.backends[choice]
-        backend.place(request)
-        self.metrics.decisions.labels(name, backend.url).inc()
+                backends[i].url for i in sorted(tried)) + ")" if tried else ""))
+        self.protocol.place(backend, request)
+        self.metrics.decisions.labels(self.router_name, backend.url).inc()
         self.metrics.in_flight.labels(backend.url).inc()
         return backend
 
     def finish(self, request: Request, backend: Backend, outcome: str, received: float) -> None:
         """The request left ``backend``: the counts, the metrics and the plugin's ``on_finish``."""
-        backend.end(request)
+        self.protocol.end(backend, request)
         self.metrics.in_flight.labels(backend.url).dec()
         self.metrics.requests.labels(backend.url, outcome).inc()
         if outcome == "ok":
             self.metrics.latency.labels(backend.url).observe(time.monotonic() - received)
         try:
-            self.router.on_finish(request, backend.index)
+            self.protocol.finished(request, backend.index)
         except Exception as exc:  # noqa: BLE001 - logged and counted; the answer is already on its way
             self.metrics.router_errors.labels(self.router_name).inc()
             log.warning("router plugin %r failed in on_finish(%s): %s: %s", self.router_name, request.id,

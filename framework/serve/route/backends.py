@@ -1,5 +1,7 @@
 """The backends behind ``servelab route``: who they are, whether they are up, and what a router may
-see of each (:class:`servelab.core.interfaces.ReplicaView`).
+see of each (:class:`servelab.core.interfaces.ReplicaView`). A :class:`Backend` is the cluster
+protocol's record of a replica (:class:`servelab.cluster.protocol.ReplicaRecord`), as the
+simulator's and the engine processes' replicas are, so its view is made the same way.
 
 A view is filled from two sources. The router's own counts: requests it placed on a backend and has
 not yet seen end (``num_outstanding``) and their prompt + ``max_tokens`` (``outstanding_tokens``),
@@ -23,8 +25,8 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from servelab.cluster.protocol import Gauges, ReplicaRecord
 from servelab.core.errors import ConfigError
-from servelab.core.interfaces import ReplicaView
 from servelab.core.request import Request
 
 log = logging.getLogger(__name__)
@@ -32,39 +34,33 @@ CHECK_TIMEOUT_S = 5.0  # one start-up, health or metrics call
 
 
 @dataclass
-class Backend:
-    """One OpenAI-compatible server and the router's record of it."""
+class Backend(ReplicaRecord):
+    """One OpenAI-compatible server and the router's record of it (a mixed replica of the protocol).
+    ``checks_length``: the router counts prompts in the backends' own tokens, so a request longer
+    than ``max_model_len`` cannot go here."""
 
-    index: int
     url: str  # no trailing slash
     model: str  # the first id of its /v1/models
     owned_by: str = ""
     max_model_len: int | None = None
     up: bool = True
-    outstanding: int = 0
-    outstanding_tokens: int = 0
-    waiting: int = 0
-    running: int = 0
-    kv_utilization: float = 0.0
     num_kv_blocks: int = 0
     block_size: int = 16
     has_metrics: bool = False
+    checks_length: bool = False
 
-    def place(self, request: Request) -> None:
-        self.outstanding += 1
-        self.outstanding_tokens += request.prompt_len + request.max_tokens
+    @property
+    def outstanding(self) -> int:
+        """Requests the router placed here and has not seen end."""
+        return self.num_outstanding
 
-    def end(self, request: Request) -> None:
-        self.outstanding -= 1
-        self.outstanding_tokens -= request.prompt_len + request.max_tokens
-
-    def view(self, request: Request, exact_length: bool, excluded: bool = False) -> ReplicaView:
-        fits = (not exact_length or self.max_model_len is None
+    def can_hold(self, request: Request, tokens: int | None = None) -> bool:
+        fits = (not self.checks_length or self.max_model_len is None
                 or request.prompt_len + request.max_tokens <= self.max_model_len)
-        return ReplicaView(index=self.index, role="mixed", can_hold=self.up and fits and not excluded,
-                           num_outstanding=self.outstanding, outstanding_tokens=self.outstanding_tokens,
-                           num_waiting=self.waiting, num_running=self.running, kv_utilization=self.kv_utilization,
-                           num_kv_blocks=self.num_kv_blocks, block_size=self.block_size)
+        return self.up and fits
+
+    def kv_pool(self) -> tuple[int, int]:
+        return self.num_kv_blocks, self.block_size
 
     def read_metrics(self, text: str) -> None:
         """Take the gauges of a ``/metrics`` page (absent ones stay as they were)."""
@@ -78,10 +74,10 @@ class Backend:
                     values[sample.name] = values.get(sample.name, 0.0) + sample.value
         if "vllm:num_requests_running" in values:
             self.has_metrics = True
-            self.running = int(values["vllm:num_requests_running"])
-            self.waiting = int(values.get("vllm:num_requests_waiting", 0) + values.get("vllm:num_requests_swapped", 0))
-            self.kv_utilization = float(values.get("vllm:kv_cache_usage_perc",
-                                                   values.get("vllm:gpu_cache_usage_perc", 0.0)))
+            self.gauges = Gauges(
+                int(values.get("vllm:num_requests_waiting", 0) + values.get("vllm:num_requests_swapped", 0)),
+                int(values["vllm:num_requests_running"]),
+                float(values.get("vllm:kv_cache_usage_perc", values.get("vllm:gpu_cache_usage_perc", 0.0))))
 
 
 def probe_backend(index: int, url: str, client: httpx.Client) -> Backend:

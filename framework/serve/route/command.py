@@ -5,7 +5,8 @@ Backends: ``replicas=N`` (alias of ``route.replicas``) starts N ``servelab serve
 composed stack on free local ports and stops them when the router stops (SIGINT/SIGTERM, or a failed
 start-up); ``route.backends=[http://host:port,...]`` uses running OpenAI-compatible servers instead,
 each checked at start-up (one line naming the first that is unreachable or has no ``/v1/models``).
-The router plugin is built as in the simulator's cluster, ``cls(config, RouterContext(views, seed))``.
+The router plugin is built as in the simulator's cluster, through the kinds table
+(:func:`servelab.cluster.router.build_router`), and places requests through the same cluster protocol.
 """
 
 from __future__ import annotations
@@ -22,11 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
-from servelab.core.contexts import RouterContext
+from servelab.cluster.router import build_router
 from servelab.core.errors import ConfigError
 from servelab.core.registry import Registry, default_registry
-from servelab.core.request import Request
-from servelab.assemble.executor import plugin_config
 from servelab.serve.command import check_port_free, compose_command
 from servelab.serve.route.backends import Backend, BackendPool, probe_backends
 from servelab.serve.route.launch import ReplicaProcess, start_replicas, stop_replicas
@@ -82,17 +81,6 @@ def check_route_config(cfg: DictConfig) -> None:
     default_registry().get("router", cfg.router.name)  # an unknown router: one line listing the known ones
 
 
-def build_router(cfg: DictConfig, backends: list[Backend], registry: Registry | None = None):
-    """``router=<name>`` for ``backends``, as the simulator's cluster builds it."""
-    cls = (registry or default_registry()).get("router", cfg.router.name)
-    probe = Request("route-start", (0,), 1)
-    views = tuple(b.view(probe, False) for b in backends)
-    try:
-        return cls(plugin_config(cfg.router), RouterContext(views, cfg.seed))
-    except ValueError as exc:
-        raise ConfigError(f"router={cfg.router.name}: {exc}") from None
-
-
 def prompt_codec(cfg: DictConfig, backends: list[Backend], started: bool):
     """The checkpoint's tokenizer when every backend serves this config's model (replicas it started,
     or servelab servers of the same model name); else the byte-level fallback."""
@@ -137,7 +125,7 @@ def prepare(cfg: DictConfig, replica_overrides: list[str], registry: Registry | 
         else:
             replicas = start_replicas(r.replicas, replica_overrides, Path(r.output_dir), r.start_timeout_s)
             backends = probe_backends([p.url for p in replicas])
-        router = build_router(cfg, backends, registry)
+        router = build_router(cfg, [b.view(True) for b in backends], registry)
         pool = BackendPool(backends, r.refresh_interval_s, r.health_interval_s, r.request_timeout_s)
         state = RouteState(pool, router, cfg.router.name, prompt_codec(cfg, backends, bool(replicas)),
                            RouteMetrics(cfg.router.name, [b.url for b in backends]), r.retries,
