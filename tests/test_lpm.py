@@ -149,7 +149,7 @@ TINY_TRACE = ["model=tiny", "workload=hash_ids", "workload.num_requests=null", "
               "block_size=8", "allocator.prefix_caching=true", "logger=none", "progress=false", "clock=virtual",
               "time_model=profile_small64", "model.hidden_size=64", "model.intermediate_size=128",
               "model.num_hidden_layers=2", "model.num_attention_heads=4", "model.num_key_value_heads=2",
-              "workload.time_scale=0.0", "max_num_seqs=2", "num_kv_blocks=24"]
+              "max_num_seqs=2", "num_kv_blocks=24"]  # every row arrives at timestamp 0
 
 
 def test_real_model_tokens_equal_fcfs_and_the_cache_hits_more(tmp_path):
