@@ -216,8 +216,8 @@ WHY = {
 }
 
 
-def _why_key(e: dict, name: str) -> str:
-    i, fam = e["id"], next(f for f, names in FAMILIES.items() if name in names)
+def _why_key(e: dict) -> str:
+    i = e["id"]
     if i.startswith("gpustack"):
         return "api_server" if "closed loop" in e["load"] else "api_server_bound"
     if i.startswith("sglangpage_vllm"):
@@ -239,7 +239,7 @@ def why_section(results: dict) -> str:
         for name in e["metrics"]:
             m = _cell(e, b, name, fallback=True)
             if m and m["error"] is not None and name in GOAL_OF and abs(m["error"]) > GOAL_OF[name]:
-                groups.setdefault(_why_key(e, name), []).append(f"{e['id']} {LABEL[name]} {_pct(m['error'])}")
+                groups.setdefault(_why_key(e), []).append(f"{e['id']} {LABEL[name]} {_pct(m['error'])}")
     by_id = {e["id"]: e for e in results["entries"]}
     bound = ""
     probe = by_id.get("gpustack_vllm011_qwen3_14b_h100_random128_4")
