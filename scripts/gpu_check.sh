@@ -16,6 +16,9 @@
 #   tp           experiments/gpu_check_tp.py (TP=2 tokens equal TP=1's) with >= 2 GPUs -> OUT/tp/
 #   profile_ops  experiments/gpu_check_ops.py: servelab profile-ops on a Llama-3-8B layer, bfloat16 ->
 #                OUT/op_tables/<hardware>/llama3_8b/ (the op tables of this GPU)
+#   host         benchmarks/host_cost.py: servelab's own host time per engine step on this machine (the
+#                real engine, decode batches 1..64: scheduling, batch building, applying tokens) ->
+#                OUT/host/host_cost.json (an engine.host block for engine=servelab; docs/simulator.md "Engines")
 #   serve        experiments/gpu_check_serve.py: a Llama-3-8B-shaped random checkpoint on the real
 #                engine beside the simulator's prediction (hardware=h200) -> OUT/serve/compare.{json,md}
 # A failing stage does not stop the later ones. OUT/summary.json lists each stage (ok, failed or
@@ -123,11 +126,21 @@ stage_tp() { "$PY" experiments/gpu_check_tp.py --out "$OUT/tp"; }
 
 stage_profile_ops() { "$PY" experiments/gpu_check_ops.py "$OUT/op_tables" --device "$DEVICE"; }
 
+stage_host() {
+  mkdir -p "$OUT/host"
+  if [ "$DEVICE" = cuda ]; then
+    "$PY" benchmarks/host_cost.py backend.device=cuda backend.num_threads=null --batches 1 2 4 8 16 32 64 \
+      --output-len 32 --json "$OUT/host/host_cost.json"
+  else
+    "$PY" benchmarks/host_cost.py --batches 1 2 4 --output-len 4 --json "$OUT/host/host_cost.json"
+  fi
+}
+
 stage_serve() {
   "$PY" experiments/gpu_check_serve.py "$OUT/serve" --device "$DEVICE" --op-tables "$OUT/op_tables" \
     --work "$WORK/serve"
 }
-export -f add_pythonpath stage_site stage_env stage_kernels stage_tp stage_profile_ops stage_serve
+export -f add_pythonpath stage_site stage_env stage_kernels stage_tp stage_profile_ops stage_host stage_serve
 
 SERVE_MIN=$([ "$DEVICE" = cuda ] && echo 240 || echo 60)
 run_stage site 120 0
@@ -136,7 +149,7 @@ run_stage env 60 0
 NGPU=$("$PY" -c "import json, sys; print(json.load(open(sys.argv[1]))['cuda_device_count'])" "$OUT/env.json" \
        2>/dev/null || echo 0)
 if [ "$DEVICE" = cuda ] && [ "$NGPU" -eq 0 ]; then
-  for s in kernels tp profile_ops serve; do record "$s" failed 0 "no CUDA device visible (env.log; --device cpu: the dry run)"; done
+  for s in kernels tp profile_ops host serve; do record "$s" failed 0 "no CUDA device visible (env.log; --device cpu: the dry run)"; done
 else
   run_stage kernels 150 $((SERVE_MIN + 60))
   if [ "$DEVICE" = cpu ]; then
@@ -147,6 +160,7 @@ else
     run_stage tp 240 $((SERVE_MIN + 60))
   fi
   run_stage profile_ops 200 "$SERVE_MIN"
+  run_stage host 90 "$SERVE_MIN"
   run_stage serve 600 0
 fi
 
@@ -162,7 +176,7 @@ for line in Path(stages_tsv).read_text().splitlines():
     stages.append({"stage": name, "status": status, "seconds": float(secs), "reason": reason or None})
 summary = {"device": device, "budget_s": int(budget), "total_s": int(total), "ok": all(s["status"] != "failed" for s in stages),
            "stages": stages}
-for name, rel in (("env", "env.json"), ("serve", "serve/compare.json")):
+for name, rel in (("env", "env.json"), ("host", "host/host_cost.json"), ("serve", "serve/compare.json")):
     f = out / rel
     if f.is_file():
         summary[name] = json.loads(f.read_text())

@@ -144,11 +144,20 @@ def test_auto_uses_nccl_past_the_custom_kernels_limit():
 
 def test_custom_without_published_figures_is_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"^sim.all_reduce=custom: no published custom all-reduce figures for "
-                                          r"hardware=h200"):
-        build_stack(compose(["backend=sim", "hardware=h200", "model=llama3_8b", "tensor_parallel_size=2",
+                                          r"hardware=l40s"):
+        build_stack(compose(["backend=sim", "hardware=l40s", "model=llama3_8b", "tensor_parallel_size=2",
                              "sim.all_reduce=custom"], logger="none"))
-    tm = time_model("backend=sim", "hardware=h200", "model=llama3_8b", "tensor_parallel_size=2", "sim.all_reduce=auto")
+    tm = time_model("backend=sim", "hardware=l40s", "model=llama3_8b", "tensor_parallel_size=2", "sim.all_reduce=auto")
     assert "nccl (auto: no published custom" in tm.timing_summary()["all_reduce_impl"]
+
+
+def test_h200_prices_its_all_reduce_with_h100s_custom_figures_by_its_rule():
+    """hardware.tables_from: h100 (the same NVLink 4 baseboard): H100's published custom figures."""
+    h200 = time_model("backend=sim", "hardware=h200", "model=llama3_8b", "tensor_parallel_size=2", "sim.all_reduce=custom")
+    h100 = time_model("backend=sim", "hardware=h100", "model=llama3_8b", "tensor_parallel_size=2", "sim.all_reduce=custom")
+    work = StepWork(num_tokens=8, num_seqs=8, decode_seqs=8, num_sampled=8, attended=8 * 512, context_tokens=8 * 512)
+    assert h200.timing_summary()["all_reduce_impl"] == "custom"
+    assert h200.breakdown(work)["communication"] == h100.breakdown(work)["communication"] > 0
 
 
 def test_context_defaults_are_todays():

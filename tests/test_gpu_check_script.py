@@ -15,7 +15,7 @@ from pathlib import Path
 
 
 REPO = Path(__file__).resolve().parents[1]
-STAGES = ["site", "env", "kernels", "tp", "profile_ops", "serve"]
+STAGES = ["site", "env", "kernels", "tp", "profile_ops", "host", "serve"]
 # What the GPU machine brings (docs/testing.md): these and everything they require.
 BASE = ["torch", "triton", "transformers"]
 # Dependencies the checks do not need, and why the wheels leave them out.
@@ -64,6 +64,8 @@ def test_cpu_dry_run_passes_every_stage_or_skips_it_with_a_reason_and_writes_eve
     assert (tables / "ops.csv").is_file()
     kernels = json.loads((out / "kernels" / "kernels.json").read_text())
     assert kernels["checks"] and all(c["ok"] for c in kernels["checks"]) and kernels["bandwidth"]
+    host = json.loads((out / "host" / "host_cost.json").read_text())
+    assert host["fit"]["steps"] > 0 and host["fit"]["decode_host_us_by_batch"] and summary["host"] == host
     compare = json.loads((out / "serve" / "compare.json").read_text())
     assert compare["same_workload"] and not compare["failures"]
     real, sims = compare["real"]["figures"], compare["sims"]
@@ -84,7 +86,7 @@ def test_without_a_gpu_the_gpu_stages_fail_with_a_reason_and_the_rest_still_run(
     stages = {s["stage"]: s for s in json.loads((tmp_path / "out" / "summary.json").read_text())["stages"]}
     assert list(stages) == STAGES
     assert stages["site"]["status"] == stages["env"]["status"] == "ok"
-    for name in ("kernels", "tp", "profile_ops", "serve"):
+    for name in ("kernels", "tp", "profile_ops", "host", "serve"):
         assert stages[name]["status"] == "failed" and "no CUDA device visible" in stages[name]["reason"]
     assert "a stage FAILED" in (tmp_path / "out" / "summary.md").read_text()
 

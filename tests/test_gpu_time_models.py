@@ -46,7 +46,7 @@ def test_auto_is_the_sims_default_and_picks_the_measured_tables_where_they_exist
 
 
 @pytest.mark.parametrize("overrides, why", [
-    (("hardware=h200", "model=llama3_70b", "tensor_parallel_size=4"), "no op tables for hardware=h200"),
+    (("hardware=l40s", "model=llama3_70b", "tensor_parallel_size=4"), "no op tables for hardware=l40s"),
     (("hardware=h100", "model=llama3_70b", "tensor_parallel_size=4", "model.quantization=int8"), "int8"),
 ])
 def test_auto_falls_back_to_the_calibrated_roofline_and_says_why(overrides, why):

@@ -1,6 +1,7 @@
 """End to end against published measurements (experiments/sim_fidelity_gpu/e2e.py):
-published.yaml is well formed, features.py maps every entry, one small entry reproduces in the
-simulator in seconds (base and all columns), and the README section matches e2e_results.json."""
+published.yaml is well formed, presets.py and features.py map every entry, one small entry reproduces
+in the simulator in seconds (the default and preset columns, and the per-feature ones), and the README
+section matches e2e_results.json."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def test_published_yaml_is_well_formed(entries):
         assert str(e["source"]["url"]).startswith("https://"), where
         assert e["source"].get("title") and e["source"].get("date"), where
         assert e["engine"].get("name") and e["engine"].get("version"), where
-        assert e["hardware"] in HARDWARE and e["model"] in MODELS, where
+        assert e["hardware"] in HARDWARE, where
+        assert e["model"] in MODELS or (e["model"] == "hf" and (REPO / e["model_path"]).is_file()), where
         assert isinstance(e["tp"], int) and e["tp"] >= 1, where
         figures = e["figures"]
         assert figures and set(figures) <= FIGURES, where
@@ -98,6 +100,52 @@ def test_workloads_follow_the_published_conditions(e2e, entries):
     reqs = e2e.workload(burst, seed=1)
     assert [p for _, p, _ in reqs] == burst["conditions"]["lengths"]["input_lens"]
     assert all(a == 0 for a, _, _ in reqs) and min(o for _, _, o in reqs) == 1
+
+
+def test_one_small_entry_reproduces_under_the_default_and_its_engines_preset(e2e, entries):
+    entry = next(e for e in entries if e["id"] == "sglangpage_vllm_llama31_8b_a100_rps4")
+    results = e2e.run_entries([entry], seeds=(1,), max_requests=150, log=lambda *_: None)
+    (r,) = results["entries"]
+    assert set(r["columns"]) == {"default", "preset"} and r["preset"]["name"] == "vllm_v0"
+    assert r["columns"]["default"]["engine"] == "servelab" and r["columns"]["preset"]["engine"] == "vllm_v0"
+    assert {"engine=vllm_v0", "num_scheduler_steps=10"} <= set(r["columns"]["preset"]["overrides"])
+    for col in ("default", "preset"):
+        for name in entry["figures"]:
+            m = r["columns"][col]["metrics"][name]
+            assert m["simulated"] > 0 and m["error"] == pytest.approx(m["simulated"] / m["published"] - 1)
+    # vLLM 0.6.0's 10-step windows hold a new prompt until the running window ends: TTFT grows
+    ttft = {c: r["columns"][c]["metrics"]["median_ttft_ms"]["simulated"] for c in ("default", "preset")}
+    assert ttft["preset"] > ttft["default"]
+    first = r["columns"]["preset"]["first_token"]
+    assert first["prompt_tokens"] > 0 and first["step_ms"] == pytest.approx(
+        sum(first[f"{k}_ms"] for k in ("layers", "attention", "communication", "lm_head", "host", "swap", "copy")))
+    assert {h["family"] for h in results["headline"]} == {"TTFT", "TPOT"}
+    section = e2e.render_section(results)
+    assert "### Headline" in section and "### The first token with one request at a time" in section
+
+
+def test_an_engine_without_a_preset_is_scored_under_the_default(e2e, entries):
+    entry = next(e for e in entries if e["id"] == "trtllm05_llama2_7b_a100_ttft_128")
+    results = e2e.run_entries([entry], seeds=(1,), log=lambda *_: None)
+    (r,) = results["entries"]
+    assert r["preset"] is None and r["columns"]["preset"] is None
+    head = {h["column"]: h for h in results["headline"]}
+    assert head["preset"]["median_abs_error"] == head["default"]["median_abs_error"]
+
+
+def test_presets_map_every_entry(entries):
+    presets = _module("presets")
+    for e in entries:
+        got = presets.preset(e)
+        name, version = e["engine"]["name"], str(e["engine"]["version"])
+        if name == "vllm":
+            assert got[0] == ("vllm_v1" if int(version.split(".")[1]) >= 8 else "vllm_v0"), e["id"]
+        elif name == "sglang":
+            assert got[0] == "sglang" and (("engine.overlap=false" in got[1]) == version.startswith("0.3")), e["id"]
+        else:
+            assert got is None, e["id"]
+        if got and "--disable-radix-cache" in str(e["engine"]["flags"]):
+            assert "allocator.prefix_caching=false" in got[1], e["id"]
 
 
 def test_one_small_entry_reproduces_end_to_end(e2e, entries):
@@ -155,7 +203,7 @@ def test_closed_loop_fixed_length_entry_runs(e2e, entries):
     assert len(reqs) == entry["conditions"]["num_prompts"] and {(p, o) for _, p, o in reqs} == {(128, 128)}
     assert e2e.load_class(entry) == "moderate"
     assert "workload.concurrency=16" in e2e.overrides(entry, 1)
-    results = e2e.run_entries([entry], seeds=(1,), max_requests=32, log=lambda *_: None, columns=("base",))
+    results = e2e.run_entries([entry], seeds=(1,), max_requests=32, log=lambda *_: None, columns=("default",))
     (r,) = results["entries"]
     assert r["run"]["num_finished"] == 32 and r["run"]["max_concurrent_requests"] <= 16
     assert r["metrics"]["mean_ttft_ms"]["simulated"] > 0 and r["metrics"]["median_itl_ms"]["simulated"] > 0
@@ -164,7 +212,7 @@ def test_closed_loop_fixed_length_entry_runs(e2e, entries):
 def test_readme_section_matches_results_json(e2e):
     results = json.loads(e2e.RESULTS.read_text())
     assert len(results["entries"]) == len(e2e.load_published()["entries"])
-    assert set(results["columns"]) == set(_module("features").COLUMNS)
+    assert results["columns"] == ["default", "preset"]
     assert e2e.render_section(results).strip() in e2e.README.read_text()
 
 

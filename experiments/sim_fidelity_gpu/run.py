@@ -226,15 +226,21 @@ The shipped roofline used a 2 ms host overhead and no kernel floors.
 {e2e_text}
 ## Not yet
 
-- End to end beyond the entries above: long contexts, high load with preemption, vLLM's V1 engine,
-  FP8 results (MLPerf, TensorRT-LLM) that the FP16 tables cannot price; and the published runs' exact
-  ShareGPT draw (the dataset copy at hand is truncated, so the simulator draws its own sample).
-- Engine behaviours the end-to-end section lists as not modelled (vLLM's multi-step scheduling and
-  prefill-only steps, SGLang's separate prefill batches, API-server CPU time).
+- End to end beyond the entries above: dense runs on H200 (none with its full settings and a text
+  result was found; vLLM issue #13412 has the commands only), FP8 results (MLPerf, TensorRT-LLM on
+  H100, NIM) that the FP16 tables cannot price, and the published runs' exact ShareGPT draw (the
+  dataset copy at hand is truncated, so the simulator draws its own sample).
+- The API servers' own time (HTTP, chat templates, tokenisation, streaming): the GPUStack rows show it
+  dominates vLLM 0.11's first token and bounds its offline bursts on H100, and no operator-level figure
+  of vLLM's or SGLang's API server exists to price it (servelab's own: `frontend=servelab_cpu`).
+- Engine behaviours the end-to-end section lists as not modelled (SGLang's admission and chunking of
+  prompts beyond 8,192 tokens, vLLM V1's padding of mixed steps, 0.6's asynchronous output processing,
+  multi-step's saved host time, TurboMind's and TensorRT-LLM's own kernels, a static batch's lock-step decode).
 - Attention has no public measured table here: every model prices it with the calibrated roofline
   (the GEMM fit's floor, peak efficiency and bandwidth efficiency), unvalidated.
-- The host tables are Vidur's vLLM-derived engine with Ray workers (A100, one TP degree per model):
-  a leaner engine spends less; `time_model.host=false` leaves the host out.
+- The host tables are Vidur's vLLM-derived engine with Ray workers (A100, one TP degree per model);
+  vLLM V1's preset takes its own components instead (docs/simulator.md "Engines"); no GPU figure of
+  servelab's own host time exists yet (`scripts/gpu_check.sh`'s host stage measures it).
 """
     (HERE / "README.md").write_text(text)
     print(text)

@@ -21,6 +21,7 @@ from servelab.core.interfaces import EngineLimits, TimeModel
 from servelab.core.kinds import KindSpec, build_context, build_order, instantiate
 from servelab.core.registry import Registry, default_registry
 from servelab.core.shapes import ModelShape
+from servelab.config.engine import engine_host, engine_summary
 from servelab.kv.tiers.build import kv_tier_specs, tier_load_clock, tiered_store
 from servelab.assemble.block_size import resolve_block_size
 from servelab.workloads.arrivals import arrival_source, is_closed_loop
@@ -45,6 +46,7 @@ class Stack:
     clock_kind: str = "wall"  # wall | virtual | custom (a clock handed in by the caller)
     block_size_auto: dict | None = None  # block_size=auto: {"chosen": size, "reason": why}
     plugins: dict = dataclasses.field(default_factory=dict)  # kind -> the engine-scope plugin built for it
+    engine_preset: dict | None = None  # engine=<preset>: what summary.json states (servelab.config.engine)
 
     def describe_time(self) -> dict:
         """What ``summary.json`` states about time: the clock, the time model, the hardware."""
@@ -55,7 +57,8 @@ class Stack:
             hardware = f"this machine ({platform.machine()}, {self.executor.__class__.__name__})"
         timing = getattr(self.time_model, "timing_summary", None) if self.clock_kind == "virtual" else None
         return {"clock": self.clock_kind, "time_model": self.time_model.describe() if self.time_model else None,
-                "hardware": hardware, **(timing() if timing is not None else {})}
+                "hardware": hardware, **({"engine": self.engine_preset} if self.engine_preset else {}),
+                **(timing() if timing is not None else {})}
 
 
 def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Executor | None = None,
@@ -137,7 +140,8 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
     if frontend.delays_tokens:
         engine.frontend = frontend
     return Stack(engine, executor, limits, plugins["time_model"], clock_mode,
-                 {"chosen": auto.chosen, "reason": auto.reason} if auto else None, plugins)
+                 {"chosen": auto.chosen, "reason": auto.reason} if auto else None, plugins,
+                 engine_summary(cfg.engine) if "engine" in cfg else None)
 
 
 def frontend_model(cfg: DictConfig) -> FrontEnd:
@@ -165,13 +169,19 @@ def engine_arrivals(cfg: DictConfig, requests):
 
 
 def _check_timing_priced(cfg: DictConfig, time_model: TimeModel, clock_kind: str) -> None:
-    """``sim.cuda_graphs`` / ``sim.all_reduce`` are priced operator by operator: refuse a time model that cannot."""
-    if clock_kind != "virtual" or not (cfg.sim.cuda_graphs or option_value(cfg.sim.all_reduce) != "nccl"):
+    """``sim.cuda_graphs`` / ``sim.all_reduce`` and an engine preset's host model are priced operator by
+    operator: refuse a time model that cannot."""
+    if clock_kind != "virtual" or getattr(time_model, "timing_summary", None) is not None:
         return
-    if getattr(time_model, "timing_summary", None) is None:
+    if cfg.sim.cuda_graphs or option_value(cfg.sim.all_reduce) != "nccl":
         raise ConfigError(f"sim.cuda_graphs / sim.all_reduce price a step operator by operator; time_model="
                           f"{cfg.time_model.name} prices whole steps: use time_model=auto, op_profile or "
                           "calibrated_roofline")
+    host = engine_host(cfg.engine) if "engine" in cfg else None
+    if host is not None and host.changes_pricing:
+        raise ConfigError(f"engine={cfg.engine.name} prices the host's time apart from the GPU's (engine.host, "
+                          f"engine.overlap); time_model={cfg.time_model.name} prices whole steps: use time_model=auto, "
+                          "op_profile or calibrated_roofline (or engine=servelab)")
 
 
 def _build(kind: KindSpec, cls: type, config, context, cfg: DictConfig):
@@ -209,7 +219,8 @@ def time_model_context(cfg: DictConfig, executor: Executor) -> TimeModelContext:
                             block_size=cfg.block_size, model_name=name, linear_weight_bytes=sizes.linear,
                             kv_scale_bytes=sizes.kv_scale, draft_shape=_draft_shape(executor),
                             cuda_graph_sizes=tuple(cfg.sim.cuda_graph_sizes) if cfg.sim.cuda_graphs else (),
-                            all_reduce=option_value(cfg.sim.all_reduce))
+                            all_reduce=option_value(cfg.sim.all_reduce),
+                            engine_host=engine_host(cfg.engine) if "engine" in cfg else None)
 
 
 def _draft_shape(executor: Executor) -> ModelShape | None:

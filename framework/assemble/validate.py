@@ -100,6 +100,11 @@ def check_engine_timing(cfg: DictConfig) -> None:
             raise ConfigError(f"frontend.{key}={fe[key]} must be >= 0")
     if cfg.backend.name == "sim" or option_value(cfg.clock) == "virtual":
         return
+    engine = cfg.get("engine")
+    if engine is not None and engine.name != "servelab":
+        raise ConfigError(f"engine={engine.name} prices another engine's time on the virtual clock; backend="
+                          f"{cfg.backend.name} on the wall clock runs servelab's own engine as it is: use backend=sim "
+                          "(or engine=servelab)")
     if cfg.sim.cuda_graphs or option_value(cfg.sim.all_reduce) != "nccl":
         raise ConfigError(f"sim.cuda_graphs / sim.all_reduce price steps on the virtual clock; backend="
                           f"{cfg.backend.name} on the wall clock is measured as it runs: drop them or use backend=sim")

@@ -12,6 +12,7 @@ from typing import Any, List, Optional
 from omegaconf import MISSING
 
 from servelab.core.executor import BackendConfig  # the backend group's schema
+from servelab.config.engine import EngineConfig  # the engine group's schema (and its resolvers)
 
 
 class DType(enum.Enum):
@@ -117,6 +118,11 @@ class HardwareConfig:
     intra_node_latency_us: float = 10.0
     inter_node_link_gb_s: float = 25.0  # a 200 Gb/s NIC per GPU unless the hardware file says otherwise
     inter_node_latency_us: float = 20.0
+    # Hardware without measured op tables (docs/op-tables.md "Hardware without tables"): the hardware
+    # whose measured compute and collective tables price it, this sheet's HBM rescaling the decoder
+    # layers (null: its own tables, or the calibrated roofline); and the rule in words, for the banner
+    tables_from: Optional[str] = None
+    pricing_rule: Optional[str] = None
 
 
 class LoggerMode(enum.Enum):
@@ -386,6 +392,7 @@ class ServelabConfig:
     debug: DebugConfig = field(default_factory=DebugConfig)
     sim: SimConfig = field(default_factory=SimConfig)
     frontend: FrontendConfig = MISSING
+    engine: EngineConfig = MISSING  # the serving engine the simulator prices (conf/engine/*.yaml)
     kv_tiers: KVTiersConfig = MISSING
     eval_ppl: EvalPPLConfig = field(default_factory=EvalPPLConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)

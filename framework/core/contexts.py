@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from servelab.core.cost_model import StepCostModel
+    from servelab.core.engine_host import EngineHost
     from servelab.core.executor import Executor
     from servelab.core.interfaces import (BlockAllocator, EngineLimits, Evictor, LengthPredictor, PreemptionPolicy,
                                           ReplicaView)
@@ -142,6 +143,9 @@ class TimeModelContext:
     # defaults price every step eagerly with the NCCL all-reduce tables, as before they existed.
     cuda_graph_sizes: tuple[int, ...] = ()  # sim.cuda_graphs: decode batch sizes run as captured CUDA graphs
     all_reduce: str = "nccl"  # sim.all_reduce: nccl | custom | auto
+    # engine=<preset>: its host time per step and whether it overlaps the GPU step (None: the time
+    # model's own host term, added to the step, as before engines had presets)
+    engine_host: "EngineHost | None" = None
 
     @property
     def kv_bytes_per_token(self) -> float:

@@ -65,6 +65,10 @@ class HardwareProfile:
     intra_node_latency_us: float = 10.0
     inter_node_link_gb_s: float = 25.0
     inter_node_latency_us: float = 20.0
+    # Hardware without measured tables: whose measured op tables price it (its HBM rescaling the
+    # decoder layers), and the rule in words (None: its own tables, or the calibrated roofline)
+    tables_from: str | None = None
+    pricing_rule: str | None = None
 
     @classmethod
     def from_config(cls, node: Mapping[str, Any]) -> "HardwareProfile":
@@ -73,7 +77,9 @@ class HardwareProfile:
         if not values["intra_node_link_gb_s"]:  # null: the GPU-to-GPU link the all-reduce uses
             values["intra_node_link_gb_s"] = values["link_bandwidth_gb_s"]
         for key, value in values.items():
-            if key != "name" and not (value > 0 or (key.endswith("latency_us") and value == 0)):
+            if key in ("name", "tables_from", "pricing_rule"):
+                continue
+            if not (value > 0 or (key.endswith("latency_us") and value == 0)):
                 raise ConfigError(f"hardware.{key}={value} must be > 0 (hardware={values['name']})")
         return cls(**values)
 

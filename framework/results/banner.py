@@ -7,6 +7,8 @@ from pathlib import Path
 from omegaconf import DictConfig
 from rich.console import Console
 
+from servelab.config.engine import engine_label
+
 
 def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
@@ -24,6 +26,9 @@ def banner_lines(cfg: DictConfig, stack, output_dir: Path, logger_where: str) ->
     dtype = getattr(cfg.model.dtype, "value", cfg.model.dtype)
     if not executor.computes_tokens:
         device = f"sim (no tensors) priced as {cfg.hardware.name}"
+        rule = cfg.hardware.get("pricing_rule")
+        if rule:
+            device += f" ({rule})"
     else:
         where = executor.describe()
         dev = where.get("device") or cfg.backend.device
@@ -56,8 +61,10 @@ def banner_lines(cfg: DictConfig, stack, output_dir: Path, logger_where: str) ->
     quant = getattr(cfg.model.get("quantization", "none"), "value", cfg.model.get("quantization", "none"))
     if quant != "none":
         dtype += f", {quant} decoder linears (embeddings and LM head in {dtype})"
-    return [("model", f"{model}, {dtype}"), ("device", device), ("KV pool", pool), ("stack", stack_text),
-            ("workload", f"{cfg.workload.name}"), ("results", str(output_dir)), ("W&B", logger_where)]
+    rows = [("model", f"{model}, {dtype}"), ("device", device), ("KV pool", pool), ("stack", stack_text)]
+    if "engine" in cfg:  # every run names the engine it prices (the default: servelab)
+        rows.append(("engine", engine_label(cfg.engine)))
+    return rows + [("workload", f"{cfg.workload.name}"), ("results", str(output_dir)), ("W&B", logger_where)]
 
 
 def cluster_line(cfg: DictConfig, cluster) -> tuple[str, str]:

@@ -9,7 +9,9 @@
   the custom kernel for world sizes in ``_SUPPORTED_WORLD_SIZES = [2, 4, 6, 8]`` on a fully
   NVLink-connected node and messages ``inp_size < max_size`` (``max_size=8192 * 1024``), NCCL
   otherwise. Figures were published only for NVLink nodes, so hardware with custom figures is
-  taken as NVLink-connected; hardware without them (PCIe L40S, H200 for now) prices NCCL.
+  taken as NVLink-connected; hardware without them (PCIe L40S) prices NCCL. Hardware priced by
+  another's tables (``hardware.tables_from``: H200 by H100's, the same NVLink 4 baseboard) uses that
+  hardware's custom figures too (servelab.sim.hardware_rule).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ IMPLEMENTATIONS = ("nccl", "custom", "auto")
 def choose_all_reduce(context: TimeModelContext, nccl: ArrayFn) -> tuple[ArrayFn, str]:
     """``(seconds of one all-reduce against message bytes, what priced it)`` for ``context.all_reduce``;
     ``nccl`` is the time model's own price. Raises :class:`ConfigError` for ``custom`` without figures."""
-    impl, hw, tp = context.all_reduce, context.hardware.name, context.tensor_parallel_size
+    impl, tp = context.all_reduce, context.tensor_parallel_size
+    hw = context.hardware.tables_from or context.hardware.name  # H200: H100's figures (the same NVLink 4)
     if impl not in IMPLEMENTATIONS:
         raise ConfigError(f"sim.all_reduce={impl!r}: choose one of {', '.join(IMPLEMENTATIONS)}")
     if impl == "nccl":

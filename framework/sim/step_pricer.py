@@ -10,6 +10,12 @@ A step on one rank of ``tp`` (all ranks work in parallel) costs
   + host(sequences)                         scheduling, input preparation, sampling, output processing
   + swap and copy traffic                   the host link and HBM
 
+An engine preset (``context.engine_host``, :class:`servelab.core.engine_host.EngineHost`) changes the
+host term: its own per-step, per-sequence and per-scheduled-token seconds in place of the time
+model's, and with ``overlap`` the step takes ``max(gpu, host)`` instead of ``gpu + host`` (the host
+prepares the next step while the GPU runs this one). Without a preset, or with one that keeps the
+time model's host and does not overlap, a step is priced exactly as before.
+
 The engine's timing features (``sim.*`` in the context) change two terms. With CUDA graphs
 (``context.cuda_graph_sizes``) a decode-only step of B sequences runs the captured graph of the
 next size >= B: its layers and all-reduces are priced at that padded token count (attention, the
@@ -72,7 +78,11 @@ class StepPricer:
         self.graph_steps = 0  # decode steps priced as a captured CUDA graph, and the tokens they padded
         self.graph_padding_tokens = 0
         self.graph_tokens = 0
-        if self._graph_size:
+        self.engine_host = context.engine_host if context.engine_host is not None and \
+            context.engine_host.changes_pricing else None
+        if self.engine_host is not None:
+            self.predict = self._predict_engine  # type: ignore[method-assign]  # the default path stays as it was
+        elif self._graph_size:
             self.predict = self._predict_with_graphs  # type: ignore[method-assign]  # the default path stays as it was
         # the final norm and the LM head (column-parallel over the vocabulary) for the sampled rows
         self._lm_head = _Dense(lambda m: ops.tokenwise(m, 2 * s.hidden_size * act_bytes, "input_norm")
@@ -111,12 +121,21 @@ class StepPricer:
             out["all_reduce_impl"] = self.all_reduce_impl
         return out
 
+    def host_seconds(self, work) -> float:
+        """The host's seconds of the step: the engine preset's terms, else the time model's host term."""
+        eh = self.engine_host
+        if eh is not None and eh.source == "engine":
+            return eh.seconds(work.num_seqs, work.num_tokens)
+        return self._host[work.num_seqs] if work.num_seqs else 0.0
+
     def breakdown(self, work) -> dict[str, float]:
-        """Seconds per component of the step described by ``work``."""
+        """Seconds per component of the step described by ``work``; with an overlapping engine,
+        ``host`` is the part of the host's time the GPU step does not hide (the components sum to
+        the step's price)."""
         n = work.num_tokens
         m = self.dense_tokens(work) if self._graph_size else n
         out = {"layers": 0.0, "attention": 0.0, "communication": 0.0, "lm_head": 0.0,
-               "host": self._host[work.num_seqs] if work.num_seqs else 0.0,
+               "host": self.host_seconds(work),
                "swap": work.swap_blocks * self._block / self._host_link,
                "copy": 2 * work.copy_blocks * self._block / self._hbm}
         if n:
@@ -127,6 +146,9 @@ class StepPricer:
             flops = work.attended * self._attn_flops_per_attended
             nbytes = (work.context_tokens + n) * self._kv_per_token + n * self._qo_per_token
             out["attention"] = self.num_layers * self._ops.attention(flops, nbytes)
+        if self.engine_host is not None and self.engine_host.overlap:
+            gpu = sum(v for k, v in out.items() if k != "host")
+            out["host"] = max(0.0, out["host"] - gpu)
         return out
 
     def predict(self, work) -> float:
@@ -164,6 +186,31 @@ class StepPricer:
             t += (work.swap_out_blocks + work.swap_in_blocks) * self._block / self._host_link
             t += 2 * work.copy_blocks * self._block / self._hbm
         return t
+
+
+    def _predict_engine(self, work) -> float:
+        """:meth:`predict` under an engine preset (``context.engine_host``): the GPU part as
+        :meth:`predict` / :meth:`_predict_with_graphs` price it, the host part from the preset's
+        terms (or the time model's), summed, or overlapped (``max``) where the engine overlaps."""
+        n = work.num_tokens
+        gpu = 0.0
+        if n:
+            m = n
+            if n == work.decode_seqs and n < len(self._graph_size):
+                m = self._graph_size[n]
+                self.graph_steps += 1
+                self.graph_tokens += n
+                self.graph_padding_tokens += m - n
+            gpu = self._layers[m] + self._lm_head[work.num_sampled]
+            if self._allreduce is not None:
+                gpu += self._allreduce[m]
+            nbytes = (work.context_tokens + n) * self._kv_per_token + n * self._qo_per_token
+            gpu += self.num_layers * self._ops.attention(work.attended * self._attn_flops_per_attended, nbytes)
+        if work.swap_out_blocks or work.swap_in_blocks or work.copy_blocks:
+            gpu += (work.swap_out_blocks + work.swap_in_blocks) * self._block / self._host_link
+            gpu += 2 * work.copy_blocks * self._block / self._hbm
+        host = self.host_seconds(work)
+        return max(gpu, host) if self.engine_host.overlap else gpu + host  # type: ignore[union-attr]
 
 
 def graph_sizes(sizes) -> list[int]:

@@ -60,8 +60,10 @@ class AutoTime(TimeModel):
             t = self.chosen.tables
             source = t.manifest.get("source", {})
             by = source.get("tool") or ("Vidur" if "vidur" in str(source.get("repo", "")) else "measured")
-            return f"auto -> op_profile ({t.hardware}/{t.model} tables, {by})"
-        return f"auto -> calibrated_roofline ({self.reason})"
+            rule = f"; {self.context.hardware.name} by rule" if getattr(self.chosen, "borrowed", None) else ""
+            return f"auto -> op_profile ({t.hardware}/{t.model} tables, {by}{rule})"
+        sheet_rule = self.context.hardware.pricing_rule
+        return f"auto -> calibrated_roofline ({self.reason}{'; ' + sheet_rule if sheet_rule else ''})"
 
     def describe(self) -> dict:
         return {**self.chosen.describe(), "name": self.name, "chosen": self.chosen.name,

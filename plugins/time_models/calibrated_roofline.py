@@ -50,4 +50,5 @@ class CalibratedRooflineTime(PricedTime):
                 "coefficients": self.calibration.coefficients(),
                 "fitted_on": self.calibration.source.get("fitted_on"),
                 "calibration_file": str(self.config.path or "servelab/data/op_tables/calibrated_roofline.json"),
-                "host": self.config.host, "weight_bytes_per_rank": self.context.weight_bytes_per_rank}
+                "host": self.config.host, "weight_bytes_per_rank": self.context.weight_bytes_per_rank,
+                **({"pricing_rule": hw.pricing_rule} if hw.pricing_rule else {})}

@@ -19,7 +19,7 @@ from typing import Optional
 
 from servelab.plugin_api import ConfigError, TimeModelContext
 from servelab.time_model_api import (CALIBRATION_FILE, Calibration, GpuOps, StepPricer, describe_available,
-                                     find_op_tables, load_op_tables)
+                                     find_op_tables, hbm_rescaled, load_op_tables, measured_on, spec_sheet)
 
 from .priced import PricedTime
 
@@ -35,7 +35,11 @@ def op_tables_for(context: TimeModelContext, path: str | None = None):
     """The tables for this context (or ``path``), or None when the package has none for it."""
     if path:
         return load_op_tables(path, shape=context.shape, tp=context.tensor_parallel_size, dtype=context.dtype)
-    return find_op_tables(context.hardware.name, context.shape, context.tensor_parallel_size, context.dtype)
+    own = find_op_tables(context.hardware.name, context.shape, context.tensor_parallel_size, context.dtype)
+    if own is not None or not context.hardware.tables_from:
+        return own
+    # no tables of its own: hardware.tables_from's (H200: H100's tables at its own HBM, servelab.sim.hardware_rule)
+    return find_op_tables(measured_on(context.hardware), context.shape, context.tensor_parallel_size, context.dtype)
 
 
 def _tables_unusable(context: TimeModelContext) -> str | None:
@@ -66,17 +70,23 @@ class OpProfileTime(PricedTime):
         self.tables = tables
         self.calibration = Calibration.load(CALIBRATION_FILE)
         ops = GpuOps(context.hardware, self.calibration)
-        layer = tables.layer_curve(tp)
+        layer = tables.layer_curve(tp).at
+        self.borrowed = None if config.path or tables.hardware == context.hardware.name else tables.hardware
+        if self.borrowed:  # the measured layers at this sheet's HBM bandwidth (the stated rule)
+            layer = hbm_rescaled(layer, s, tp, context.hardware, spec_sheet(self.borrowed), self.calibration, act,
+                                 context.weight_dtype_bytes)
         allreduce = tables.allreduce_curve(tp)
         host = tables.host_curve(tp) if config.host else None
-        self.sources = {"layers": "op tables", "attention": "calibrated roofline", "lm_head": "calibrated roofline",
+        self.sources = {"layers": f"op tables of {self.borrowed}, HBM rescaled to {context.hardware.name}"
+                        if self.borrowed else "op tables", "attention": "calibrated roofline",
+                        "lm_head": "calibrated roofline",
                         "communication": "op tables (all_reduce)" if allreduce is not None or tp == 1
                         else "calibrated roofline (no all-reduce table for this TP)",
                         "host": ("op tables (host)" if host is not None else "calibrated roofline") if config.host
                         else "not priced"}
         host_fn = (host.at if host is not None else ops.host) if config.host else (lambda m: 0.0 * m)
         pricer = StepPricer(
-            context, ops, act_bytes=act, layer=layer.at,
+            context, ops, act_bytes=act, layer=layer,
             allreduce=allreduce.at if allreduce is not None else (lambda b: ops.allreduce(b, tp)),
             host=host_fn)
         draft_tables = (find_op_tables(context.hardware.name, context.draft_shape, 1, context.dtype)
@@ -85,6 +95,8 @@ class OpProfileTime(PricedTime):
             context, layer=draft_tables.layer_curve(1).at if draft_tables is not None else None))
 
     def describe(self) -> dict:
-        return {"name": self.name, "hardware": self.context.hardware.name, "tables": self.tables.describe(),
+        hw = self.context.hardware
+        return {"name": self.name, "hardware": hw.name, "tables": self.tables.describe(),
                 "priced_by": self.sources, "calibration": self.calibration.coefficients(),
-                "weight_bytes_per_rank": self.context.weight_bytes_per_rank}
+                "weight_bytes_per_rank": self.context.weight_bytes_per_rank,
+                **({"pricing_rule": hw.pricing_rule} if hw.pricing_rule else {})}
