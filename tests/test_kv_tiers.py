@@ -23,6 +23,13 @@ def _run(tmp_path, name, *overrides):
     return json.loads((out / "summary.json").read_text()), (out / "requests.jsonl").read_bytes()
 
 
+def test_a_preset_with_tiers_picks_write_back_unless_a_policy_is_named():
+    assert compose(*CHAT, "kv_tiers=host_disk").kv_tier_policy.name == "write_back"
+    assert compose(*CHAT, "kv_tiers=host", "kv_tier_policy=none").kv_tier_policy.name == "none"
+    assert compose(*CHAT, "kv_tier_policy=write_through", "kv_tiers=host").kv_tier_policy.name == "write_through"
+    assert compose(*CHAT).kv_tier_policy.name == "none"  # no tiers: nothing to store
+
+
 def test_policy_none_is_todays_engine_exactly(tmp_path):
     plain = _run(tmp_path, "plain", "allocator.prefix_caching=true")
     tiers = _run(tmp_path, "none", "kv_tiers=host_disk", "kv_tier_policy=none")
