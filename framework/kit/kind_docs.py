@@ -227,6 +227,7 @@ def grade_kind(kind: str | None, page: Path, repo: Path) -> str:
              "where goodput is requests meeting every SLO they have per second"
              + (", of the scored clients only on a workload that names them (`fairness_flood`: `steady`)"
                 if any(w.scored_clients for w in workloads) else "")
+             + "".join(f", {t.label} is {t.about}" for t in score_rule(spec.name).terms if t.about)
              + "; a term whose figure is 0 or missing leaves the score undefined (`-`). The overall score is the "
              "geometric mean over the workloads (undefined if any is)."]
     if spec.name == "scheduler":
