@@ -57,7 +57,7 @@ CASES = [
      "servelab eval-ppl: error: eval-ppl: model=llama3_70b is a shape without weights (for backend=sim); ..."),
     # KV tiers (issue 48): a preset picks write_back, so a bad tier setting no longer passes unused
     ("kv-tiers-disk-dir-unwritable", ["run.py", *SIM, "kv_tiers=host_disk", "kv_tiers.disk_dir=/proc/nope"], {}, 2,
-     "servelab: error: kv_tiers.disk_dir=/proc/nope: the disk tier's files cannot be written there ..."),
+     "servelab: error: kv_tiers.disk_dir=/proc/nope: not writable (no file can be made in /proc: ..."),
     ("kv-tiers-disk-dir-without-a-disk", ["run.py", *SIM, "kv_tiers=host", "kv_tiers.disk_dir=/tmp"], {}, 2,
      "servelab: error: kv_tiers.disk_dir=/tmp: kv_tiers=host has no disk tier to keep there; ..."),
     ("kv-tiers-without-prefix-caching", ["run.py", *SIM, "kv_tiers=host_disk", "allocator.prefix_caching=false"], {},

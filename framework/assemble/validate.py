@@ -111,8 +111,8 @@ def check_kv_tiers(cfg: DictConfig) -> None:
     if disk_dir:
         reason = _unwritable(Path(disk_dir))
         if reason:
-            raise ConfigError(f"kv_tiers.disk_dir={disk_dir}: the disk tier's files cannot be written there "
-                              f"({reason}); name a folder you can write to, or leave it unset (the run's folder)")
+            raise ConfigError(f"kv_tiers.disk_dir={disk_dir}: not writable ({reason}), and the disk tier's files go "
+                              "there; name a folder you can write to, or leave it unset (the run's folder)")
     stores = cfg.get("kv_tier_policy") is not None and cfg.kv_tier_policy.name != "none"
     if stores and cfg.backend.name != "sim" and cfg.tensor_parallel_size > 1:
         raise ConfigError(f"{what} with tensor_parallel_size={cfg.tensor_parallel_size} on backend={cfg.backend.name}: "
