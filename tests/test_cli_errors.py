@@ -55,6 +55,16 @@ CASES = [
     ("eval-ppl-help", ["servelab", "eval-ppl", "--help"], {}, 0, ""),
     ("eval-ppl-names-the-configured-model", ["servelab", "eval-ppl", "model=llama3_70b"], {}, 2,
      "servelab eval-ppl: error: eval-ppl: model=llama3_70b is a shape without weights (for backend=sim); ..."),
+    # KV tiers (issue 48): a preset picks write_back, so a bad tier setting no longer passes unused
+    ("kv-tiers-disk-dir-unwritable", ["run.py", *SIM, "kv_tiers=host_disk", "kv_tiers.disk_dir=/proc/nope"], {}, 2,
+     "servelab: error: kv_tiers.disk_dir=/proc/nope: not writable (no file can be made in /proc: ..."),
+    ("kv-tiers-disk-dir-without-a-disk", ["run.py", *SIM, "kv_tiers=host", "kv_tiers.disk_dir=/tmp"], {}, 2,
+     "servelab: error: kv_tiers.disk_dir=/tmp: kv_tiers=host has no disk tier to keep there; ..."),
+    ("kv-tiers-without-prefix-caching", ["run.py", *SIM, "kv_tiers=host_disk", "allocator.prefix_caching=false"], {},
+     2, "servelab: error: kv_tiers=host_disk holds prefix-cache blocks, and allocator=paged caches none here: ..."),
+    ("kv-tiers-over-ranks-on-a-real-engine", ["run.py", *SIM, "backend=torch", "model=tiny", "kv_tiers=host",
+                                              "tensor_parallel_size=2"], {}, 2,
+     "servelab: error: kv_tiers=host with tensor_parallel_size=2 on backend=torch: a real engine's tiers need one ..."),
 ]
 if not HAS_CUDA:
     CASES.append(("device-cuda-without-cuda", ["run.py", *SIM, "backend=torch", "model=tiny", "backend.device=cuda"],

@@ -23,6 +23,7 @@ from servelab.core.registry import Registry, default_registry
 from servelab.core.shapes import ModelShape
 from servelab.config.engine import engine_host, engine_summary
 from servelab.kv.tiers.build import kv_tier_specs, tier_load_clock, tiered_store
+from servelab.kv.tiers.view import StoreView
 from servelab.assemble.block_size import resolve_block_size
 from servelab.workloads.arrivals import arrival_source, is_closed_loop
 from servelab.assemble.executor import (build_executor, build_sim_executor, executor_context, hardware_profile,  # noqa: F401
@@ -101,8 +102,10 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
     }
     tiers = kv_tier_specs(cfg, executor.bytes_per_block, shared_tiers)
     store = tiered_store(cfg, classes["kv_tier_policy"], tiers, executor, connector, shared_tiers)
+    tier_view = StoreView(store) if store is not None else None
     if store is not None:
         connector = available["connector"] = store
+        available["tier_view"] = tier_view
     available.update(kv_tiers=tiers, bytes_per_block=executor.bytes_per_block)
     prebuilt = {TimeModelContext: time_model_context(cfg, executor),
                 PredictorContext: PredictorContext(
@@ -118,6 +121,8 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
                             if clock_mode == "virtual" and clock is None else None)
     if store is not None:
         store.bind(plugins["kv_tier_policy"], plugins["allocator"])
+        assert tier_view is not None
+        tier_view.attach(plugins["allocator"])  # bind() checked it is a paged allocator with a prefix cache
     drafter = plugins["drafter"]
     if drafter.num_speculative_tokens and not executor.computes_tokens:
         raise ConfigError(f"drafter={cfg.drafter.name}: backend={cfg.backend.name} computes no tokens, so there is "

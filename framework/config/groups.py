@@ -17,7 +17,8 @@ from omegaconf import MISSING
 from servelab.core.kinds import KINDS
 from servelab.core.registry import Registry, default_registry
 from servelab.core.packaged import PACKAGED_CHECKPOINTS, PACKAGED_MODELS
-from servelab.config.schema import LoggerConfig, LoggerMode, ModelConfig, ServelabConfig, kv_tier_presets
+from servelab.config.schema import (KV_TIERS_DEFAULT_POLICY, KVTiersConfig, LoggerConfig, LoggerMode, ModelConfig,
+                                   ServelabConfig, kv_tier_presets)
 from servelab.config.workloads import (ChatSessionsWorkload, CorpusWorkload, GradeWorkloadConfig, HashIdsWorkload,
                                        JsonlWorkload, PromptsWorkload, SyntheticWorkload, TraceWorkload)
 
@@ -81,6 +82,17 @@ def schema() -> type:
     return dataclasses.make_dataclass("ServelabSchema", fields)
 
 
+def kv_tiers_node(tiers: KVTiersConfig) -> dict:
+    """A ``kv_tiers=<preset>`` option. Tiers hold prefix-cache blocks, so a preset with tiers turns
+    ``allocator.prefix_caching`` on, and it selects :data:`KV_TIERS_DEFAULT_POLICY` (a preset alone would
+    otherwise keep the kind's default ``none``, which stores nothing). Hydra lets the command line win:
+    ``kv_tiers=host kv_tier_policy=none`` (or any other policy) keeps its choice."""
+    if not tiers.tiers:
+        return {"kv_tiers": tiers}
+    return {"defaults": [{"override /kv_tier_policy": KV_TIERS_DEFAULT_POLICY}],
+            "kv_tiers": tiers, "allocator": {"prefix_caching": True}}
+
+
 def register_configs(registry: Registry | None = None) -> None:
     """Put the schema and every group option into Hydra's ConfigStore (idempotent). A kind's option
     that ``conf/<group>/<name>.yaml`` provides (a preset such as ``backend=sim``) is left to the file."""
@@ -104,8 +116,7 @@ def register_configs(registry: Registry | None = None) -> None:
     cs.store(group="workload", name="prompts", node=PromptsWorkload)
     cs.store(group="workload", name="corpus", node=CorpusWorkload)
     cs.store(group="workload", name="grade", node=GradeWorkloadConfig)
-    for name, tiers in kv_tier_presets().items():  # tiers hold prefix-cache blocks: the presets turn it on
-        node = {"kv_tiers": tiers, **({"allocator": {"prefix_caching": True}} if tiers.tiers else {})}
-        cs.store(group="kv_tiers", name=name, node=node, package="_global_")
+    for name, tiers in kv_tier_presets().items():
+        cs.store(group="kv_tiers", name=name, node=kv_tiers_node(tiers), package="_global_")
     cs.store(group="logger", name="wandb", node=LoggerConfig)
     cs.store(group="logger", name="none", node=LoggerConfig(name="none", mode=LoggerMode.disabled))

@@ -265,12 +265,18 @@ class KVTierConfig:
 @dataclass
 class KVTiersConfig:
     """``kv_tiers``: the KV cache tiers below the GPU pool (``kv_tiers=none|host|host_disk``; docs/kv-tiers.md).
-    What goes down and comes back is ``kv_tier_policy=<name>`` (``none``: nothing, whatever this says)."""
+    What goes down and comes back is ``kv_tier_policy=<name>``: a preset with tiers selects
+    :data:`KV_TIERS_DEFAULT_POLICY` unless one is given (``none``: nothing, whatever this says)."""
 
     name: str = "none"
     tiers: List[KVTierConfig] = field(default_factory=list)
     load: KVTierLoad = KVTierLoad.overlap
     disk_dir: Optional[str] = None  # real engine: the folder of a disk tier's files (memory-mapped)
+
+
+#: The policy a ``kv_tiers=<preset>`` with tiers selects unless ``kv_tier_policy=`` says otherwise: the
+#: kind's grade reference (spill what the GPU prefix cache gives up into the nearest tier).
+KV_TIERS_DEFAULT_POLICY = "write_back"
 
 
 def kv_tier_presets() -> dict[str, KVTiersConfig]:
