@@ -169,7 +169,7 @@ def check_kv_compatible(prefill: DictConfig, decode: DictConfig) -> ModelShape:
 def kv_bytes_per_token(cfg: DictConfig, shape: ModelShape) -> float:
     """One token's K and V over every layer and KV head (quantised values plus their scales)."""
     sizes = storage_bytes(cfg)
-    return 2 * shape.num_layers * shape.num_kv_heads * (shape.head_dim * sizes.kv + sizes.kv_scale)
+    return shape.kv_bytes_per_token(sizes.kv, 1, sizes.kv_scale)
 
 
 def _links(cfg: DictConfig, replicas: list[Replica], prefill_hw: HardwareProfile, decode_hw: HardwareProfile):
