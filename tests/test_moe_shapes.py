@@ -145,3 +145,14 @@ def test_a_bad_layout_is_one_line_and_exit_2_on_the_command_line():
     assert proc.stderr.strip().splitlines() == [
         "servelab: error: expert_parallel_size=2 needs a mixture-of-experts model, and this one is dense (no experts "
         "in its shape)"]
+
+
+def test_layouts_the_one_process_paths_cannot_run_are_refused():
+    from servelab.cli.eval_ppl import evaluate
+    from servelab.cluster.build import validate_cluster
+
+    with pytest.raises(ConfigError, match="pipeline_parallel_size=2 with cluster.prefill_replicas/decode_replicas"):
+        validate_cluster(compose("model=tiny_moe", "pipeline_parallel_size=2", "cluster.prefill_replicas=1",
+                                 "cluster.decode_replicas=1"))
+    with pytest.raises(ConfigError, match="eval-ppl runs in one process: pipeline_parallel_size=2"):
+        evaluate(compose("model=tiny_code", "pipeline_parallel_size=2"))

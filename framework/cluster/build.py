@@ -63,6 +63,10 @@ def validate_cluster(cfg: DictConfig) -> None:
                     raise ConfigError(f"cluster.{pool} has tensor_parallel_size={tp}: a prefill/decode engine "
                                       "process moves its KV from one worker's pool, so real prefill/decode runs "
                                       "tensor_parallel_size=1 (backend=sim prices larger ones)")
+            if cfg.get("pipeline_parallel_size", 1) != 1:
+                raise ConfigError(f"pipeline_parallel_size={cfg.pipeline_parallel_size} with cluster.prefill_replicas/"
+                                  "decode_replicas: a prefill/decode engine process moves its KV from one worker's "
+                                  "pool, so real prefill/decode runs pipeline_parallel_size=1")
     check_shared_tiers(cfg)
     clock_kind(cfg)  # the clock, backend and time model agree (wall: engine processes; virtual: one loop)
 
