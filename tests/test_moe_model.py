@@ -79,6 +79,8 @@ def test_expert_and_pipeline_parallel_tokens_equal_one_process(one_process, tmp_
 @pytest.mark.parametrize("model, layout", [
     ("tiny_moe", ("tensor_parallel_size=2",)),  # every expert split over both ranks (TP within experts)
     ("tiny_moe", ("tensor_parallel_size=2", "expert_parallel_size=2", "pipeline_parallel_size=2")),  # 4 ranks
+    ("tiny_moe", ("tensor_parallel_size=2", "model.quantization=int8")),  # an expert's INT8 rows span its ranks
+    ("tiny_moe", ("tensor_parallel_size=2", "expert_parallel_size=2", "model.quantization=int8")),
     ("tiny", ("pipeline_parallel_size=2", "num_kv_blocks=12", "preemption=swap", "backend.num_swap_blocks=64")),
     ("tiny", ("pipeline_parallel_size=3", "model.tie_word_embeddings=true")),  # a tied LM head on the last stage
 ])

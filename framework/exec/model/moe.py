@@ -14,7 +14,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from servelab.core.model_spec import ModelSpec
-from servelab.exec.model.layers import ColumnParallelLinear, TPGroup
+from servelab.exec.model.layers import ColumnParallelLinear, RowParallelLinear, TPGroup
 
 
 def expert_layout(spec: ModelSpec, tp: TPGroup) -> tuple[int, int, int, int]:
@@ -24,14 +24,26 @@ def expert_layout(spec: ModelSpec, tp: TPGroup) -> tuple[int, int, int, int]:
     return (tp.rank // inner) * local, local, spec.moe_intermediate_size // inner, tp.rank % inner
 
 
+class ExpertDownProj(RowParallelLinear):
+    """An expert's down projection: this rank's slice of its input features, left unreduced (the MoE
+    block reduces once); ``shared_by`` ranks hold slices of the same expert (INT8 scales span them)."""
+
+    def __init__(self, shard: int, hidden: int, tp: TPGroup, shared_by: int) -> None:
+        super().__init__(shard, hidden, tp)
+        self.shared_by = shared_by
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.int8(x) if self.int8 is not None else F.linear(x, self.weight)
+
+
 class Expert(nn.Module):
     """One expert's shard: gate and up fused, down unreduced (the MoE block reduces once)."""
 
-    def __init__(self, hidden: int, shard: int) -> None:
+    def __init__(self, hidden: int, shard: int, tp: TPGroup) -> None:
         super().__init__()
         self.shard = shard
         self.gate_up_proj = ColumnParallelLinear(hidden, 2 * shard)
-        self.down_proj = ColumnParallelLinear(shard, hidden)
+        self.down_proj = ExpertDownProj(shard, hidden, tp, tp.size // tp.ep_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.shard, dim=-1)
@@ -54,7 +66,7 @@ class SparseMoE(nn.Module):
         self.top_k = spec.experts_per_token
         self.norm_topk_prob = spec.norm_topk_prob
         self.gate = Router(spec.hidden_size, spec.num_experts)
-        self.experts = nn.ModuleList(Expert(spec.hidden_size, shard) for _ in range(local))
+        self.experts = nn.ModuleList(Expert(spec.hidden_size, shard, tp) for _ in range(local))
         self.tp = tp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
