@@ -9,6 +9,7 @@ import json
 import random
 
 import pytest
+import yaml
 
 from conftest import compose
 from hf_reference import hf_greedy
@@ -53,6 +54,14 @@ def test_moe_checkpoint_tokens_equal_transformers(checkpoints, name):
     while lab.has_unfinished():
         lab.step()
     assert [r["output_token_ids"] for r in lab.results().requests] == expected
+
+
+def test_a_moe_checkpoint_run_records_its_experts(checkpoints, tmp_path):
+    """config.yaml says what ran: the checkpoint's MoE fields, under the model.* names."""
+    path = checkpoints[0]["mixtral"][0]
+    run_job(compose("model=hf", f"model.path={path}", *RUN, "workload.num_requests=1"), tmp_path)
+    recorded = yaml.safe_load((tmp_path / "config.yaml").read_text())["model"]
+    assert (recorded["num_experts"], recorded["num_experts_per_tok"], recorded["moe_intermediate_size"]) == (4, 2, 48)
 
 
 def tokens(result) -> dict[str, list[int]]:
