@@ -106,7 +106,8 @@ class ModelShape:
     ``moe_intermediate_size`` (each a gated MLP), ``experts_per_token`` of them run per token, plus
     ``num_shared_experts`` that every token runs (``shared_expert_intermediate_size`` each, 0 = the
     routed size). Layer ``i`` is MoE iff ``i >= first_dense_layers`` and ``(i + 1) % moe_layer_step == 0``
-    (DeepSeek's ``first_k_dense_replace``; Qwen's ``decoder_sparse_step``); the others are dense
+    (DeepSeek's ``first_k_dense_replace``; Qwen's ``decoder_sparse_step``, DeepSeek's ``moe_layer_freq``,
+    1 in every released DeepSeek config, where its rule ``i % freq == 0`` agrees); the others are dense
     (``intermediate_size``). MLA (``kv_lora_rank`` > 0): the cache holds one latent of
     ``kv_lora_rank + qk_rope_head_dim`` values per token and layer, the same on every TP rank.
     """
