@@ -49,6 +49,9 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"num_kv_blocks={cfg.num_kv_blocks} must be >= 1 (or null to size from memory)")
     if cfg.tensor_parallel_size < 1:
         raise ConfigError(f"tensor_parallel_size={cfg.tensor_parallel_size} must be >= 1")
+    for key in ("expert_parallel_size", "pipeline_parallel_size"):
+        if cfg.get(key, 1) < 1:
+            raise ConfigError(f"{key}={cfg.get(key)} must be >= 1")
     if cfg.backend.tp_step_timeout_s <= 0:
         raise ConfigError(f"backend.tp_step_timeout_s={cfg.backend.tp_step_timeout_s} must be > 0")
     swap_blocks = cfg.backend.get("num_swap_blocks")

@@ -46,6 +46,14 @@ def packaged_model_node(name: str) -> dict:
             "backend": {"num_threads": 1}}
 
 
+def tiny_moe_config() -> ModelConfig:
+    """``model=tiny_moe``: a random Qwen3-MoE as small as ``model=tiny`` (written once to the cache
+    folder, like it): 8 experts, 2 per token, every second layer MoE, so dense and MoE layers both run."""
+    return ModelConfig(name="tiny_moe", architecture="Qwen3MoeForCausalLM", hidden_size=128, intermediate_size=256,
+                       num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, initializer_range=0.1,
+                       num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, moe_layer_step=2)
+
+
 def config_yaml_defaults() -> dict[str, str]:
     """``group -> option`` of ``conf/config.yaml``'s defaults list (``optional`` dropped)."""
     import yaml  # noqa: PLC0415 - PyYAML comes with omegaconf
@@ -105,6 +113,7 @@ def register_configs(registry: Registry | None = None) -> None:
             if not (conf / kind.group / f"{name}.yaml").is_file():
                 cs.store(group=kind.group, name=name, node=plugin_node(registry.get(kind.name, name)))
     cs.store(group="model", name="tiny", node=ModelConfig())
+    cs.store(group="model", name="tiny_moe", node=tiny_moe_config())
     cs.store(group="model", name="hf", node=ModelConfig(name="hf", path=MISSING))
     for name in PACKAGED_MODELS:
         cs.store(group="model", name=name, node=packaged_model_node(name), package="_global_")

@@ -99,6 +99,24 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     initializer_range: float = 0.02
     weights_seed: int = 0
+    head_dim: Optional[int] = None  # null = hidden_size / num_attention_heads
+    # Mixture of experts (0 experts = dense; servelab.core.shapes.ModelShape): routed experts, how many run
+    # per token, their width, the shared experts (width null = moe_intermediate_size), which layers are MoE
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    num_shared_experts: int = 0
+    shared_expert_intermediate_size: Optional[int] = None
+    first_dense_layers: int = 0  # DeepSeek's first_k_dense_replace
+    moe_layer_step: int = 1  # Qwen's decoder_sparse_step: every step-th layer is MoE
+    norm_topk_prob: bool = True  # the random tiny MoE model: renormalise the top-k routing weights (Mixtral always does)
+    # Multi-head latent attention (DeepSeek-V2/V3; 0 = ordinary attention): the KV cache holds
+    # kv_lora_rank + qk_rope_head_dim values per token and layer
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
 
 
 @dataclass
@@ -391,6 +409,8 @@ class ServelabConfig:
     kv_cache_dtype: KVCacheDType = KVCacheDType.auto
     attention_backend: AttentionBackend = AttentionBackend.auto
     tensor_parallel_size: int = 1
+    expert_parallel_size: int = 1  # a MoE layer's experts split this many ways over the tensor-parallel ranks
+    pipeline_parallel_size: int = 1  # the layers split into this many stages, tensor_parallel_size ranks each
     clock: Clock = Clock.auto
     slo: SLOConfig = field(default_factory=SLOConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)

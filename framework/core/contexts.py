@@ -190,6 +190,8 @@ class ExecutorContext:
     model_name: str
     tensor_parallel_size: int = 1
     num_kv_blocks: int | None = None
+    expert_parallel_size: int = 1  # a MoE layer's experts split this many ways over the tensor-parallel ranks
+    pipeline_parallel_size: int = 1  # stages of tensor_parallel_size ranks each
     num_swap_blocks: int | None = None
     swap_space_gb: float | None = None
     worker: Any = None

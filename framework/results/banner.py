@@ -37,6 +37,10 @@ def banner_lines(cfg: DictConfig, stack, output_dir: Path, logger_where: str) ->
         device = f"{cfg.backend.name} on {dev}, attention {ops}"
     if cfg.tensor_parallel_size > 1:
         device += f", tensor parallel x{cfg.tensor_parallel_size}"
+    if cfg.get("expert_parallel_size", 1) > 1:
+        device += f", experts split x{cfg.expert_parallel_size}"
+    if cfg.get("pipeline_parallel_size", 1) > 1:
+        device += f", pipeline stages x{cfg.pipeline_parallel_size}"
     blocks, bpb = executor.num_kv_blocks, executor.bytes_per_block
     auto = " (block_size=auto)" if getattr(stack, "block_size_auto", None) else ""
     pool = (f"{blocks:,} blocks x {limits.block_size}{auto} = {blocks * limits.block_size:,} tokens, "

@@ -64,6 +64,8 @@ def cluster_summary(cfg: DictConfig, replicas: Sequence[ReplicaCounts], reports:
         "model_time_s": totals.model_s,
         "comm_time_s": totals.comm_s,
         "tensor_parallel_size": cfg.tensor_parallel_size,
+        "expert_parallel_size": cfg.get("expert_parallel_size", 1),
+        "pipeline_parallel_size": cfg.get("pipeline_parallel_size", 1),
         **cluster_time(reports),
         **first.executor_summary,  # replica 0's ranks
         **({"block_size_auto": first.block_size_auto} if first.block_size_auto else {}),
