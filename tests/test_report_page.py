@@ -106,7 +106,7 @@ def test_the_timeline_thins_evenly_and_keeps_every_preemption():
             t.preempted(1)
         t.due -= 1
         if not t.due:
-            t.add(float(step), step, 0, step, 0, 0.5)
+            t.add(float(step), 1.0, step, 0, step, 0, 0.5)
     assert len(t) < 8 and t.stride == 16
     assert list(t.time_s) == [16.0, 32.0, 48.0, 64.0, 80.0, 96.0]
     assert list(t.preemptions) == [1, 3, 4, 6, 8, 9] and t.num_preemptions == 9

@@ -477,7 +477,7 @@ class Engine:
                 timeline.preempted(len(plan.preempted))
             timeline.due -= 1
             if not timeline.due:
-                timeline.add(end, work.num_seqs, self._waiting, work.num_tokens, work.prefill_tokens,
+                timeline.add(end, end - start, work.num_seqs, self._waiting, work.num_tokens, work.prefill_tokens,
                              record.kv_utilization)
         if self.keep_steps:
             self.steps.append(record)

@@ -189,7 +189,7 @@ class _Span:
                 if timeline is not None:
                     timeline.due -= 1
                     if not timeline.due:  # nothing waits in a span
-                        timeline.add(end, n, 0, n, 0, kv_used)
+                        timeline.add(end, end - start, n, 0, n, 0, kv_used)
             step += 1
             if stop_after_end and left_tokens:
                 break

@@ -1,10 +1,11 @@
 """A run's picture over time, kept for every run at a few numbers a step: :class:`StepTimeline`.
 
-Each step adds one row (when it ended, sequences in it, sequences held but not in it, tokens computed,
-of which prompt, the KV pool's used share, preemptions so far), in typed columns (``array``). The rows
-are bounded: once :data:`MAX_ROWS` are held, every other one is dropped and from then on only every
-other step is kept (then every 4th, ...), so a long run holds at most ``MAX_ROWS`` rows spread evenly
-over it; a skipped step costs the engine one decrement, a kept one a few appends. Preemptions are a running count, so thinning loses none.
+Each step adds one row (when it ended, how long it took, sequences in it, sequences held but not in it,
+tokens computed, of which prompt, the KV pool's used share, preemptions so far), in typed columns
+(``array``). The rows are bounded: once :data:`MAX_ROWS` are held, every other one is dropped and from
+then on only every other step is kept (then every 4th, ...), so a long run holds at most ``MAX_ROWS``
+rows spread evenly over it; a skipped step costs the engine one decrement, a kept one a few appends.
+Preemptions are a running count, so thinning loses none.
 The columns are written beside ``summary.json`` as ``timeline.npz`` (:mod:`servelab.results.writer`)
 and drawn by ``servelab report`` (:mod:`servelab.results.page`).
 """
@@ -16,7 +17,7 @@ from array import array
 #: rows held at most per engine (a figure is about 1,000 pixels wide; 16,384 rows keep its detail)
 MAX_ROWS = 16_384
 #: column -> array type code: seconds (f64), counts (i64), the KV share (f32)
-COLUMNS = {"time_s": "d", "running": "q", "waiting": "q", "tokens": "q", "prefill_tokens": "q", "kv_used": "f",
+COLUMNS = {"time_s": "d", "duration_s": "d", "running": "q", "waiting": "q", "tokens": "q", "prefill_tokens": "q", "kv_used": "f",
            "preemptions": "q"}
 
 
@@ -31,20 +32,21 @@ class StepTimeline:
         self.stride = 1  # keep every stride-th step
         self.due = 1  # steps until the next kept one (the engine counts it down)
         self.num_preemptions = 0
-        self.time_s, self.running, self.waiting, self.tokens, self.prefill_tokens, self.kv_used, self.preemptions = (
-            array(code) for code in COLUMNS.values())
+        (self.time_s, self.duration_s, self.running, self.waiting, self.tokens, self.prefill_tokens, self.kv_used,
+         self.preemptions) = (array(code) for code in COLUMNS.values())
 
     def preempted(self, count: int) -> None:
         """A step preempted ``count`` sequences (called for every step that preempted, kept or not)."""
         self.num_preemptions += count
 
-    def add(self, time_s: float, running: int, waiting: int, tokens: int, prefill_tokens: int,
+    def add(self, time_s: float, duration_s: float, running: int, waiting: int, tokens: int, prefill_tokens: int,
             kv_used: float) -> None:
-        """The step now due: it ended at ``time_s`` (the engine's seconds), ran ``running`` sequences
-        while ``waiting`` others were held, computed ``tokens`` (``prefill_tokens`` of prompts) and left
-        the pool ``kv_used`` full."""
+        """The step now due: it ended at ``time_s`` (the engine's seconds) after ``duration_s``, ran
+        ``running`` sequences while ``waiting`` others were held, computed ``tokens`` (``prefill_tokens``
+        of prompts) and left the pool ``kv_used`` full."""
         self.due = self.stride
         self.time_s.append(time_s)
+        self.duration_s.append(duration_s)
         self.running.append(running)
         self.waiting.append(waiting)
         self.tokens.append(tokens)

@@ -3,9 +3,9 @@
 Every function takes the runs (labelled, :class:`~servelab.results.page.runs.RunData`) and a folder,
 writes one PNG there and returns a :class:`Figure` (its file, title and what a reader should know to
 read it), or None when no run has what it draws. Over-time figures bin each replica's steps
-(:mod:`servelab.engine.timeline`) into :data:`BINS` slices of the run: means per slice (a slice
-without a step is a gap: the engine was idle), and a cluster's replicas summed (the KV share: their
-mean). Colours follow the run (or, in a replica figure, the replica) through every figure.
+(:mod:`servelab.engine.timeline`) into up to :data:`BINS` slices of the run: means per slice (a slice
+no step ran through is a gap: the engine was idle), and a cluster's replicas summed (the KV share:
+their mean). Colours follow the run (or, in a replica figure, the replica) through every figure.
 """
 
 from __future__ import annotations
@@ -113,18 +113,32 @@ SERIES = {  # column -> (title, y label, how replicas combine, caption)
 
 
 def _edges(runs: list[RunData]) -> np.ndarray | None:
-    end = max((float(t["time_s"][-1]) for r in runs for t in r.timelines if len(t.get("time_s", ()))), default=0.0)
-    return np.linspace(0.0, end, BINS + 1) if end > 0 else None
+    """Slices of the longest run: :data:`BINS`, fewer where a replica kept fewer than 4 steps a slice
+    (a slow real engine's few steps would leave most slices empty)."""
+    kept = [t for r in runs for t in r.timelines if len(t.get("time_s", ()))]
+    end = max((float(t["time_s"][-1]) for t in kept), default=0.0)
+    if end <= 0:
+        return None
+    bins = int(np.clip(max(len(t["time_s"]) for t in kept) // 4, 20, BINS))
+    return np.linspace(0.0, end, bins + 1)
 
 
 def binned(t: dict[str, np.ndarray], column: str, edges: np.ndarray) -> np.ndarray:
-    """The mean of ``column`` over the steps that ended in each slice of ``edges``; NaN where none did."""
+    """The mean of ``column`` over the steps that ended in each slice of ``edges``; a slice in which none
+    ended takes the value of the step that was running through it, and is NaN (idle) when none was."""
     time = t["time_s"]
     idx = np.clip(np.searchsorted(edges, time, side="left") - 1, 0, len(edges) - 2)
     counts = np.bincount(idx, minlength=len(edges) - 1).astype(float)
     sums = np.bincount(idx, weights=t[column].astype(float), minlength=len(edges) - 1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(counts > 0, sums / counts, np.nan)
+        means = np.where(counts > 0, sums / counts, np.nan)
+    if "duration_s" in t:  # the next step to end after an empty slice ran through it if it began before its end
+        nxt = np.searchsorted(time, edges[1:], side="left")
+        ok = nxt < len(time)
+        at = np.clip(nxt, 0, len(time) - 1)
+        through = (counts == 0) & ok & (time[at] - t["duration_s"][at] < edges[1:])
+        means = np.where(through, t[column][at].astype(float), means)
+    return means
 
 
 def _combined(r: RunData, column: str, how: str, edges: np.ndarray) -> np.ndarray:
@@ -157,7 +171,7 @@ def over_time(runs: list[RunData], column: str, out: Path) -> Figure | None:
     ax.set_title(title + (" (clusters: replicas " + ("summed" if how == "sum" else "averaged") + ")"
                           if clustered else ""))
     name = _save(fig, ax, out, f"{column}_over_time.png", len(timed) > 1)
-    return Figure(name, title, caption + f" {BINS} slices of {edges[1]:.3g} s; gaps: no step ran (idle).")
+    return Figure(name, title, caption + f" {len(edges) - 1} slices of {edges[1]:.3g} s; gaps: no step ran (idle).")
 
 
 def _cumulative_on(t: dict[str, np.ndarray], edges: np.ndarray) -> np.ndarray:
