@@ -110,3 +110,25 @@ def test_the_timeline_thins_evenly_and_keeps_every_preemption():
     assert len(t) < 8 and t.stride == 16
     assert list(t.time_s) == [16.0, 32.0, 48.0, 64.0, 80.0, 96.0]
     assert list(t.preemptions) == [1, 3, 4, 6, 8, 9] and t.num_preemptions == 9
+
+
+def test_a_multirun_folder_stands_for_its_jobs_in_job_order(runs, tmp_path):
+    import shutil
+
+    for job, name in (("10_b", "cluster"), ("2_a", "sim")):
+        shutil.copytree(runs[name], tmp_path / "sweep" / job)
+    (tmp_path / "sweep" / "multirun.yaml").write_text("{}\n")
+    page = write_page([tmp_path / "sweep"])
+    assert page == tmp_path / "sweep" / PAGE
+    check_page(page)
+    html = page.read_text()
+    assert html.index("<th>2_a</th>") < html.index("<th>10_b</th>")
+
+
+def test_report_help_is_plain_text(capsys):
+    from servelab.cli.report import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: servelab report") and "``" not in out

@@ -13,12 +13,12 @@ and drawn by ``servelab report`` (:mod:`servelab.results.page`).
 from __future__ import annotations
 
 from array import array
+from typing import Any
 
 #: rows held at most per engine (a figure is about 1,000 pixels wide; 16,384 rows keep its detail)
 MAX_ROWS = 16_384
-#: column -> array type code: seconds (f64), counts (i64), the KV share (f32)
-COLUMNS = {"time_s": "d", "duration_s": "d", "running": "q", "waiting": "q", "tokens": "q", "prefill_tokens": "q", "kv_used": "f",
-           "preemptions": "q"}
+#: the columns, in the order of :meth:`StepTimeline.add`'s arguments (times: float64; counts: int64; KV: float32)
+COLUMNS = ("time_s", "duration_s", "running", "waiting", "tokens", "prefill_tokens", "kv_used", "preemptions")
 
 
 class StepTimeline:
@@ -32,8 +32,14 @@ class StepTimeline:
         self.stride = 1  # keep every stride-th step
         self.due = 1  # steps until the next kept one (the engine counts it down)
         self.num_preemptions = 0
-        (self.time_s, self.duration_s, self.running, self.waiting, self.tokens, self.prefill_tokens, self.kv_used,
-         self.preemptions) = (array(code) for code in COLUMNS.values())
+        self.time_s: array[float] = array("d")
+        self.duration_s: array[float] = array("d")
+        self.running: array[int] = array("q")
+        self.waiting: array[int] = array("q")
+        self.tokens: array[int] = array("q")
+        self.prefill_tokens: array[int] = array("q")
+        self.kv_used: array[float] = array("f")
+        self.preemptions: array[int] = array("q")
 
     def preempted(self, count: int) -> None:
         """A step preempted ``count`` sequences (called for every step that preempted, kept or not)."""
@@ -66,6 +72,6 @@ class StepTimeline:
     def __len__(self) -> int:
         return len(self.time_s)
 
-    def columns(self) -> dict[str, array]:
+    def columns(self) -> dict[str, array[Any]]:
         """The columns by name (plain data: an engine process sends them to its parent)."""
         return {name: getattr(self, name) for name in COLUMNS}

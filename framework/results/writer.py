@@ -88,7 +88,7 @@ def write_timeline(path: Path, timelines: list[dict]) -> None:
     arrays = {f"r{i}.{name}": np.frombuffer(column, dtype=column.typecode) if len(column) else np.array([])
               for i, columns in enumerate(timelines) for name, column in columns.items()}
     with path.open("wb") as fh:  # a file object: numpy would append .npz to a name without it
-        np.savez_compressed(fh, **arrays)
+        np.savez_compressed(fh, **arrays)  # type: ignore[arg-type]  # mypy matches **arrays to allow_pickle: bool
 
 
 class _FloatText(dict):

@@ -76,14 +76,16 @@ def latency_cdf(runs: list[RunData], latency: str, out: Path) -> Figure | None:
     for _, r, _ in drawn:
         for name, value in r.slo_targets(latency).items():
             targets.setdefault(value, []).append(name)
-    for value, names in sorted(targets.items()):
-        ax.axvline(value, color="0.3", linestyle="--", linewidth=1)
-        ax.annotate(f"{'/'.join(sorted(set(names)))} {_ms(value)}", (value, 0.02), rotation=90, fontsize=7,
-                    xytext=(-9, 0), textcoords="offset points", va="bottom", color="0.3")
+    for k, (value, names) in enumerate(sorted(targets.items())):
+        ax.axvline(value, color="0.25", linestyle=("--", ":", "-.")[k % 3], linewidth=1.2,
+                   label=f"{'/'.join(sorted(set(names)))}: {_ms(value)}")
     lo = min(float(v[0]) for _, _, v in drawn)
     hi = max([float(v[-1]) for _, _, v in drawn] + list(targets))
     if lo > 0 and hi / lo >= 50:
+        from matplotlib.ticker import FuncFormatter  # noqa: PLC0415 - matplotlib, as in _pyplot
+
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))  # 10, 100, 1,000 (not 10^n)
     ax.set_xlabel(f"{NAMES[latency]} (ms{', log scale' if ax.get_xscale() == 'log' else ''})")
     ax.set_ylabel("share of requests")
     ax.set_ylim(0, 1.02)
@@ -92,8 +94,9 @@ def latency_cdf(runs: list[RunData], latency: str, out: Path) -> Figure | None:
     met = [f"{r.label}: {a:.0%}" for _, r, _ in drawn
            if (a := r.summary.get(f"{latency.removesuffix('_ms')}_slo_attainment")) is not None]
     caption = (f"Share of requests (y) whose {NAMES[latency]} is at most x, over the requests that have one. "
-               + ("Dashed: the SLO targets; attainment " + ", ".join(met) + "." if targets and met
-                  else "Dashed: the SLO targets." if targets else "No SLO target was set (slo.* or workload.slo_classes)."))
+               + ("Grey lines: the SLO targets; attainment " + ", ".join(met) + "." if targets and met
+                  else "Grey lines: the SLO targets." if targets
+                  else "No SLO target was set (slo.* or workload.slo_classes)."))
     return Figure(name, f"{NAMES[latency]} distribution", caption)
 
 
@@ -330,8 +333,8 @@ def tier_load(runs: list[RunData], out: Path) -> Figure | None:
     left.grid(alpha=0.3, axis="x")
     for k, (key, name, colour) in enumerate((("kv_tier_load_added_s", "added to steps", "C3"),
                                              ("kv_tier_load_hidden_s", "hidden behind compute", "C2"))):
-        values = [1000 * float(r.summary.get(key) or 0.0) for _, r in tiered]
-        bars = right.barh(y - (k - 0.5) * 0.35, values, 0.35, color=colour, label=name)
+        load_ms = [1000 * float(r.summary.get(key) or 0.0) for _, r in tiered]
+        bars = right.barh(y - (k - 0.5) * 0.35, load_ms, 0.35, color=colour, label=name)
         right.bar_label(bars, fmt="%.3g ms", fontsize=7, padding=2)
     right.set_yticks(y, labels if len(tiered) > 1 else [""], fontsize=8)
     right.set_ylim(-0.6, len(tiered) - 0.4)

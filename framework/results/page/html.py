@@ -6,6 +6,7 @@ One file with its style inline and no script; it refers only to the PNGs in its 
 from __future__ import annotations
 
 from html import escape
+from typing import Any
 
 from servelab.results.page.figures import Figure
 from servelab.results.page.runs import RunData
@@ -45,7 +46,7 @@ img { max-width: 100%; } figcaption { font-size: 0.85em; color: #444; max-width:
 
 
 def _value(summary: dict, dotted: str):
-    node = summary
+    node: Any = summary
     for part in dotted.split("."):
         if not isinstance(node, dict):
             return None

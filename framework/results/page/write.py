@@ -27,12 +27,12 @@ def write_page(paths: list[str | Path], out: str | Path | None = None, option: s
     returns the page's path. A folder that is no run, or a folder the page cannot be written to (named
     by ``option``, default ``--out DIR``), is a one-line :class:`~servelab.core.errors.ServelabError`,
     raised before anything is drawn."""
-    paths = find_runs([Path(p) for p in paths])
-    runs = [load_run(p) for p in paths]
-    folder_out = Path(out) if out is not None else default_out(paths)
+    folders = find_runs([Path(p) for p in paths])
+    runs = [load_run(p) for p in folders]
+    folder_out = Path(out) if out is not None else default_out(folders)
     out = writable_folder(folder_out, option or (f"--out {out}" if out is not None else
                                                  f"--out not given, so {folder_out}"))
-    for r, label in zip(runs, run_labels(paths)):
+    for r, label in zip(runs, run_labels(folders)):
         r.label = label
     folder = out / FIGURES_FOLDER
     folder.mkdir(exist_ok=True)
