@@ -132,3 +132,22 @@ def test_report_help_is_plain_text(capsys):
         main(["--help"])
     out = capsys.readouterr().out
     assert out.startswith("usage: servelab report") and "``" not in out
+
+
+def test_runs_are_labelled_by_the_overrides_that_set_them_apart_else_by_their_folders(tmp_path):
+    from servelab.results.page import run_labels
+
+    def run(name: str, *overrides: str) -> Path:
+        (tmp_path / name / ".hydra").mkdir(parents=True)
+        (tmp_path / name / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+        return tmp_path / name
+
+    a = run("0_backend=sim,scheduler=fcfs,slo.tpot_m-0123abcd", "backend=sim", "scheduler=fcfs")
+    b = run("1_backend=sim,scheduler=slo_aware,slo.t-4567cdef", "backend=sim", "scheduler=slo_aware")
+    base = run("base", "backend=sim")
+    assert run_labels([a, b]) == ["scheduler=fcfs", "scheduler=slo_aware"]
+    assert run_labels([base, a]) == ["base", "scheduler=fcfs"]  # nothing of its own: its folder
+    assert run_labels([a]) == [a.name]
+    (tmp_path / "x" / "run").mkdir(parents=True)
+    (tmp_path / "y" / "run").mkdir(parents=True)
+    assert run_labels([tmp_path / "x" / "run", tmp_path / "y" / "run"]) == ["x/run", "y/run"]  # no overrides

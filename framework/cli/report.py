@@ -8,7 +8,7 @@ Writes ``report.html`` and, beside it, ``report_figures/`` (PNGs): TTFT, TPOT an
 distributions against the SLO targets; requests running and waiting, KV use, tokens per step and
 preemptions over time (from ``timeline.npz``); for a cluster, requests placed, time busy and load per
 replica; with KV tiers, hit rates and load time. Several runs overlay, one figure per metric and a
-line per run, labelled by their folders. ``--out`` defaults to the run's folder (several runs: the
+line per run, labelled by the overrides that set them apart (else by their folders). ``--out`` defaults to the run's folder (several runs: the
 folder that holds them all). ``report=true`` writes the page at the end of a run. docs/results.md.
 """
 

@@ -136,11 +136,43 @@ def _timelines(path: Path, summary: dict) -> list[dict[str, np.ndarray]]:
     return [{name.split(".", 1)[1]: a for name, a in arrays.items() if name.startswith(f"r{i}.")} for i in range(count)]
 
 
+MAX_LABEL = 60  # characters of a label in a legend
+
+
 def run_labels(paths: list[Path]) -> list[str]:
-    """Each run's folder name, with as many parent folders as tell the runs apart (``a/0_x``, ``b/0_x``)."""
+    """A label per run: with several runs that all recorded their overrides (``.hydra/overrides.yaml``),
+    the overrides not shared by every run (``scheduler=fcfs``, where a multirun's job folder names repeat
+    every override, hash-cut). A run with none of its own, every run where those do not tell them apart,
+    and every run where some run has no such file: its folder's name, with as many parent folders as
+    tell the runs apart (``a/0_x``, ``b/0_x``). At most :data:`MAX_LABEL` characters."""
+    folders = _folder_labels(paths)
+    overrides = _override_labels(paths) if len(paths) > 1 else None
+    labels = [o or f for o, f in zip(overrides, folders)] if overrides else folders
+    return [_cut(label) for label in (labels if len(set(labels)) == len(labels) else folders)]
+
+
+def _override_labels(paths: list[Path]) -> list[str] | None:
+    lists = []
+    for p in paths:
+        try:
+            loaded = yaml.safe_load((p / ".hydra" / "overrides.yaml").read_text())
+        except (OSError, yaml.YAMLError):
+            return None
+        if not isinstance(loaded, list):
+            return None
+        lists.append([str(o) for o in loaded])
+    shared = set.intersection(*(set(o) for o in lists))
+    return [" ".join(o for o in overrides if o not in shared) for overrides in lists]
+
+
+def _folder_labels(paths: list[Path]) -> list[str]:
     resolved = [p.resolve() for p in paths]
     for depth in range(1, max(len(p.parts) for p in resolved) + 1):
         names = ["/".join(p.parts[-depth:]) for p in resolved]
         if len(set(names)) == len(names):
             return names
     return [str(p) for p in paths]  # the same folder twice
+
+
+def _cut(label: str) -> str:
+    return label if len(label) <= MAX_LABEL else label[:MAX_LABEL - 1] + "…"
