@@ -151,3 +151,12 @@ def test_runs_are_labelled_by_the_overrides_that_set_them_apart_else_by_their_fo
     (tmp_path / "x" / "run").mkdir(parents=True)
     (tmp_path / "y" / "run").mkdir(parents=True)
     assert run_labels([tmp_path / "x" / "run", tmp_path / "y" / "run"]) == ["x/run", "y/run"]  # no overrides
+
+
+def test_a_run_without_a_timeline_gets_its_page_without_the_figures_over_time(runs, tmp_path):
+    import shutil
+
+    old = shutil.copytree(runs["sim"], tmp_path / "old", ignore=shutil.ignore_patterns("timeline.npz", "report*"))
+    page = write_page([old])
+    assert sorted(check_page(page)) == ["e2e_cdf.png", "tpot_cdf.png", "ttft_cdf.png"]
+    assert "no timeline.npz" in page.read_text()
