@@ -21,6 +21,7 @@ BINS = 200
 SIZE = (7.5, 3.6)
 DPI = 110
 NAMES = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "e2e_ms": "end-to-end latency"}
+DOTS = {"marker": ".", "markersize": 2.5}  # a busy slice between two idle ones is a point, which a line omits
 
 
 @dataclass
@@ -165,7 +166,8 @@ def over_time(runs: list[RunData], column: str, out: Path) -> Figure | None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=SIZE)
     for i, r in timed:
-        ax.plot(mids, _combined(r, column, how, edges) * scale, color=_colour(i), label=r.label, linewidth=1.2)
+        ax.plot(mids, _combined(r, column, how, edges) * scale, color=_colour(i), label=r.label, linewidth=1.2,
+                **DOTS)
     ax.set_xlabel("time since the run started (s)")
     ax.set_ylabel(ylabel)
     ax.set_ylim(bottom=0)
@@ -222,8 +224,9 @@ def replica_load(r: RunData, index: int, out: Path) -> Figure | None:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(SIZE[0], SIZE[1] * 1.6), sharex=True)
     for j, t in timed:
         role = f" ({roles[j]})" if j < len(roles) and roles[j] not in ("", "mixed") else ""
-        top.plot(mids, binned(t, "running", edges), color=_colour(j), label=f"replica {j}{role}", linewidth=1.1)
-        bottom.plot(mids, binned(t, "kv_used", edges) * 100, color=_colour(j), linewidth=1.1)
+        top.plot(mids, binned(t, "running", edges), color=_colour(j), label=f"replica {j}{role}", linewidth=1.1,
+                 **DOTS)
+        bottom.plot(mids, binned(t, "kv_used", edges) * 100, color=_colour(j), linewidth=1.1, **DOTS)
     top.set_ylabel("requests running")
     top.set_title(f"{r.label}: load per replica")
     top.legend(fontsize=8, loc="best", ncol=2 if len(timed) > 4 else 1)
@@ -254,9 +257,11 @@ def routing(runs: list[RunData], out: Path) -> Figure | None:
         left.bar(x, [p.get("num_requests", 0) for p in per], width, color=_colour(i),
                  label=f"{r.label} (router={router}, imbalance {r.summary.get('load_imbalance', float('nan')):.2f})")
         right.bar(x, [100 * p.get("busy_fraction", 0.0) for p in per], width, color=_colour(i))
-    most = max(r.num_replicas for _, r in clustered)
+    widest = max((r for _, r in clustered), key=lambda r: r.num_replicas)
+    ticks = [f"{p.get('index', j)}" + (f"\n{p['role']}" if p.get("role", "mixed") != "mixed" else "")
+             for j, p in enumerate(widest.summary["per_replica"])]
     for ax, ylabel in ((left, "requests placed"), (right, "busy (% of the run)")):
-        ax.set_xticks(range(most), [str(j) for j in range(most)])
+        ax.set_xticks(range(len(ticks)), ticks)
         ax.set_xlabel("replica")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3, axis="y")
