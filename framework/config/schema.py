@@ -425,4 +425,5 @@ class ServelabConfig:
     route: RouteConfig = field(default_factory=RouteConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     progress: bool = True
+    report: bool = False  # write report.html (servelab report) beside the results at the end of the run
     strict_requests: bool = False  # a request the engine would reject is a start-up error (not a rejection)

@@ -82,7 +82,7 @@ def cluster_summary(cfg: DictConfig, replicas: Sequence[ReplicaCounts], reports:
     tiers = cluster_tier_figures([p.kv_tiers for p in reports], summary.get("num_finished") or 0,
                                  summary.get("ttft_ms") or {}, summary.get("queue_ms") or {})
     summary.update(tiers)
-    return RunResult(None, summary, [s for p in reports for s in p.steps], writer.path)
+    return RunResult(None, summary, [s for p in reports for s in p.steps], writer.path, [p.timeline for p in reports])
 
 
 GRAPH_COUNTS = ("cuda_graph_steps", "cuda_graph_tokens", "cuda_graph_padding_tokens")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import unicodedata
+from pathlib import Path
 from typing import Iterable
 
 from rich.console import Console
@@ -48,7 +49,10 @@ def print_summary(summary: dict, output_dir: str, console: Console | None = None
     console.print(table)
     print_rejections(summary, console)
     # plain print: a path rich wraps over two lines cannot be copied
-    print(f"results: {output_dir}/requests.jsonl, summary.json", flush=True)
+    html, summary_file = Path(output_dir) / "report.html", Path(output_dir) / "summary.json"
+    fresh = html.is_file() and summary_file.is_file() and html.stat().st_mtime >= summary_file.stat().st_mtime
+    page = ", report.html" if fresh else ""  # report=true drew this run's page
+    print(f"results: {output_dir}/requests.jsonl, summary.json{page}", flush=True)
 
 
 def _count(v) -> str:

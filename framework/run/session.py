@@ -75,7 +75,8 @@ def collect_results(engine: Engine, time_scale: float, status: str = "completed"
     }, fairness_weights)
     if "kv_tiers" in summary:
         summary["kv_tier_ttft_split_ms"] = ttft_split(summary, engine.connector)
-    return RunResult(records, summary, engine.steps, writer.path if writer else None)
+    return RunResult(records, summary, engine.steps, writer.path if writer else None,
+                     [engine.timeline.columns() if engine.timeline is not None else {}])
 
 
 def _memory_metrics(engine: Engine) -> dict:
