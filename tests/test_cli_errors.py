@@ -183,9 +183,9 @@ def test_sweep_subdir_keeps_short_names_and_replaces_slashes(text, expected):
     ("workload.path=f.jsonl", "unknown key 'workload.path': workload=synthetic has no path; workload=jsonl, "
                               "workload=trace, workload=hash_ids, workload=prompts have it"),
     ("max_num_seqs=many", "max_num_seqs=many: Value 'many' of type 'str' could not be converted to Integer"),
-    ("model=llama3_7b", "unknown model option 'llama3_7b'; did you mean 'llama3_70b'? options: hf, llama2_13b, "
-                        "llama2_70b, llama2_7b, llama3_70b, llama3_8b, mistral_7b, qwen2_72b, tiny, tiny_code, "
-                        "tiny_code_draft"),
+    ("model=llama3_7b", "unknown model option 'llama3_7b'; did you mean 'llama3_70b'? options: deepseek_v3, hf, "
+                        "llama2_13b, llama2_70b, llama2_7b, llama3_70b, llama3_8b, mistral_7b, mixtral_8x7b, qwen2_72b, "
+                        "qwen3_235b_a22b, qwen3_30b_a3b, tiny, tiny_code, tiny_code_draft, tiny_moe"),
 ])
 def test_compose_errors_are_one_line_against_the_schema(override, message):
     """The line a compose error becomes, from Hydra's compose API (the subcommands' and the Python API's

@@ -185,10 +185,11 @@ class ModelWorker:
         """The sampled rows' logits where they are sampled: here with one stage; with several, the
         last stage computes them and sends them to rank 0 (the first stage's first rank), which samples."""
         stage = self.stage
-        if stage.size == 1:
-            return self.model.compute_logits(hidden[rows])
-        if stage.last:
+        if stage.last:  # a single stage is the last one too
+            assert hidden is not None, "the last stage returns its hidden states"
             logits = self.model.compute_logits(hidden[rows])  # every rank of the stage: the LM head gathers
+            if stage.size == 1:
+                return logits
             if self.tp.rank == 0:
                 stage.send_logits(logits)
             return None

@@ -123,6 +123,7 @@ class CausalLM(nn.Module):
         final hidden states ``[T, hidden]`` on the last stage, None on the others (they send theirs on)."""
         stage = self.stage
         if stage.first:
+            assert self.embed_tokens is not None  # the first stage holds the embedding
             x = self.embed_tokens(input_ids)
         else:
             x = stage.recv((input_ids.shape[0], self.spec.hidden_size), next(self.parameters()).dtype)
@@ -131,11 +132,13 @@ class CausalLM(nn.Module):
         if not stage.last:
             stage.send(x)
             return None
+        assert self.norm is not None  # the last stage holds the final norm and the LM head
         return self.norm(x)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Full-vocabulary logits (gathered across ranks) in float32."""
+        """Full-vocabulary logits (gathered across ranks) in float32 (on the last stage only)."""
+        assert self.lm_head is not None, "only the last pipeline stage computes logits"
         return self.lm_head(hidden).float()
 
 
