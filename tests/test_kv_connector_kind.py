@@ -246,3 +246,20 @@ def test_a_third_party_store_from_an_entry_point_is_selected_and_passes_the_kit(
     summary = json.loads((tmp_path / "shelf" / "summary.json").read_text())
     assert summary["prefill_tokens_computed"] < json.loads(
         (tmp_path / "none" / "summary.json").read_text())["prefill_tokens_computed"]  # later turns loaded
+
+
+def test_the_kit_catches_a_store_that_loads_without_copying_the_bytes(tmp_path):
+    from servelab.kit.kv_connector_template import TEMPLATE
+    from servelab.testing import check_plugin, registry_with
+    import importlib.util
+
+    code = TEMPLATE.substitute(Class="Forgetful", name="forgetful", doc="a store that forgets to copy",
+                               group="kv_connector", guide="docs/write-a-kv-connector.md")
+    code = code.replace("                pool.data[:, :, block].copy_(data)\n", "                pass\n")
+    path = tmp_path / "servelab_forgetful.py"
+    path.write_text(code)
+    spec = importlib.util.spec_from_file_location("servelab_forgetful", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    report = check_plugin("kv_connector", "forgetful", registry=registry_with(module))
+    assert report.contracts_broken == ["outputs"], report
