@@ -17,7 +17,8 @@ Eager and light: importing it loads no torch, Hydra or OmegaConf (``tests/test_p
   :class:`KVConnector` by which KV enters or leaves an engine and the ``kv_connector`` kind's
   :class:`KVConnectorPlugin` / :class:`KVConnectorContext` (with the :class:`KVClusterLink` of a
   cluster's replica); :class:`KVTierPolicy` /
-  :class:`KVTierPolicyContext` (with the :class:`TierSpec` s and :class:`TierBlock` s it decides on);
+  :class:`KVTierPolicyContext` (with the :class:`TierSpec` s and :class:`TierBlock` s it decides on, and the
+  :class:`TierView` it reads the tiers' occupancy and the GPU's reuse counts from);
 - the data they exchange: :class:`Request`, :class:`SamplingParams`, :class:`Sequence`,
   :class:`Status`, :class:`SchedulePlan`, :class:`ScheduledSeq`, :class:`PreemptionDecision`,
   :class:`Drafts`, :class:`EngineLimits`, :class:`NextDecision` (with :data:`EVERY_STEP`,
@@ -61,6 +62,7 @@ from servelab.core.kinds import KINDS, KindSpec, register_kind
 from servelab.core.kv_connector import KVConnector
 from servelab.core.kv_connector_plugin import KVConnectorPlugin
 from servelab.core.kv_tiers import KVTierPolicy, TierBlock, TierSpec
+from servelab.core.tier_view import TierView
 from servelab.core.packaged import PACKAGED_CHECKPOINTS
 from servelab.core.request import Request, SamplingParams, Sequence, Status
 from servelab.core.shapes import INT8_SCALE_BYTES, HardwareProfile, ModelShape
@@ -76,7 +78,7 @@ __all__ = [
     "TimeModelContext", "LengthPredictor", "PredictorContext", "Evictor", "EvictorContext", "CachedBlock",
     "Router", "RouterContext", "ReplicaView", "Executor", "ExecutorContext", "KVConnector",
     "KVConnectorPlugin", "KVConnectorContext", "KVClusterLink",
-    "KVTierPolicy", "KVTierPolicyContext", "TierSpec", "TierBlock",
+    "KVTierPolicy", "KVTierPolicyContext", "TierSpec", "TierBlock", "TierView",
     # the data they exchange
     "Request", "SamplingParams", "Sequence", "Status", "SchedulePlan", "ScheduledSeq", "PreemptionDecision",
     "Drafts", "EngineLimits", "NextDecision", "EVERY_STEP", "UNTIL_ARRIVAL", "StepWork", "DraftWork", "StepBatch", "StepOutput", "NoConfig", "StepCostModel",

@@ -55,6 +55,16 @@ CASES = [
     ("eval-ppl-help", ["servelab", "eval-ppl", "--help"], {}, 0, ""),
     ("eval-ppl-names-the-configured-model", ["servelab", "eval-ppl", "model=llama3_70b"], {}, 2,
      "servelab eval-ppl: error: eval-ppl: model=llama3_70b is a shape without weights (for backend=sim); ..."),
+    # KV tiers (issue 48): a preset picks write_back, so a bad tier setting no longer passes unused
+    ("kv-tiers-disk-dir-unwritable", ["run.py", *SIM, "kv_tiers=host_disk", "kv_tiers.disk_dir=/proc/nope"], {}, 2,
+     "servelab: error: kv_tiers.disk_dir=/proc/nope: not writable (no file can be made in /proc: ..."),
+    ("kv-tiers-disk-dir-without-a-disk", ["run.py", *SIM, "kv_tiers=host", "kv_tiers.disk_dir=/tmp"], {}, 2,
+     "servelab: error: kv_tiers.disk_dir=/tmp: kv_tiers=host has no disk tier to keep there; ..."),
+    ("kv-tiers-without-prefix-caching", ["run.py", *SIM, "kv_tiers=host_disk", "allocator.prefix_caching=false"], {},
+     2, "servelab: error: kv_tiers=host_disk holds prefix-cache blocks, and allocator=paged caches none here: ..."),
+    ("kv-tiers-over-ranks-on-a-real-engine", ["run.py", *SIM, "backend=torch", "model=tiny", "kv_tiers=host",
+                                              "tensor_parallel_size=2"], {}, 2,
+     "servelab: error: kv_tiers=host with tensor_parallel_size=2 on backend=torch: a real engine's tiers need one ..."),
 ]
 if not HAS_CUDA:
     CASES.append(("device-cuda-without-cuda", ["run.py", *SIM, "backend=torch", "model=tiny", "backend.device=cuda"],
@@ -234,6 +244,8 @@ FILES = {
     "minus_max.jsonl": '{"prompt_len": 4, "max_tokens": 3}\n\n{"prompt_len": 4, "max_tokens": -2}\n',
     "zero_len.jsonl": '{"prompt_len": 0, "max_tokens": 3}\n',
     "hash.jsonl": '{"timestamp": 0, "input_length": 16, "output_length": 0, "hash_ids": [1]}\n',
+    "run/summary.json": '{"status": "completed", "num_requests": 0}\n',  # a run, for servelab report
+    "cut/summary.json": '{"status": \n',  # a run's summary cut short
 }
 LEN = "is not a length (each request needs >= 1 prompt token and >= 1 output token); fix or drop the row"
 WRITE = "choose a folder you can write to"
@@ -278,6 +290,16 @@ ONE_LINE_CASES = [
      "servelab: error: model.path='{tmp}/broken': {tmp}/broken/config.json is not valid JSON (Expecting ..."),
     ("broken-config-json-sim", [*SIM[:1], "model=hf", "model.path={tmp}/broken", *SIM[2:]], 2,
      "servelab: error: model.path='{tmp}/broken': cannot read a config.json there (Expecting ..."),
+    ("report-not-a-run", ["report", "{tmp}/broken"], 2,
+     "servelab report: error: {tmp}/broken: not a run folder (no summary.json, nor a folder holding runs); give the "
+     "folder a run wrote its results to"),
+    ("report-no-such-folder", ["report", "{tmp}/nope"], 2, "servelab report: error: {tmp}/nope: no such folder"),
+    ("report-summary-cut-short", ["report", "{tmp}/cut"], 2,
+     "servelab report: error: {tmp}/cut/summary.json: cannot read it (Expecting value: ..."),
+    ("report-out-under-a-file", ["report", "{tmp}/run", "--out", "{file}/r"], 2,
+     f"servelab report: error: --out {{file}}/r: cannot write to {{file}}/r ({{file}} is a file, not a folder); {WRITE}"),
+    ("report-out-unwritable", ["report", "{tmp}/run", "--out", "/proc/nope/r"], 2,
+     "servelab report: error: --out /proc/nope/r: cannot write to /proc/nope/r (..."),
     # silently accepted
     ("trace-prompt-of-minus-5", [*SIM, "workload=trace", "workload.path={tmp}/minus5.csv"], 2,
      f"servelab: error: {{tmp}}/minus5.csv:3: num_prefill_tokens=-5 {LEN}"),
@@ -369,6 +391,8 @@ def test_each_mistake_is_one_line_and_exit_2(case, scratch, tmp_path, monkeypatc
     check_one_line(*got, code, first.format(**fill))
     if name.startswith(("grade", "compare", "bench", "new-plugin", "check-plugin")):  # refused before the work
         assert not (tmp_path / "outputs").exists(), list((tmp_path / "outputs").rglob("*"))
+    if name.startswith("report"):
+        assert not (scratch / "run" / "report_figures").exists()
 
 
 def test_route_on_a_busy_port_blames_route_port(tmp_path, monkeypatch, capsys):

@@ -33,7 +33,7 @@ PAGE_PLUGINS = {"spf", "spf_bounded", "my_policy", "watermark_paged", "cheapest"
 # Old flat import paths docs/plugins.md names as such (they import, with a DeprecationWarning).
 OLD_PATHS = {"servelab.interfaces", "servelab.scheduling", "servelab.testing"}
 # Subcommands whose arguments are not Hydra overrides (paths, plugin names, kinds).
-NOT_OVERRIDES = {"compare", "check-plugin", "new-plugin", "grade"}
+NOT_OVERRIDES = {"compare", "report", "check-plugin", "new-plugin", "grade"}
 # Flags that take the next argument as their value (`servelab serve --port 8001`, `run.py --cfg job`).
 VALUE_FLAGS = {"--host", "--port", "--api-key", "--cfg", "--package", "-p"}
 

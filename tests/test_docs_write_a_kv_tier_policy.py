@@ -18,8 +18,8 @@ SIM = ("backend=sim", "model=tiny_code", "kv_tiers=host", "logger=none")
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
-    code = page_code_blocks(PAGE)[1]  # the complete example
-    return register_page_plugin(code, tmp_path_factory.mktemp("doc_plugin"), "keep_roots")
+    code = next(c for c in page_code_blocks(PAGE) if c.startswith("# servelab_keep_roots.py"))  # the example
+    return register_page_plugin(code, tmp_path_factory.mktemp("doc_plugin"), "servelab_keep_roots")
 
 
 def test_the_pages_policy_gives_up_deep_blocks_first(registry):
@@ -48,3 +48,18 @@ def test_the_pages_policy_prefetches_only_from_the_host_and_up_to_its_cap(regist
     policy = cls(cls.Config(max_staged=2), KVTierPolicyContext())
     block = TierBlock(b"x", 3)
     assert policy.prefetch(0, block, 1) and not policy.prefetch(0, block, 2) and not policy.prefetch(1, block, 0)
+
+
+def test_the_pages_view_reading_policy_runs_and_stores(tmp_path):
+    """The "What a policy can read" snippet, registered, runs a chat over the tiers and loads from them."""
+    from servelab.run.session import run_job
+
+    code = next(c for c in page_code_blocks(PAGE) if "class HostWhileRoom" in c)
+    code += "\n\n@hookimpl\ndef servelab_register_kv_tier_policies():\n    return [HostWhileRoom]\n"
+    registry = register_page_plugin("from servelab.plugin_api import hookimpl\n" + code, tmp_path, "host_while_room")
+    cfg = compose("backend=sim", "model=llama3_70b", "tensor_parallel_size=4", "workload=chat_sessions",
+                  "workload.num_sessions=12", "num_kv_blocks=600", "logger=none", "kv_tiers=host",
+                  "kv_tiers.tiers.0.capacity_gib=0.25", "kv_tier_policy=host_while_room")
+    summary = run_job(cfg, tmp_path / "run", stack=build_stack(cfg, registry)).summary
+    host, = summary["kv_tiers"]
+    assert host["written_bytes"] > 0 and host["hit_blocks"] > 0 and summary["kv_tier_books_broken"] == 0

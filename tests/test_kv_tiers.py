@@ -23,6 +23,13 @@ def _run(tmp_path, name, *overrides):
     return json.loads((out / "summary.json").read_text()), (out / "requests.jsonl").read_bytes()
 
 
+def test_a_preset_with_tiers_picks_write_back_unless_a_policy_is_named():
+    assert compose(*CHAT, "kv_tiers=host_disk").kv_tier_policy.name == "write_back"
+    assert compose(*CHAT, "kv_tiers=host", "kv_tier_policy=none").kv_tier_policy.name == "none"
+    assert compose(*CHAT, "kv_tier_policy=write_through", "kv_tiers=host").kv_tier_policy.name == "write_through"
+    assert compose(*CHAT).kv_tier_policy.name == "none"  # no tiers: nothing to store
+
+
 def test_policy_none_is_todays_engine_exactly(tmp_path):
     plain = _run(tmp_path, "plain", "allocator.prefix_caching=true")
     tiers = _run(tmp_path, "none", "kv_tiers=host_disk", "kv_tier_policy=none")
@@ -142,3 +149,26 @@ def test_a_real_engine_over_ranks_is_refused_in_one_line():
         build_stack(compose("kv_tiers=host", "kv_tier_policy=write_back", "model=tiny", "backend=tp",
                             "tensor_parallel_size=2", "num_kv_blocks=32"))
     assert "\n" not in str(err.value)
+
+
+def test_the_banner_and_the_summary_table_show_the_tiers(tmp_path):
+    from rich.console import Console
+
+    from servelab.results.banner import banner_lines
+    from servelab.results.report import print_summary
+
+    cfg = compose(*CHAT, "kv_tiers=host_disk", "kv_tiers.tiers.0.capacity_gib=0.5")
+    stack = build_stack(cfg)
+    rows = dict(banner_lines(cfg, stack, tmp_path, "off"))
+    assert rows["KV tiers"].startswith("kv_tier_policy=write_back over host ") and "disk " in rows["KV tiers"]
+    summary = run_job(cfg, tmp_path / "run", stack=stack).summary
+    console = Console(record=True, width=120)
+    print_summary(summary, str(tmp_path), console)
+    text = console.export_text()
+    host, disk = summary["kv_tiers"]
+    stored = host["written_bytes"] // summary["bytes_per_block"]
+    assert "kv_tiers.host hit / loaded / stored" in text and f"/ {host['hit_blocks']:,} / {stored:,}" in text
+    assert "kv_tier_hit_rate" in text and "kv_tier_load_added_s / hidden_s" in text
+    unused = compose(*CHAT, "kv_tiers=host", "kv_tier_policy=none")
+    line = dict(banner_lines(unused, build_stack(unused), tmp_path, "off"))["KV tiers"]
+    assert line == "kv_tier_policy=none stores nothing: the host tier stays unused (kv_tiers=host)"

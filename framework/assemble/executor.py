@@ -14,7 +14,7 @@ from servelab.core.contexts import ExecutorContext
 from servelab.core.executor import Executor
 from servelab.core.kinds import KINDS, instantiate
 from servelab.exec.worker_config import WorkerConfig
-from servelab.exec.model.random_checkpoint import cached_random_checkpoint
+from servelab.exec.model.random_checkpoint import cached_random_checkpoint, moe_config_kwargs
 from servelab.core.registry import Registry, default_registry
 from servelab.core.shapes import HardwareProfile, ModelShape, StorageBytes
 from servelab.sim.executor import plan_memory
@@ -40,6 +40,15 @@ def model_path(cfg: DictConfig) -> str:
     shape = {k: m[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                                "num_key_value_heads", "vocab_size", "max_position_embeddings",
                                "tie_word_embeddings", "initializer_range")}
+    if m.get("head_dim"):
+        shape["head_dim"] = m.head_dim
+    if m.get("num_experts"):  # the random tiny MoE model (model=tiny_moe): its MoE fields, under HF's names
+        try:
+            shape.update(moe_config_kwargs(m.architecture, m.num_experts, m.num_experts_per_tok,
+                                           m.moe_intermediate_size, m.moe_layer_step, m.norm_topk_prob))
+        except ValueError as exc:
+            raise ConfigError(f"model.architecture={m.architecture} with model.num_experts={m.num_experts}: {exc}") \
+                from None
     return str(cached_random_checkpoint(m.architecture, m.weights_seed, shape))
 
 
@@ -90,10 +99,26 @@ def model_shape(cfg: DictConfig) -> ModelShape:
     m = cfg.model
     if m.path is not None:
         return ModelShape.from_config_json(m.path)
+    moe = {} if not m.get("num_experts") else dict(
+        num_experts=m.num_experts, experts_per_token=m.num_experts_per_tok, moe_intermediate_size=m.moe_intermediate_size,
+        num_shared_experts=m.num_shared_experts, shared_expert_intermediate_size=m.shared_expert_intermediate_size or 0,
+        first_dense_layers=m.first_dense_layers, moe_layer_step=m.moe_layer_step)
+    mla = {} if not m.get("kv_lora_rank") else {k: m[k] for k in ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
+                                                                 "qk_nope_head_dim", "v_head_dim")}
     return ModelShape(num_layers=m.num_hidden_layers, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
                       num_heads=m.num_attention_heads, num_kv_heads=m.num_key_value_heads,
-                      head_dim=m.hidden_size // m.num_attention_heads, vocab_size=m.vocab_size,
-                      tie_word_embeddings=m.tie_word_embeddings, max_position_embeddings=m.max_position_embeddings)
+                      head_dim=m.get("head_dim") or m.hidden_size // m.num_attention_heads, vocab_size=m.vocab_size,
+                      tie_word_embeddings=m.tie_word_embeddings, max_position_embeddings=m.max_position_embeddings,
+                      **moe, **mla)
+
+
+def parallel_sizes(cfg: DictConfig) -> tuple[int, int]:
+    """``(expert_parallel_size, pipeline_parallel_size)``, checked against the model's shape (EP on a
+    dense model, more stages than layers ...: one line naming the key)."""
+    ep, pp = cfg.get("expert_parallel_size", 1), cfg.get("pipeline_parallel_size", 1)
+    if ep != 1 or pp != 1:
+        model_shape(cfg).check_parallel(cfg.tensor_parallel_size, ep, pp)
+    return ep, pp
 
 
 def hardware_profile(cfg: DictConfig) -> HardwareProfile:
@@ -105,9 +130,15 @@ def executor_context(cfg: DictConfig, registry: Registry | None = None, draft_mo
     """What ``backend=<executor>`` is built with: the worker settings of a real backend, or (``sim``,
     default ``backend=sim``) the simulator's shape, hardware and memory plan; the host swap pool either way."""
     num_swap_blocks, swap_space_gb = _swap_pool(cfg, registry)
+    ep, pp = parallel_sizes(cfg)
     common = dict(model_name=cfg.model.name, tensor_parallel_size=cfg.tensor_parallel_size,
-                  num_kv_blocks=cfg.num_kv_blocks, num_swap_blocks=num_swap_blocks, swap_space_gb=swap_space_gb)
+                  num_kv_blocks=cfg.num_kv_blocks, num_swap_blocks=num_swap_blocks, swap_space_gb=swap_space_gb,
+                  expert_parallel_size=ep, pipeline_parallel_size=pp)
     if cfg.backend.name == "sim" if sim is None else sim:
+        if ep > 1 or pp > 1:
+            raise ConfigError(f"expert_parallel_size={ep} pipeline_parallel_size={pp}: backend=sim does not price "
+                              "expert or pipeline parallelism yet (the all-to-all, the stages); the real backend "
+                              "(backend=tp) runs them")
         shape, hardware = model_shape(cfg), hardware_profile(cfg)
         sizes = storage_bytes(cfg)
         memory = plan_memory(shape, hardware, cfg.tensor_parallel_size, sizes.weight, sizes.kv, cfg.block_size,

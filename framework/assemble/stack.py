@@ -26,6 +26,7 @@ from servelab.kv.connectors import build_kv_connector, find_part
 from servelab.kv.tiers.build import kv_tier_specs, tier_load_clock, tiers_wanted
 from servelab.kv.tiers.host_memory import host_memory
 from servelab.kv.tiers.store import TieredKVConnector
+from servelab.kv.tiers.view import StoreView
 from servelab.assemble.block_size import resolve_block_size
 from servelab.workloads.arrivals import arrival_source, is_closed_loop
 from servelab.assemble.executor import (build_executor, build_sim_executor, executor_context, hardware_profile,  # noqa: F401
@@ -117,6 +118,9 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
         "computes_tokens": executor.computes_tokens, "at_close": executor.at_shutdown,
         "host_memory": memory, "host_blocks": memory.swap_slots() if memory is not None else None,
     }
+    tier_view = StoreView(None) if wants_tiers else None  # the policy's view: the store, once built
+    if tier_view is not None:
+        available["tier_view"] = tier_view
     if memory is not None:  # the swap pool is the host memory's blocks
         available["num_swap_blocks"] = memory.num_blocks
     prebuilt = {TimeModelContext: time_model_context(cfg, executor, memory.link_gb_s if memory is not None else None),
@@ -139,6 +143,9 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
                             if clock_mode == "virtual" and clock is None else None)
     connector = plugins["kv_connector"]
     store = find_part(connector, TieredKVConnector)
+    if store is not None and tier_view is not None:
+        tier_view.store = store
+        tier_view.attach(plugins["allocator"])  # the store's bind() checked it is a paged allocator with a prefix cache
     drafter = plugins["drafter"]
     if drafter.num_speculative_tokens and not executor.computes_tokens:
         raise ConfigError(f"drafter={cfg.drafter.name}: backend={cfg.backend.name} computes no tokens, so there is "

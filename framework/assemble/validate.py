@@ -5,6 +5,7 @@ time model together."""
 from __future__ import annotations
 
 import logging
+import tempfile
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -48,6 +49,9 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"num_kv_blocks={cfg.num_kv_blocks} must be >= 1 (or null to size from memory)")
     if cfg.tensor_parallel_size < 1:
         raise ConfigError(f"tensor_parallel_size={cfg.tensor_parallel_size} must be >= 1")
+    for key in ("expert_parallel_size", "pipeline_parallel_size"):
+        if cfg.get(key, 1) < 1:
+            raise ConfigError(f"{key}={cfg.get(key)} must be >= 1")
     if cfg.backend.tp_step_timeout_s <= 0:
         raise ConfigError(f"backend.tp_step_timeout_s={cfg.backend.tp_step_timeout_s} must be > 0")
     swap_blocks = cfg.backend.get("num_swap_blocks")
@@ -73,6 +77,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"backend.num_threads={threads} must be >= 1 (torch's threads per rank; null = "
                           "torch's default)")
     check_evictor(cfg)
+    check_kv_tiers(cfg)
     check_engine_timing(cfg)
 
 
@@ -86,6 +91,50 @@ def check_evictor(cfg: DictConfig) -> None:
         raise ConfigError(f"evictor={evictor.name} chooses which cached prefix block to give up, and allocator="
                           f"{cfg.allocator.name} caches none here: add allocator.prefix_caching=true (or drop "
                           f"evictor={evictor.name})")
+
+
+def check_kv_tiers(cfg: DictConfig) -> None:
+    """Tiers that would be built wrong or not at all, refused before the model loads: tiers hold prefix-cache
+    blocks (``allocator.prefix_caching``); a disk tier's ``kv_tiers.disk_dir`` must be writable; a real engine
+    holds the tiers' bytes in one worker, so not over several ranks (the simulator prices any TP size). The
+    rest (capacities, shared tiers, a policy with no tier) is checked where the tiers are sized
+    (:mod:`servelab.kv.tiers.build`)."""
+    node = cfg.get("kv_tiers")
+    if node is None or not node.tiers:
+        return
+    what = f"kv_tiers={node.name}" if node.name != "none" else "kv_tiers.tiers"
+    if not cfg.allocator.get("prefix_caching", False):
+        raise ConfigError(f"{what} holds prefix-cache blocks, and allocator={cfg.allocator.name} caches none here: "
+                          "use allocator=paged allocator.prefix_caching=true (the kv_tiers presets turn it on), or "
+                          "kv_tiers=none")
+    disk_dir = node.get("disk_dir")
+    if disk_dir and not any(option_value(t.kind) == "disk" for t in node.tiers):
+        raise ConfigError(f"kv_tiers.disk_dir={disk_dir}: {what} has no disk tier to keep there; drop it, or use "
+                          "kv_tiers=host_disk")
+    if disk_dir:
+        reason = _unwritable(Path(disk_dir))
+        if reason:
+            raise ConfigError(f"kv_tiers.disk_dir={disk_dir}: not writable ({reason}), and the disk tier's files go "
+                              "there; name a folder you can write to, or leave it unset (the run's folder)")
+    stores = cfg.get("kv_tier_policy") is not None and cfg.kv_tier_policy.name != "none"
+    if stores and cfg.backend.name != "sim" and cfg.tensor_parallel_size > 1:
+        raise ConfigError(f"{what} with tensor_parallel_size={cfg.tensor_parallel_size} on backend={cfg.backend.name}: "
+                          "a real engine's tiers need one worker in this process (backend=local, or backend=torch "
+                          "with tensor_parallel_size=1); backend=sim prices tiers at any TP size")
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why no file can be made in folder ``path`` (made later by its user), or None when one can. Nothing is
+    left behind: a temporary file is made and removed in its nearest existing folder."""
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is None or not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        return f"no file can be made in {existing}: {exc.strerror or type(exc).__name__}"
+    return None
 
 
 def check_engine_timing(cfg: DictConfig) -> None:

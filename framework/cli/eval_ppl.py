@@ -69,6 +69,9 @@ def evaluate(cfg, documents: list[str] | None = None) -> dict:
     check_device(cfg)
     if cfg.tensor_parallel_size != 1:
         raise ConfigError("eval-ppl runs with tensor_parallel_size=1")
+    if cfg.get("pipeline_parallel_size", 1) != 1:
+        raise ConfigError(f"eval-ppl runs in one process: pipeline_parallel_size={cfg.pipeline_parallel_size} "
+                          "must be 1")
     e = cfg.eval_ppl
     if e.batch_windows < 1:
         raise ConfigError(f"eval_ppl.batch_windows={e.batch_windows} must be >= 1")

@@ -69,7 +69,7 @@ def this_run_line(group: str, cfg: DictConfig) -> str | None:
     schema = _SCHEMAS[group]
     shape = checkpoint_shape(values["path"]) if group == "model" and values.get("path") else None
     changed = [f"{k}={_text(v)}" for k, v in values.items()
-               if k != "name" and not (shape and k in (*SHAPE_FIELDS, "architecture"))
+               if k != "name" and not (shape and k in (*SHAPE_FIELDS, "architecture", *shape))
                and _text(v) != _text(_schema_default(schema, k))]
     text = ", ".join(changed) or "the fields' defaults"
     if shape:

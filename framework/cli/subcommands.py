@@ -23,6 +23,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "bench": Subcommand("cli.bench:main",
                         "a load sweep (rates or concurrencies) of any stack: curve.csv/png, the SLO knee"),
     "compare": Subcommand("cli.compare:main", "runs side by side: a table of metrics and the keys that differ, a plot"),
+    "report": Subcommand("cli.report:main", "a picture of runs: report.html with latency, load-over-time, replica "
+                         "and tier figures"),
     "check-plugin": Subcommand("kit.conformance:main",
                                "a plugin through the conformance kit: exit 0 only when it passes"),
     "new-plugin": Subcommand("kit.new_plugin:main", "a plugin package skeleton: entry point, typed Config, a passing test"),

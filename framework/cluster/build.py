@@ -64,6 +64,10 @@ def validate_cluster(cfg: DictConfig) -> None:
                     raise ConfigError(f"cluster.{pool} has tensor_parallel_size={tp}: a prefill/decode engine "
                                       "process moves its KV from one worker's pool, so real prefill/decode runs "
                                       "tensor_parallel_size=1 (backend=sim prices larger ones)")
+            if cfg.get("pipeline_parallel_size", 1) != 1:
+                raise ConfigError(f"pipeline_parallel_size={cfg.pipeline_parallel_size} with cluster.prefill_replicas/"
+                                  "decode_replicas: a prefill/decode engine process moves its KV from one worker's "
+                                  "pool, so real prefill/decode runs pipeline_parallel_size=1")
     check_shared_tiers(cfg)
     clock_kind(cfg)  # the clock, backend and time model agree (wall: engine processes; virtual: one loop)
 
@@ -171,7 +175,7 @@ def check_kv_compatible(prefill: DictConfig, decode: DictConfig) -> ModelShape:
 def kv_bytes_per_token(cfg: DictConfig, shape: ModelShape) -> float:
     """One token's K and V over every layer and KV head (quantised values plus their scales)."""
     sizes = storage_bytes(cfg)
-    return 2 * shape.num_layers * shape.num_kv_heads * (shape.head_dim * sizes.kv + sizes.kv_scale)
+    return shape.kv_bytes_per_token(sizes.kv, 1, sizes.kv_scale)
 
 
 def _links(cfg: DictConfig, replicas: list[Replica], prefill_hw: HardwareProfile, decode_hw: HardwareProfile):

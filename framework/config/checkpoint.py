@@ -15,9 +15,19 @@ from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
+from servelab.core.parallel_layout import moe_fields_of
+
 # config.json keys that are ModelConfig fields (the shape a checkpoint brings)
 SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                 "vocab_size", "max_position_embeddings", "tie_word_embeddings")
+# ModelConfig fields a checkpoint brings where it has them (each family names them its own way in config.json):
+# ModelConfig name <- ModelShape name (servelab.core.parallel_layout.moe_fields_of)
+MOE_FIELDS = {"num_experts": "num_experts", "num_experts_per_tok": "experts_per_token",
+              "moe_intermediate_size": "moe_intermediate_size", "num_shared_experts": "num_shared_experts",
+              "shared_expert_intermediate_size": "shared_expert_intermediate_size",
+              "first_dense_layers": "first_dense_layers", "moe_layer_step": "moe_layer_step",
+              "kv_lora_rank": "kv_lora_rank", "q_lora_rank": "q_lora_rank", "qk_rope_head_dim": "qk_rope_head_dim",
+              "qk_nope_head_dim": "qk_nope_head_dim", "v_head_dim": "v_head_dim"}
 
 
 def checkpoint_shape(path: Any) -> dict | None:
@@ -34,6 +44,11 @@ def checkpoint_shape(path: Any) -> dict | None:
     shape = {k: data[k] for k in SHAPE_FIELDS if k in data}
     if "num_key_value_heads" not in shape and "num_attention_heads" in shape:  # transformers' default: no GQA
         shape["num_key_value_heads"] = shape["num_attention_heads"]
+    heads = data.get("num_attention_heads")
+    if data.get("head_dim") and heads and data["head_dim"] != data.get("hidden_size", 0) // heads:
+        shape["head_dim"] = data["head_dim"]  # only where it is not hidden_size / heads (Qwen3)
+    moe = moe_fields_of(data)  # a dense checkpoint: none (the fields' defaults are the dense values)
+    shape.update({ours: moe[theirs] for ours, theirs in MOE_FIELDS.items() if moe.get(theirs)})
     if data.get("architectures"):
         shape = {"architecture": data["architectures"][0], **shape}
     return shape
@@ -50,4 +65,7 @@ def recorded_config(cfg: DictConfig) -> DictConfig:
     plain = cast("dict[str, Any]", OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
     for key in ("architecture", *SHAPE_FIELDS):
         plain["model"][key] = shape.get(key)
+    for key in ("head_dim", *MOE_FIELDS):
+        if key in shape:
+            plain["model"][key] = shape[key]
     return OmegaConf.create(plain)

@@ -17,7 +17,8 @@ from omegaconf import MISSING
 from servelab.core.kinds import KINDS
 from servelab.core.registry import Registry, default_registry
 from servelab.core.packaged import PACKAGED_CHECKPOINTS, PACKAGED_MODELS
-from servelab.config.schema import LoggerConfig, LoggerMode, ModelConfig, ServelabConfig, kv_tier_presets
+from servelab.config.schema import (KV_TIERS_DEFAULT_POLICY, KVTiersConfig, LoggerConfig, LoggerMode, ModelConfig,
+                                   ServelabConfig, kv_tier_presets)
 from servelab.config.workloads import (ChatSessionsWorkload, CorpusWorkload, GradeWorkloadConfig, HashIdsWorkload,
                                        JsonlWorkload, PromptsWorkload, SyntheticWorkload, TraceWorkload)
 
@@ -43,6 +44,14 @@ def packaged_model_node(name: str) -> dict:
         context = 512
     return {"model": ModelConfig(name=name, path=str(path)), "max_model_len": context,
             "backend": {"num_threads": 1}}
+
+
+def tiny_moe_config() -> ModelConfig:
+    """``model=tiny_moe``: a random Qwen3-MoE as small as ``model=tiny`` (written once to the cache
+    folder, like it): 8 experts, 2 per token, every second layer MoE, so dense and MoE layers both run."""
+    return ModelConfig(name="tiny_moe", architecture="Qwen3MoeForCausalLM", hidden_size=128, intermediate_size=256,
+                       num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, initializer_range=0.1,
+                       num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, moe_layer_step=2)
 
 
 def config_yaml_defaults() -> dict[str, str]:
@@ -81,6 +90,17 @@ def schema() -> type:
     return dataclasses.make_dataclass("ServelabSchema", fields)
 
 
+def kv_tiers_node(tiers: KVTiersConfig) -> dict:
+    """A ``kv_tiers=<preset>`` option. Tiers hold prefix-cache blocks, so a preset with tiers turns
+    ``allocator.prefix_caching`` on, and it selects :data:`KV_TIERS_DEFAULT_POLICY` (a preset alone would
+    otherwise keep the kind's default ``none``, which stores nothing). Hydra lets the command line win:
+    ``kv_tiers=host kv_tier_policy=none`` (or any other policy) keeps its choice."""
+    if not tiers.tiers:
+        return {"kv_tiers": tiers}
+    return {"defaults": [{"override /kv_tier_policy": KV_TIERS_DEFAULT_POLICY}],
+            "kv_tiers": tiers, "allocator": {"prefix_caching": True}}
+
+
 def register_configs(registry: Registry | None = None) -> None:
     """Put the schema and every group option into Hydra's ConfigStore (idempotent). A kind's option
     that ``conf/<group>/<name>.yaml`` provides (a preset such as ``backend=sim``) is left to the file."""
@@ -93,6 +113,7 @@ def register_configs(registry: Registry | None = None) -> None:
             if not (conf / kind.group / f"{name}.yaml").is_file():
                 cs.store(group=kind.group, name=name, node=plugin_node(registry.get(kind.name, name)))
     cs.store(group="model", name="tiny", node=ModelConfig())
+    cs.store(group="model", name="tiny_moe", node=tiny_moe_config())
     cs.store(group="model", name="hf", node=ModelConfig(name="hf", path=MISSING))
     for name in PACKAGED_MODELS:
         cs.store(group="model", name=name, node=packaged_model_node(name), package="_global_")
@@ -104,8 +125,7 @@ def register_configs(registry: Registry | None = None) -> None:
     cs.store(group="workload", name="prompts", node=PromptsWorkload)
     cs.store(group="workload", name="corpus", node=CorpusWorkload)
     cs.store(group="workload", name="grade", node=GradeWorkloadConfig)
-    for name, tiers in kv_tier_presets().items():  # tiers hold prefix-cache blocks: the presets turn it on
-        node = {"kv_tiers": tiers, **({"allocator": {"prefix_caching": True}} if tiers.tiers else {})}
-        cs.store(group="kv_tiers", name=name, node=node, package="_global_")
+    for name, tiers in kv_tier_presets().items():
+        cs.store(group="kv_tiers", name=name, node=kv_tiers_node(tiers), package="_global_")
     cs.store(group="logger", name="wandb", node=LoggerConfig)
     cs.store(group="logger", name="none", node=LoggerConfig(name="none", mode=LoggerMode.disabled))

@@ -99,6 +99,24 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     initializer_range: float = 0.02
     weights_seed: int = 0
+    head_dim: Optional[int] = None  # null = hidden_size / num_attention_heads
+    # Mixture of experts (0 experts = dense; servelab.core.shapes.ModelShape): routed experts, how many run
+    # per token, their width, the shared experts (width null = moe_intermediate_size), which layers are MoE
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    num_shared_experts: int = 0
+    shared_expert_intermediate_size: Optional[int] = None
+    first_dense_layers: int = 0  # DeepSeek's first_k_dense_replace
+    moe_layer_step: int = 1  # Qwen's decoder_sparse_step: every step-th layer is MoE
+    norm_topk_prob: bool = True  # the random tiny MoE model: renormalise the top-k routing weights (Mixtral always does)
+    # Multi-head latent attention (DeepSeek-V2/V3; 0 = ordinary attention): the KV cache holds
+    # kv_lora_rank + qk_rope_head_dim values per token and layer
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
 
 
 @dataclass
@@ -265,12 +283,18 @@ class KVTierConfig:
 @dataclass
 class KVTiersConfig:
     """``kv_tiers``: the KV cache tiers below the GPU pool (``kv_tiers=none|host|host_disk``; docs/kv-tiers.md).
-    What goes down and comes back is ``kv_tier_policy=<name>`` (``none``: nothing, whatever this says)."""
+    What goes down and comes back is ``kv_tier_policy=<name>``: a preset with tiers selects
+    :data:`KV_TIERS_DEFAULT_POLICY` unless one is given (``none``: nothing, whatever this says)."""
 
     name: str = "none"
     tiers: List[KVTierConfig] = field(default_factory=list)
     load: KVTierLoad = KVTierLoad.overlap
     disk_dir: Optional[str] = None  # real engine: the folder of a disk tier's files (memory-mapped)
+
+
+#: The policy a ``kv_tiers=<preset>`` with tiers selects unless ``kv_tier_policy=`` says otherwise: the
+#: kind's grade reference (spill what the GPU prefix cache gives up into the nearest tier).
+KV_TIERS_DEFAULT_POLICY = "write_back"
 
 
 def kv_tier_presets() -> dict[str, KVTiersConfig]:
@@ -385,6 +409,8 @@ class ServelabConfig:
     kv_cache_dtype: KVCacheDType = KVCacheDType.auto
     attention_backend: AttentionBackend = AttentionBackend.auto
     tensor_parallel_size: int = 1
+    expert_parallel_size: int = 1  # a MoE layer's experts split this many ways over the tensor-parallel ranks
+    pipeline_parallel_size: int = 1  # the layers split into this many stages, tensor_parallel_size ranks each
     clock: Clock = Clock.auto
     slo: SLOConfig = field(default_factory=SLOConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -399,4 +425,5 @@ class ServelabConfig:
     route: RouteConfig = field(default_factory=RouteConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     progress: bool = True
+    report: bool = False  # write report.html (servelab report) beside the results at the end of the run
     strict_requests: bool = False  # a request the engine would reject is a start-up error (not a rejection)

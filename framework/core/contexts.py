@@ -14,8 +14,10 @@ No torch and no Hydra here: plugin modules import these through :mod:`servelab.p
 from __future__ import annotations
 
 import contextvars
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
+
+from servelab.core.tier_view import TierView
 
 if TYPE_CHECKING:
     from servelab.core.cost_model import StepCostModel
@@ -93,14 +95,17 @@ class EvictorContext:
 @dataclass(frozen=True)
 class KVTierPolicyContext:
     """What a KV tier policy is built for: the tiers below the GPU (``kv_tiers.tiers``, nearest
-    first, each sized in blocks), the GPU pool's size and a block's bytes per rank, and the seed
-    (a randomised policy draws from it, so runs repeat)."""
+    first, each sized in blocks), the GPU pool's size and a block's bytes per rank, the seed
+    (a randomised policy draws from it, so runs repeat), and ``tier_view``: a live, read-only view of
+    each tier's occupancy (``held(tier)``, ``tier_of(digest)``) and of the GPU prefix cache
+    (``gpu_hits(digest)``: admissions that reused a block from it; ``on_gpu(digest)``)."""
 
     kv_tiers: "tuple[TierSpec, ...]" = ()
     num_blocks: int = 0
     block_size: int = 16
     bytes_per_block: int = 0
     seed: int = 0
+    tier_view: TierView = field(default_factory=TierView)
 
     @property
     def tiers(self) -> "tuple[TierSpec, ...]":
@@ -254,6 +259,8 @@ class ExecutorContext:
     model_name: str
     tensor_parallel_size: int = 1
     num_kv_blocks: int | None = None
+    expert_parallel_size: int = 1  # a MoE layer's experts split this many ways over the tensor-parallel ranks
+    pipeline_parallel_size: int = 1  # stages of tensor_parallel_size ranks each
     num_swap_blocks: int | None = None
     swap_space_gb: float | None = None
     worker: Any = None

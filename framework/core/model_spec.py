@@ -14,6 +14,8 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -42,6 +44,25 @@ class ModelSpec:
     rope_theta: float
     eos_token_ids: tuple[int, ...]
     hf_config: Any = field(repr=False, compare=False, default=None)
+    # Mixture of experts (Mixtral, Qwen3-MoE; 0 experts = dense): routed experts, top-k, their width,
+    # whether the top-k weights are renormalised, and which layers are MoE (every moe_layer_step-th,
+    # except mlp_only_layers)
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    moe_layer_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.num_experts > 0 and layer not in self.mlp_only_layers and (layer + 1) % self.moe_layer_step == 0
+
+    def moe_fields(self) -> dict[str, int]:
+        """The MoE fields of :class:`servelab.core.shapes.ModelShape` (empty for a dense model)."""
+        if not self.num_experts:
+            return {}
+        return {"num_experts": self.num_experts, "experts_per_token": self.experts_per_token,
+                "moe_intermediate_size": self.moe_intermediate_size, "moe_layer_step": self.moe_layer_step}
 
 
 def load_spec(path: str | Path) -> ModelSpec:
@@ -66,11 +87,11 @@ def load_spec(path: str | Path) -> ModelSpec:
         raise CheckpointError(f"{path}: architecture {archs or cfg.model_type!r} is not supported; "
                               f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
     family = SUPPORTED_ARCHITECTURES[arch]
-    if family == "mistral" and getattr(cfg, "sliding_window", None):
+    if family in ("mistral", "mixtral") and getattr(cfg, "sliding_window", None):
         if cfg.sliding_window < cfg.max_position_embeddings:
-            raise CheckpointError(f"{path}: Mistral sliding_window={cfg.sliding_window} is not supported "
+            raise CheckpointError(f"{path}: {family.capitalize()} sliding_window={cfg.sliding_window} is not supported "
                                   "(set it to null in config.json to run with full attention)")
-    if family in ("qwen2", "qwen3") and getattr(cfg, "use_sliding_window", False):
+    if family in ("qwen2", "qwen3", "qwen3_moe") and getattr(cfg, "use_sliding_window", False):
         raise CheckpointError(f"{path}: use_sliding_window=true is not supported")
     rope = _rope_parameters(cfg)
     rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -93,12 +114,26 @@ def load_spec(path: str | Path) -> ModelSpec:
         max_position_embeddings=cfg.max_position_embeddings,
         tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
         qkv_bias=family == "qwen2" or bool(getattr(cfg, "attention_bias", False)),
-        qk_norm=family == "qwen3",
+        qk_norm=family in ("qwen3", "qwen3_moe"),
         rope_type=rope_type,
         rope_theta=float(rope.get("rope_theta", 10000.0)),
         eos_token_ids=eos,
         hf_config=cfg,
+        **_moe(cfg, family),
     )
+
+
+def _moe(cfg: Any, family: str) -> dict[str, Any]:
+    """The MoE fields of a Mixtral / Qwen3-MoE config (Mixtral's experts are ``intermediate_size`` wide
+    and always renormalise their top-k weights)."""
+    if family == "mixtral":
+        return {"num_experts": cfg.num_local_experts, "experts_per_token": cfg.num_experts_per_tok,
+                "moe_intermediate_size": cfg.intermediate_size, "norm_topk_prob": True}
+    if family == "qwen3_moe":
+        return {"num_experts": cfg.num_experts, "experts_per_token": cfg.num_experts_per_tok,
+                "moe_intermediate_size": cfg.moe_intermediate_size, "norm_topk_prob": bool(cfg.norm_topk_prob),
+                "moe_layer_step": cfg.decoder_sparse_step or 1, "mlp_only_layers": tuple(cfg.mlp_only_layers or ())}
+    return {}
 
 
 def _rope_parameters(cfg: Any) -> dict[str, Any]:

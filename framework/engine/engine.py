@@ -36,6 +36,7 @@ from servelab.engine.fast_forward import fast_forward, may_precede_span
 from servelab.engine.frontend import FrontEnd
 from servelab.engine.multi_step import run_window, starts_window
 from servelab.engine.step_totals import StepTotals
+from servelab.engine.timeline import StepTimeline
 
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,8 @@ class Engine:
         self.steps: list[StepRecord] = []  # every step's record while ``keep_steps``
         self.keep_steps = True
         self.totals = StepTotals()  # what the summary needs, whether or not the steps are kept
+        self.timeline: StepTimeline | None = StepTimeline()  # a few numbers a step, for `servelab report`
+        self._waiting = 0  # sequences held but not in the step being run (the timeline's)
         # Told of each step's record. A listener whose function has ``reads_step_details = False``
         # reads only the numbers, so the record's queues, plan entries and scheduler stats stay empty.
         self.step_listeners: list[Callable[[StepRecord], None]] = []
@@ -244,6 +247,8 @@ class Engine:
         plan = self._call_plugin("scheduler", lambda: self.scheduler.schedule(start))
         if plan.is_empty:
             return None
+        if self.timeline is not None and self.timeline.due == 1:  # this step's row will be kept
+            self._waiting = self.scheduler.num_unfinished() - len(plan.scheduled)
         if self.limits.num_scheduler_steps > 1 and self.drafter is None and starts_window(plan):
             self._quiet_plan = None  # fast-forward is off with multi-step (_can_fast_forward)
             return run_window(self, plan, start, self.limits.num_scheduler_steps)
@@ -466,6 +471,14 @@ class Engine:
             scheduler=self.scheduler.step_stats() if detailed else {}, work=work,
         )
         self.totals.add(record)
+        timeline = self.timeline
+        if timeline is not None:
+            if plan.preempted:
+                timeline.preempted(len(plan.preempted))
+            timeline.due -= 1
+            if not timeline.due:
+                timeline.add(end, end - start, work.num_seqs, self._waiting, work.num_tokens, work.prefill_tokens,
+                             record.kv_utilization)
         if self.keep_steps:
             self.steps.append(record)
         return record

@@ -128,7 +128,8 @@ class _Span:
             stop_after_end: bool = False) -> int:
         engine, seqs, events, ends, synced = self.engine, self.seqs, self.events, self.ends, self.synced
         allocator, clock, token, totals = engine.allocator, engine.clock, self.token, engine.totals
-        frontend = engine.frontend
+        frontend, timeline = engine.frontend, engine.timeline
+        engine._waiting = 0  # every sequence the scheduler holds runs in the span
         count_quiet, step_listeners, observe = allocator.count_quiet_decodes, engine.step_listeners, engine.cost_model.observe
         num_blocks = max(1, allocator.num_blocks)
         no_plan = SchedulePlan()  # a quiet step preempts and moves nothing
@@ -183,8 +184,12 @@ class _Span:
                     listener(record)
             else:  # Engine._record's sums without its record
                 observe(StepFeatures(0, n, work.attended), end - start)
-                totals.add_decode_step(end, end - start, n, allocator.num_used_blocks() / num_blocks,
-                                       allocator.usage_stats())
+                kv_used = allocator.num_used_blocks() / num_blocks
+                totals.add_decode_step(end, end - start, n, kv_used, allocator.usage_stats())
+                if timeline is not None:
+                    timeline.due -= 1
+                    if not timeline.due:  # nothing waits in a span
+                        timeline.add(end, end - start, n, 0, n, 0, kv_used)
             step += 1
             if stop_after_end and left_tokens:
                 break

@@ -20,7 +20,7 @@ from servelab.core.executor import BackendConfig, Executor, StepOutput
 from servelab.core.shapes import ModelShape
 from servelab.core.batch import StepBatch
 from servelab.kernels import select_attention_backend
-from servelab.exec.model.layers import TPGroup
+from servelab.exec.model.layers import PipelineStage, TPGroup
 from servelab.exec.model.llama import AttentionMetadata, CausalLM, local_heads
 from servelab.exec.model.loader import load_model
 from servelab.core.model_spec import ModelSpec
@@ -35,11 +35,13 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 class ModelWorker:
-    """One rank: loads its shard of the model, allocates its KV pool, runs batches."""
+    """One rank: loads its shard of the model (of its pipeline ``stage``'s layers), allocates its KV pool
+    (those layers' K and V), runs batches."""
 
-    def __init__(self, cfg: WorkerConfig, tp: TPGroup | None = None) -> None:
+    def __init__(self, cfg: WorkerConfig, tp: TPGroup | None = None, stage: PipelineStage | None = None) -> None:
         self.cfg = cfg
         self.tp = tp or TPGroup()
+        self.stage = stage or PipelineStage()
         self.device = resolve_device(cfg.device)
         self.dtype = DTYPES[cfg.dtype]
         if self.device.type == "cpu" and self.dtype == torch.float16:
@@ -50,8 +52,9 @@ class ModelWorker:
         self.kv_quantized = cfg.kv_cache_dtype != "auto"
         # INT8 on a GPU: load and quantise in host memory, so the device never holds the full-precision shard
         load_device = torch.device("cpu") if cfg.quantization != "none" else self.device
-        self.model = load_model(cfg.model_path, self.tp, self.dtype, load_device, cfg.max_model_len)
+        self.model = load_model(cfg.model_path, self.tp, self.dtype, load_device, cfg.max_model_len, self.stage)
         self.spec: ModelSpec = self.model.spec
+        self.num_local_layers = len(self.model.local_layers)
         if cfg.quantization != "none":  # the kernel choice is logged: only a run that quantises may state it
             quantize_model(self.model, cfg.quantization, linear_kernel(self.ops.name, self.device, self.dtype),
                            collective_device=self.device)
@@ -88,7 +91,7 @@ class ModelWorker:
 
     def _target_bytes_per_block(self) -> int:
         _, kv_heads = local_heads(self.spec, self.tp)
-        return kv_bytes_per_block(self.spec.num_layers, self.cfg.block_size, kv_heads, self.spec.head_dim,
+        return kv_bytes_per_block(self.num_local_layers, self.cfg.block_size, kv_heads, self.spec.head_dim,
                                   self.kv_dtype, self.kv_quantized)
 
     def _draft_bytes_per_block(self) -> int:
@@ -134,12 +137,12 @@ class ModelWorker:
         """Allocate ``num_blocks`` device blocks (zeroed: masked slots must never hold NaN)."""
         _, kv_heads = local_heads(self.spec, self.tp)
         layout = (self.cfg.block_size, kv_heads, self.spec.head_dim, self.kv_dtype, self.kv_quantized)
-        self.device_pool = KVPool(self.spec.num_layers, num_blocks, *layout, device=self.device)
+        self.device_pool = KVPool(self.num_local_layers, num_blocks, *layout, device=self.device)
         self.kv_cache = self.device_pool.layers()
         num_swap_blocks = self.swap_pool_blocks()
         pin = self.device.type == "cuda"
         if num_swap_blocks > 0:
-            self.host_pool = KVPool(self.spec.num_layers, num_swap_blocks, *layout, host=True, pin=pin)
+            self.host_pool = KVPool(self.num_local_layers, num_swap_blocks, *layout, host=True, pin=pin)
         if self.draft_model is not None:
             d = self.draft_model.spec
             layout = (self.cfg.block_size, d.num_kv_heads, d.head_dim, self.kv_dtype, self.kv_quantized)
@@ -173,9 +176,26 @@ class ModelWorker:
             self.draft_model(input_ids, positions, self.draft_kv_cache, meta, self.ops)
         if batch.num_sampled == 0:
             return StepOutput([], time.perf_counter() - start)
-        logits = self.model.compute_logits(hidden[_to(batch.sample_rows, dev)])
+        logits = self._logits(hidden, _to(batch.sample_rows, dev))
+        if logits is None:  # a pipeline rank whose samples nobody reads
+            return StepOutput([], time.perf_counter() - start)
         tokens, accepted = sample_and_verify(logits, batch)
         return StepOutput(tokens, time.perf_counter() - start, accepted=accepted)
+
+    def _logits(self, hidden: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+        """The sampled rows' logits where they are sampled: here with one stage; with several, the
+        last stage computes them and sends them to rank 0 (the first stage's first rank), which samples."""
+        stage = self.stage
+        if stage.size == 1:
+            return self.model.compute_logits(hidden[rows])
+        if stage.last:
+            logits = self.model.compute_logits(hidden[rows])  # every rank of the stage: the LM head gathers
+            if self.tp.rank == 0:
+                stage.send_logits(logits)
+            return None
+        if stage.first and self.tp.rank == 0:
+            return stage.recv_logits((rows.shape[0], self.spec.vocab_size), torch.float32)
+        return None
 
     @torch.inference_mode()
     def draft(self, batch: DraftBatch) -> Drafts:
@@ -251,9 +271,10 @@ class LocalExecutor(Executor):
 
     def __init__(self, config: BackendConfig, context: ExecutorContext) -> None:
         super().__init__(config, context)
-        if context.tensor_parallel_size > 1:
-            raise ConfigError(f"backend=local runs one process: tensor_parallel_size={context.tensor_parallel_size} "
-                              "needs backend=tp (or backend=torch, which picks it)")
+        for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+            if getattr(context, key) > 1:
+                raise ConfigError(f"backend=local runs one process: {key}={getattr(context, key)} needs backend=tp "
+                                  "(or backend=torch, which picks it)")
         self.worker = ModelWorker(context.worker)
         self.spec = self.worker.spec
         self.num_kv_blocks = self.worker.available_kv_blocks()

@@ -118,7 +118,7 @@ def build_layer(spec: ModelSpec, tp: int, dtype: torch.dtype, device: torch.devi
     rotary = Rotary(inv_freq, scaling, max_positions).to(device)
     torch.manual_seed(seed)
     with torch.device(device):
-        layer = DecoderLayer(spec, group, rotary)
+        layer = DecoderLayer(spec, group, rotary, 0)
         embedding = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, group)
     with torch.no_grad():
         for module in (layer, embedding):

@@ -14,7 +14,8 @@ from servelab.core.hookspecs import hookimpl
 
 
 class TorchBackend(Executor):
-    """``backend=torch`` (the default): ``local`` when ``tensor_parallel_size`` is 1, ``tp`` above.
+    """``backend=torch`` (the default): ``local`` when ``tensor_parallel_size`` and ``pipeline_parallel_size``
+    are 1, ``tp`` above.
     Building one returns the chosen executor itself."""
 
     name = "torch"
@@ -23,7 +24,8 @@ class TorchBackend(Executor):
         from servelab.exec.executor import LocalExecutor  # noqa: PLC0415 - torch, when a run builds one
         from servelab.exec.tp import TPExecutor  # noqa: PLC0415
 
-        return (TPExecutor if context.tensor_parallel_size > 1 else LocalExecutor)(config, context)
+        ranks = context.tensor_parallel_size * context.pipeline_parallel_size
+        return (TPExecutor if ranks > 1 else LocalExecutor)(config, context)
 
     def execute(self, batch: StepBatch) -> StepOutput:  # never called: __new__ returns another executor
         raise NotImplementedError

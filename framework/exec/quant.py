@@ -97,11 +97,14 @@ def quantize_model(model: nn.Module, method: str, kernel: str, collective_device
         row_amax = None
         if isinstance(layer, RowParallelLinear) and layer.tp.size > 1:
             # this rank holds a slice of every row: take the scale of the whole row, so every
-            # tensor_parallel_size stores the same INT8 values
+            # tensor_parallel_size stores the same INT8 values. An expert's rows are shared by the
+            # ranks of its expert-parallel group only (``shared_by`` consecutive ranks)
             local = layer.weight.data.float().abs().amax(1).unsqueeze(0)
             local = local.to(collective_device) if collective_device is not None else local
-            gathered = layer.tp.all_gather_last_dim(local).view(layer.tp.size, -1).amax(0)
-            row_amax = gathered.to(layer.weight.device)
+            gathered = layer.tp.all_gather_last_dim(local).view(layer.tp.size, -1)
+            shared_by = getattr(layer, "shared_by", layer.tp.size)
+            first = layer.tp.rank // shared_by * shared_by
+            row_amax = gathered[first:first + shared_by].amax(0).to(layer.weight.device)
         layer.int8 = Int8Weight(layer.weight.data, kernel, row_amax)
         layer.weight = None  # the full-precision copy is freed
         count += 1

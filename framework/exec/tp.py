@@ -1,4 +1,9 @@
-"""Tensor parallelism: rank 0 (this process) coordinates N-1 spawned worker processes.
+"""Tensor, expert and pipeline parallelism: rank 0 (this process) coordinates N-1 spawned worker processes.
+
+``N = tensor_parallel_size x pipeline_parallel_size``: each pipeline stage holds its share of the layers
+(vLLM's split) on ``tensor_parallel_size`` ranks, a MoE layer's experts split ``expert_parallel_size``
+ways over them (:mod:`servelab.exec.model.moe`). Stages run one after the other within a step (one
+batch in flight: the tokens equal one process's; the overlap of several batches is the simulator's to price).
 
 Rank 0 runs the engine, scheduler and allocator, and its own shard of the model. Each step it
 broadcasts the batch (see :mod:`servelab.exec.tp_comm`) and every rank runs its shard; rank 0's sampled
@@ -34,6 +39,7 @@ import torch.multiprocessing as mp
 from servelab.core.batch import StepBatch
 from servelab.core.contexts import ExecutorContext
 from servelab.core.executor import BackendConfig
+from servelab.core.parallel_layout import check_expert_parallel, check_pipeline_parallel
 from servelab.core.shapes import ModelShape
 from servelab.exec.executor import Executor, ModelWorker, StepOutput, resolve_device
 from servelab.core.model_spec import ModelSpec, load_spec
@@ -48,9 +54,13 @@ class TPWorkerError(RuntimeError):
     """A tensor-parallel worker died, hung or failed; the message names the rank."""
 
 
-def check_tensor_parallel(spec: ModelSpec, size: int, device: str, model_path: str = "") -> None:
-    """Raise :class:`ConfigError` naming the numbers if the model cannot be split ``size`` ways here."""
+def check_tensor_parallel(spec: ModelSpec, size: int, device: str, model_path: str = "", ep: int = 1,
+                          pp: int = 1) -> None:
+    """Raise :class:`ConfigError` naming the numbers if the model cannot be split ``size`` ways (``ep`` of
+    them by expert) in each of ``pp`` pipeline stages here."""
     where = f" of model {model_path!r}" if model_path else ""
+    check_expert_parallel(ep, size, spec.num_experts, spec.moe_intermediate_size)
+    check_pipeline_parallel(pp, spec.num_layers)
     if size < 1:
         raise ConfigError(f"tensor_parallel_size={size} must be >= 1")
     if spec.num_heads % size:
@@ -64,8 +74,9 @@ def check_tensor_parallel(spec: ModelSpec, size: int, device: str, model_path: s
     if spec.intermediate_size % size:
         raise ConfigError(f"tensor_parallel_size={size} does not divide intermediate_size={spec.intermediate_size}"
                           f"{where}")
-    if resolve_device(device).type == "cuda" and size > torch.cuda.device_count():
-        raise ConfigError(f"tensor_parallel_size={size} needs {size} CUDA devices (one per rank) but "
+    if resolve_device(device).type == "cuda" and size * pp > torch.cuda.device_count():
+        layout = f"tensor_parallel_size={size}" + (f" x pipeline_parallel_size={pp}" if pp > 1 else "")
+        raise ConfigError(f"{layout} needs {size * pp} CUDA devices (one per rank) but "
                           f"{torch.cuda.device_count()} are visible")
 
 
@@ -75,7 +86,8 @@ def default_threads_per_rank(size: int) -> int:
 
 
 class TPExecutor(Executor):
-    """``backend=tp``: the model sharded over ``context.tensor_parallel_size`` processes; this
+    """``backend=tp``: the model sharded over ``context.tensor_parallel_size`` x
+    ``context.pipeline_parallel_size`` processes (experts ``context.expert_parallel_size`` ways); this
     process is rank 0. ``config.tp_step_timeout_s`` bounds a wait on another rank in a step;
     ``config.num_threads`` is torch's threads per rank (null: this process's cores / ranks)."""
 
@@ -83,10 +95,11 @@ class TPExecutor(Executor):
 
     def __init__(self, config: BackendConfig, context: ExecutorContext, startup_timeout_s: float = 600.0) -> None:
         super().__init__(config, context)
-        cfg, size = context.worker, context.tensor_parallel_size
+        cfg, tp, ep, pp = (context.worker, context.tensor_parallel_size, context.expert_parallel_size,
+                           context.pipeline_parallel_size)
         step_timeout_s, num_threads = config.tp_step_timeout_s, config.num_threads
-        check_tensor_parallel(load_spec(cfg.model_path), size, cfg.device, cfg.model_path)
-        self.size = size
+        check_tensor_parallel(load_spec(cfg.model_path), tp, cfg.device, cfg.model_path, ep, pp)
+        self.size = size = tp * pp
         self.step_timeout_s = step_timeout_s
         self.procs: list[mp.Process] = []
         self.comm: TPComm | None = None
@@ -104,7 +117,8 @@ class TPExecutor(Executor):
             ctx = mp.get_context("spawn")
             for rank in range(1, size):
                 proc = ctx.Process(target=worker_main, name=f"servelab-tp-rank{rank}", daemon=True,
-                                   args=(rank, size, cfg, self._store.port, step_timeout_s, threads, os.getpid()))
+                                   args=(rank, size, cfg, self._store.port, step_timeout_s, threads, os.getpid(),
+                                         tp, ep))
                 proc.start()
                 self.procs.append(proc)
             deadline = time.monotonic() + startup_timeout_s
@@ -113,8 +127,8 @@ class TPExecutor(Executor):
             device = resolve_device(cfg0.device)
             if device.type == "cuda":
                 torch.cuda.set_device(device)
-            self.comm = TPComm(self._store, 0, size, device, step_timeout_s)
-            self.worker = ModelWorker(cfg0, self.comm.tp_group())
+            self.comm = TPComm(self._store, 0, size, device, step_timeout_s, tp, ep)
+            self.worker = ModelWorker(cfg0, self.comm.tp_group(), self.comm.pipeline_stage())
             self.num_kv_blocks = self.comm.min_over_ranks(self.worker.available_kv_blocks(),
                                                           poll=lambda: self._startup_poll(deadline))
             self.worker.allocate_kv_cache(self.num_kv_blocks)

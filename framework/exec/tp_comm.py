@@ -8,7 +8,11 @@ All traffic goes through torch.distributed:
   the group's timeout must not bound a step: rank 0 waits on the header with ``step_timeout_s``.
 * ``plan`` (gloo, ``step_timeout_s``): the rest of the plan (one packed int64 tensor, float tensors
   if any, the pickled small metadata).
-* ``model`` (nccl on CUDA, else the ``plan`` group): the all-reduce / all-gather inside the forward.
+* ``model`` (nccl on CUDA, else the ``plan`` group): the all-reduce / all-gather inside the forward,
+  one group per pipeline stage (its ``tp`` ranks).
+* pipeline stages (``size = tp x stages``; rank ``r`` is stage ``r // tp``, tensor-parallel rank ``r % tp``):
+  each rank sends its hidden states to the same tensor-parallel rank of the next stage, and the last
+  stage's first rank sends the sampled rows' logits to rank 0, point to point over the ``plan`` group.
 
 So every wait that can block rank 0 during a step is bounded by ``step_timeout_s``.
 """
@@ -26,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from servelab.core.batch import StepBatch
-from servelab.exec.model.layers import TPGroup
+from servelab.exec.model.layers import PipelineStage, TPGroup
 
 OP_STEP, OP_STOP = 1, 2
 IDLE_TIMEOUT = timedelta(days=7)
@@ -41,21 +45,55 @@ def store_key(kind: str, rank: int) -> str:
 class TPComm:
     """This rank's process groups and collectives; ``comm_s`` accumulates time spent in them."""
 
-    def __init__(self, store: dist.Store, rank: int, size: int, device: torch.device, step_timeout_s: float) -> None:
+    def __init__(self, store: dist.Store, rank: int, size: int, device: torch.device, step_timeout_s: float,
+                 tp: int | None = None, ep: int = 1) -> None:
+        """``size`` ranks in all: pipeline stages of ``tp`` ranks each (None: one stage of all of them);
+        ``ep``: how many ways a MoE layer splits its experts over a stage's ranks."""
         if dist.is_initialized():
             raise RuntimeError("a torch.distributed process group already exists in this process; "
                                "only one tensor-parallel executor can run per process")
         self.rank, self.size, self.device = rank, size, device
+        self.tp, self.ep = tp or size, ep
+        self.num_stages, self.stage_index = size // self.tp, rank // self.tp
         dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=IDLE_TIMEOUT)
         self.control = dist.group.WORLD
         self.step_timeout = timedelta(seconds=step_timeout_s)
         self.plan = dist.new_group(backend="gloo", timeout=self.step_timeout)
-        self.model = dist.new_group(backend="nccl", timeout=self.step_timeout) if device.type == "cuda" else self.plan
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if self.num_stages == 1:
+            self.model = dist.new_group(backend="nccl", timeout=self.step_timeout) if backend == "nccl" else self.plan
+        else:  # every rank creates every stage's group, in the same order
+            groups = [dist.new_group(list(range(s * self.tp, (s + 1) * self.tp)), backend=backend,
+                                     timeout=self.step_timeout) for s in range(self.num_stages)]
+            self.model = groups[self.stage_index]
         self.comm_s = 0.0
 
     def tp_group(self) -> TPGroup:
         """The collectives the model layers call (timed; on CUDA only the launch is timed)."""
-        return TPGroup(self.rank, self.size, self.all_reduce, self.all_gather_last_dim)
+        if self.tp == 1:
+            return TPGroup(ep_size=self.ep)
+        return TPGroup(self.rank % self.tp, self.tp, self.all_reduce, self.all_gather_last_dim, self.ep)
+
+    def pipeline_stage(self) -> PipelineStage:
+        """This rank's pipeline stage and its links."""
+        if self.num_stages == 1:
+            return PipelineStage()
+        return PipelineStage(self.stage_index, self.num_stages, send=lambda t: self._send(t, self.rank + self.tp),
+                             recv=lambda shape, dtype: self._recv(shape, dtype, self.rank - self.tp),
+                             send_logits=lambda t: self._send(t, 0),
+                             recv_logits=lambda shape, dtype: self._recv(shape, dtype, (self.num_stages - 1) * self.tp))
+
+    def _send(self, t: torch.Tensor, dst: int) -> None:
+        start = time.perf_counter()
+        dist.send(t.contiguous().cpu(), dst, group=self.plan)
+        self.comm_s += time.perf_counter() - start
+
+    def _recv(self, shape: tuple[int, ...], dtype: torch.dtype, src: int) -> torch.Tensor:
+        start = time.perf_counter()
+        out = torch.empty(shape, dtype=dtype)
+        dist.recv(out, src, group=self.plan)
+        self.comm_s += time.perf_counter() - start
+        return out.to(self.device)
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         start = time.perf_counter()
@@ -66,7 +104,7 @@ class TPComm:
     def all_gather_last_dim(self, t: torch.Tensor) -> torch.Tensor:
         start = time.perf_counter()
         t = t.contiguous()
-        parts = [torch.empty_like(t) for _ in range(self.size)]
+        parts = [torch.empty_like(t) for _ in range(self.tp)]
         dist.all_gather(parts, t, group=self.model)
         out = torch.cat(parts, dim=-1)
         self.comm_s += time.perf_counter() - start

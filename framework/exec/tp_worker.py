@@ -34,7 +34,7 @@ def rank_config(cfg: WorkerConfig, rank: int) -> WorkerConfig:
 
 
 def worker_main(rank: int, size: int, cfg: WorkerConfig, port: int, step_timeout_s: float,
-                num_threads: int, parent_pid: int) -> None:
+                num_threads: int, parent_pid: int, tp: int | None = None, ep: int = 1) -> None:
     """Entry point of a spawned worker (must stay a module-level function: spawn pickles it)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle; it stops us
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
@@ -47,8 +47,8 @@ def worker_main(rank: int, size: int, cfg: WorkerConfig, port: int, step_timeout
         if device.type == "cuda":
             torch.cuda.set_device(device)
         store.set(store_key("joined", rank), str(os.getpid()))
-        comm = TPComm(store, rank, size, device, step_timeout_s)
-        worker = ModelWorker(cfg, comm.tp_group())
+        comm = TPComm(store, rank, size, device, step_timeout_s, tp, ep)
+        worker = ModelWorker(cfg, comm.tp_group(), comm.pipeline_stage())
         worker.allocate_kv_cache(comm.min_over_ranks(worker.available_kv_blocks()))
         expected = 0
         while True:

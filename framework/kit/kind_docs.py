@@ -227,6 +227,7 @@ def grade_kind(kind: str | None, page: Path, repo: Path) -> str:
              "where goodput is requests meeting every SLO they have per second"
              + (", of the scored clients only on a workload that names them (`fairness_flood`: `steady`)"
                 if any(w.scored_clients for w in workloads) else "")
+             + "".join(f", {t.label} is {t.about}" for t in score_rule(spec.name).terms if t.about)
              + "; a term whose figure is 0 or missing leaves the score undefined (`-`). The overall score is the "
              "geometric mean over the workloads (undefined if any is)."]
     if spec.name == "scheduler":
@@ -262,16 +263,35 @@ def context(kind: str | None, page: Path, repo: Path) -> str:
         lines.append(f"| `{f.name}` | `{_cell(_type(f))}` | {_cell(_default(f))} |")
         for word in re.findall(r"[A-Z]\w+", _type(f)):
             inner = getattr(plugin_api, word, None)
-            if word in plugin_api.__all__ and dataclasses.is_dataclass(inner) and word not in nested:
+            # a frozen dataclass the context holds (its fields), or a read-only view (its methods: ``*View``)
+            if (word in plugin_api.__all__ and (dataclasses.is_dataclass(inner) or word.endswith("View"))
+                    and word not in nested):
                 nested.append(word)
     props = [n for n, v in vars(cls).items() if isinstance(v, property)]
     if props:
         lines += ["", f"Also (properties): {_code(props)}."]
     for word in nested:
         inner = getattr(plugin_api, word)
-        lines += ["", f"`{word}` (frozen, `servelab.plugin_api`): "
-                  + ", ".join(f"`{f.name}: {_type(f)}`" for f in dataclasses.fields(inner)) + "."]
+        if dataclasses.is_dataclass(inner):
+            lines += ["", f"`{word}` (frozen, `servelab.plugin_api`): "
+                      + ", ".join(f"`{f.name}: {_type(f)}`" for f in dataclasses.fields(inner)) + "."]
+        else:  # a view the plugin calls: its methods and what each answers
+            lines += ["", f"`{word}` (read-only, `servelab.plugin_api`): {_prose(inner.__doc__)}", ""]
+            lines += [f"- `{name}{_signature(member)}`: {_prose(member.__doc__)}" for name, member in vars(inner).items()
+                      if not name.startswith("_") and inspect.isfunction(member)]
     return "\n".join(lines)
+
+
+def _signature(func) -> str:
+    """``(tier: int) -> int``: the method's parameters but ``self``, with their annotations as written."""
+    def text(annotation) -> str:  # a string under ``from __future__ import annotations``
+        return annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+
+    sig = inspect.signature(func)
+    params = ", ".join(p.name + ("" if p.annotation is p.empty else f": {text(p.annotation)}")
+                       for p in sig.parameters.values() if p.name != "self")
+    ret = sig.return_annotation
+    return f"({params})" + ("" if ret is sig.empty else f" -> {text(ret)}")
 
 
 def guides(_: str | None, page: Path, repo: Path) -> str:

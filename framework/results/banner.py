@@ -8,6 +8,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 
 from servelab.config.engine import engine_label
+from servelab.kv.tiers.store import TieredKVConnector
 
 
 def _gib(n: float) -> str:
@@ -36,6 +37,10 @@ def banner_lines(cfg: DictConfig, stack, output_dir: Path, logger_where: str) ->
         device = f"{cfg.backend.name} on {dev}, attention {ops}"
     if cfg.tensor_parallel_size > 1:
         device += f", tensor parallel x{cfg.tensor_parallel_size}"
+    if cfg.get("expert_parallel_size", 1) > 1:
+        device += f", experts split x{cfg.expert_parallel_size}"
+    if cfg.get("pipeline_parallel_size", 1) > 1:
+        device += f", pipeline stages x{cfg.pipeline_parallel_size}"
     blocks, bpb = executor.num_kv_blocks, executor.bytes_per_block
     auto = " (block_size=auto)" if getattr(stack, "block_size_auto", None) else ""
     pool = (f"{blocks:,} blocks x {limits.block_size}{auto} = {blocks * limits.block_size:,} tokens, "
@@ -64,7 +69,27 @@ def banner_lines(cfg: DictConfig, stack, output_dir: Path, logger_where: str) ->
     rows = [("model", f"{model}, {dtype}"), ("device", device), ("KV pool", pool), ("stack", stack_text)]
     if "engine" in cfg:  # every run names the engine it prices (the default: servelab)
         rows.append(("engine", engine_label(cfg.engine)))
+    tiers = tiers_line(cfg, stack.engine.connector, bpb)
+    if tiers:
+        rows.append(("KV tiers", tiers))
     return rows + [("workload", f"{cfg.workload.name}"), ("results", str(output_dir)), ("W&B", logger_where)]
+
+
+def tiers_line(cfg: DictConfig, connector, bytes_per_block: int) -> str | None:
+    """The KV tiers row (None: no tiers configured): the policy that runs, then each tier's size in
+    blocks and its link, and how loads meet the steps; tiers the policy leaves unused are said to be."""
+    node = cfg.get("kv_tiers")
+    if node is None or not node.tiers:
+        return None
+    policy = cfg.kv_tier_policy.name
+    if not isinstance(connector, TieredKVConnector):  # the policy stores nothing: no store was built
+        kinds = ", ".join(str(getattr(t.kind, "value", t.kind)) for t in node.tiers)
+        tiers = "tiers stay" if len(node.tiers) > 1 else "tier stays"
+        return f"kv_tier_policy={policy} stores nothing: the {kinds} {tiers} unused (kv_tiers={node.name})"
+    parts = [f"{t.kind}{' (shared)' if t.shared else ''} {t.num_blocks:,} blocks ({_gib(t.num_blocks * bytes_per_block)} per GPU), "
+             f"{t.read_gb_s:g}/{t.write_gb_s:g} GB/s read/write" for t in connector.tiers]
+    load = getattr(node.load, "value", node.load)
+    return f"kv_tier_policy={policy} over {'; '.join(parts)}; kv_tiers.load={load}"
 
 
 def cluster_line(cfg: DictConfig, cluster) -> tuple[str, str]:

@@ -64,6 +64,8 @@ def cluster_summary(cfg: DictConfig, replicas: Sequence[ReplicaCounts], reports:
         "model_time_s": totals.model_s,
         "comm_time_s": totals.comm_s,
         "tensor_parallel_size": cfg.tensor_parallel_size,
+        "expert_parallel_size": cfg.get("expert_parallel_size", 1),
+        "pipeline_parallel_size": cfg.get("pipeline_parallel_size", 1),
         **cluster_time(reports),
         **first.executor_summary,  # replica 0's ranks
         **({"block_size_auto": first.block_size_auto} if first.block_size_auto else {}),
@@ -80,7 +82,7 @@ def cluster_summary(cfg: DictConfig, replicas: Sequence[ReplicaCounts], reports:
     tiers = cluster_tier_figures([p.kv_tiers for p in reports], summary.get("num_finished") or 0,
                                  summary.get("ttft_ms") or {}, summary.get("queue_ms") or {})
     summary.update(tiers)
-    return RunResult(None, summary, [s for p in reports for s in p.steps], writer.path)
+    return RunResult(None, summary, [s for p in reports for s in p.steps], writer.path, [p.timeline for p in reports])
 
 
 GRAPH_COUNTS = ("cuda_graph_steps", "cuda_graph_tokens", "cuda_graph_padding_tokens")

@@ -32,6 +32,7 @@ class ReplicaReport:
     block_size_auto: dict | None = None
     steps: list = field(default_factory=list)  # its StepRecords (debug.log_steps)
     kv_tiers: dict = field(default_factory=dict)  # its KV tier figures ({}: no tiers)
+    timeline: dict = field(default_factory=dict)  # its StepTimeline's columns ({}: none kept)
 
     @classmethod
     def of(cls, stack: Stack, live: bool) -> "ReplicaReport":
@@ -42,4 +43,5 @@ class ReplicaReport:
                    executor.bytes_per_block, executor.num_swap_blocks, pool["kv_pool_blocks"], pool["kv_pool_bytes"],
                    engine.cost_model.swap_bytes_per_s or 0.0, engine.limits.block_size,
                    engine.cost_model.coefficients, executor.summary(), stack.describe_time(), stack.block_size_auto,
-                   list(engine.steps), replica_tier_report(engine.connector))
+                   list(engine.steps), replica_tier_report(engine.connector),
+                   engine.timeline.columns() if engine.timeline is not None else {})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import unicodedata
+from pathlib import Path
 from typing import Iterable
 
 from rich.console import Console
@@ -43,11 +44,42 @@ def print_summary(summary: dict, output_dir: str, console: Console | None = None
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         s = summary.get(key) or {}
         table.add_row(f"{key} mean / p50 / p99", " / ".join(_fmt(s.get(k)) for k in ("mean", "p50", "p99")))
+    _tier_rows(table, summary)
     _fairness_rows(table, summary)
     console.print(table)
     print_rejections(summary, console)
     # plain print: a path rich wraps over two lines cannot be copied
-    print(f"results: {output_dir}/requests.jsonl, summary.json", flush=True)
+    html, summary_file = Path(output_dir) / "report.html", Path(output_dir) / "summary.json"
+    fresh = html.is_file() and summary_file.is_file() and html.stat().st_mtime >= summary_file.stat().st_mtime
+    page = ", report.html" if fresh else ""  # report=true drew this run's page
+    print(f"results: {output_dir}/requests.jsonl, summary.json{page}", flush=True)
+
+
+def _count(v) -> str:
+    return f"{v:,}" if isinstance(v, int) else _fmt(v)
+
+
+def _tier_rows(table: Table, summary: dict) -> None:
+    """The KV tiers' figures (docs/metrics.md, "KV tiers"), when the run had a tiered store: its policy,
+    the hit rate over the prompt blocks the GPU cache missed, per tier the blocks loaded from it and
+    stored into it, and the load time (added to steps / hidden behind compute)."""
+    tiers = summary.get("kv_tiers")
+    if not tiers:
+        return
+    table.add_row("kv_tier_policy", str(summary.get("kv_tier_policy")))
+    table.add_row("kv_tier_hit_rate", _fmt(summary.get("kv_tier_hit_rate")))
+    per_block = summary.get("bytes_per_block") or 0
+    for tier in tiers:
+        stored = tier["written_bytes"] // per_block if per_block else None
+        table.add_row(f"kv_tiers.{tier['kind']} hit / loaded / stored",
+                      f"{_fmt(tier['hit_rate'])} / {_count(tier['hit_blocks'])} / {_count(stored)}")
+    table.add_row("kv_tier_requests_loaded", _count(summary.get("kv_tier_requests_loaded")))
+    table.add_row("kv_tier_load_added_s / hidden_s",
+                  f"{_fmt(summary.get('kv_tier_load_added_s'))} / {_fmt(summary.get('kv_tier_load_hidden_s'))}")
+    if summary.get("kv_tier_prefetch_blocks"):
+        table.add_row("kv_tier_prefetch_blocks used / wasted",
+                      f"{_count(summary['kv_tier_prefetch_used_blocks'])} / "
+                      f"{_count(summary['kv_tier_prefetch_wasted_blocks'])}")
 
 
 def _fairness_rows(table: Table, summary: dict, max_clients: int = 8) -> None:

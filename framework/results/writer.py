@@ -13,6 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, TextIO
 
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 from tqdm.autonotebook import tqdm as notebook_tqdm
@@ -34,11 +35,12 @@ class RunResult:
     """
 
     def __init__(self, requests: list[dict] | None, summary: dict, steps: list[StepRecord] | None = None,
-                 requests_path: Path | None = None) -> None:
+                 requests_path: Path | None = None, timelines: list[dict] | None = None) -> None:
         self._requests = requests
         self.summary = summary
         self.steps = steps if steps is not None else []
         self.requests_path = requests_path
+        self.timelines = timelines or []  # per replica: its StepTimeline's columns ({} where none came)
 
     @property
     def requests(self) -> list[dict]:
@@ -59,8 +61,8 @@ class RunResult:
         return {r["id"]: r for r in self.requests}
 
     def write(self, output_dir: str | Path, log_steps: bool = False) -> None:
-        """Write ``requests.jsonl`` (unless already streamed there), ``summary.json`` and (if
-        ``log_steps``) ``steps.jsonl``."""
+        """Write ``requests.jsonl`` (unless already streamed there), ``summary.json``, ``timeline.npz``
+        (:func:`write_timeline`) and (if ``log_steps``) ``steps.jsonl``."""
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
         target = out / "requests.jsonl"
@@ -69,10 +71,24 @@ class RunResult:
                 for rec in self.iter_requests():
                     fh.write(json.dumps(rec) + "\n")
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+        if any(self.timelines):
+            write_timeline(out / TIMELINE_FILE, self.timelines)
         if log_steps:
             with (out / "steps.jsonl").open("w") as fh:
                 for s in self.steps:
                     fh.write(json.dumps(asdict(s)) + "\n")
+
+
+TIMELINE_FILE = "timeline.npz"
+
+
+def write_timeline(path: Path, timelines: list[dict]) -> None:
+    """``timeline.npz``: replica ``i``'s column ``c`` (:mod:`servelab.engine.timeline`) as array ``r<i>.<c>``
+    (a one-engine run is replica 0); a replica without columns is left out."""
+    arrays = {f"r{i}.{name}": np.frombuffer(column, dtype=column.typecode) if len(column) else np.array([])
+              for i, columns in enumerate(timelines) for name, column in columns.items()}
+    with path.open("wb") as fh:  # a file object: numpy would append .npz to a name without it
+        np.savez_compressed(fh, **arrays)  # type: ignore[arg-type]  # mypy matches **arrays to allow_pickle: bool
 
 
 class _FloatText(dict):
@@ -169,10 +185,22 @@ def run_and_write(cfg: DictConfig, output_dir: Path, writer: RequestWriter, logg
         result = collect(status)
         result.write(output_dir, cfg.debug.log_steps)
         OmegaConf.save(recorded_config(cfg), output_dir / "config.yaml", resolve=True)  # a checkpoint's real shape
+        if cfg.get("report"):
+            write_report(output_dir)
         logger.finish(result.summary, result.iter_requests(), exit_code)
         if exit_code == 1:  # an error; the command line reports an interrupt or all-rejected run itself
             log.error("run %s; partial results written to %s", status, output_dir)
     return result
+
+
+def write_report(output_dir: Path) -> None:
+    """``report=true``: the run's page (:mod:`servelab.results.page`) in its folder, however the run ended."""
+    from servelab.results.page import write_page  # noqa: PLC0415 - matplotlib only when a page is asked for
+
+    try:
+        log.info("report: %s", write_page([output_dir], output_dir, "report=true"))
+    except Exception as exc:  # noqa: BLE001 - the results are written; a page that fails must not hide the run's end
+        log.warning("report=true: no page written: %s: %s", type(exc).__name__, exc)
 
 
 def drop_placeholder_tokens(rec: dict, seq) -> None:

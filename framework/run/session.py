@@ -75,7 +75,8 @@ def collect_results(engine: Engine, time_scale: float, status: str = "completed"
     }, fairness_weights)
     if "kv_tiers" in summary:
         summary["kv_tier_ttft_split_ms"] = ttft_split(summary, engine.connector)
-    return RunResult(records, summary, engine.steps, writer.path if writer else None)
+    return RunResult(records, summary, engine.steps, writer.path if writer else None,
+                     [engine.timeline.columns() if engine.timeline is not None else {}])
 
 
 def _memory_metrics(engine: Engine) -> dict:
@@ -151,7 +152,9 @@ def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | N
     def collect(status: str) -> RunResult:  # after the run: the executor's and time model's figures are final
         return collect_results(engine, cfg.workload.time_scale, status,
                                {"concurrency": workload_concurrency(cfg.workload),
-                                "tensor_parallel_size": cfg.tensor_parallel_size, **stack.describe_time(),
+                                "tensor_parallel_size": cfg.tensor_parallel_size,
+                                "expert_parallel_size": cfg.get("expert_parallel_size", 1),
+                                "pipeline_parallel_size": cfg.get("pipeline_parallel_size", 1), **stack.describe_time(),
                                 **({"block_size_auto": stack.block_size_auto} if stack.block_size_auto else {}),
                                 **stack.executor.summary(),
                                 "per_replica": [single_replica_figures(stack, cfg, writer.stats)]},

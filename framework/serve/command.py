@@ -27,6 +27,7 @@ from servelab.config import check_known_keys, recorded_config
 from servelab.assemble.preflight import check_device
 from servelab.results.loggers import RunLogger, make_logger
 from servelab.results.writable import writable_folder
+from servelab.results.writer import write_report
 from servelab.run.session import RequestWriter, collect_results
 from servelab.results.fairness import config_weights
 from servelab.cluster.build import is_cluster
@@ -224,12 +225,15 @@ def _write_results(cfg: DictConfig, stack: Stack, writer: RequestWriter | None, 
                              writer=writer, fairness_weights=config_weights(cfg))
     result.write(output_dir, cfg.debug.log_steps)
     OmegaConf.save(recorded_config(cfg), output_dir / "config.yaml", resolve=True)  # a checkpoint's real shape
+    if cfg.report:
+        write_report(output_dir)
     logger.finish(result.summary, result.iter_requests(), code)
     summary = result.summary
     print(f"servelab serve: {summary['num_requests']} requests ({summary['num_finished']} finished, "
           f"{summary['num_aborted']} aborted, {summary['num_rejected']} rejected), leaked blocks "
           f"{summary['leaked_blocks']}", file=sys.stderr, flush=True)
-    print(f"results: {output_dir}/requests.jsonl, summary.json", flush=True)  # the last line, as run.py's
+    page = ", report.html" if cfg.report and (output_dir / "report.html").is_file() else ""
+    print(f"results: {output_dir}/requests.jsonl, summary.json{page}", flush=True)  # the last line, as run.py's
 
 
 def _make_server_class():

@@ -40,24 +40,32 @@ class SimMemory:
 def plan_memory(shape: ModelShape, hardware: HardwareProfile, tp: int, weight_dtype_bytes: float,
                 kv_dtype_bytes: float, block_size: int, gpu_memory_utilization: float,
                 activation_reserve_gb: float, linear_weight_bytes: float | None = None,
-                kv_scale_bytes: float = 0.0) -> SimMemory:
+                kv_scale_bytes: float = 0.0, ep: int = 1, pp: int = 1) -> SimMemory:
     """The KV pool one rank can hold; raises :class:`ConfigError` when the weights do not fit.
 
     ``linear_weight_bytes`` / ``kv_scale_bytes``: quantised decoder linears and KV cache
-    (:class:`servelab.core.shapes.StorageBytes`)."""
-    shape.check_tp(tp)
+    (:class:`servelab.core.shapes.StorageBytes`). ``ep``: a MoE layer's experts split that many ways
+    over the ``tp`` ranks (the same bytes per rank). ``pp`` stages: each rank holds its stage's weights
+    and KV; one allocator's blocks hold on every stage, so the pool is the fewest any stage can hold
+    (the plan reports that stage's figures)."""
+    shape.check_parallel(tp, ep, pp)
     usable = hardware.memory_bytes * gpu_memory_utilization
-    weights = shape.weight_bytes_per_rank(weight_dtype_bytes, tp, linear_weight_bytes)
     reserve = activation_reserve_gb * 1e9
-    per_block = shape.kv_bytes_per_token(kv_dtype_bytes, tp, kv_scale_bytes) * block_size
-    kv = usable - weights - reserve
-    if kv < per_block:
-        raise ConfigError(
-            f"the weights do not fit: {weights / 1e9:.1f} GB per rank at tensor_parallel_size={tp} "
-            f"(+ {reserve / 1e9:.1f} GB activation reserve) but {hardware.name} offers {usable / 1e9:.1f} GB per rank "
-            f"({hardware.memory_gb:g} GB x gpu_memory_utilization={gpu_memory_utilization}); "
-            "raise tensor_parallel_size or pick larger hardware")
-    return SimMemory(hardware.memory_bytes, usable, weights, reserve, kv, per_block, int(kv // per_block))
+    plans = []
+    for index, layers in enumerate(shape.stage_layers(pp)):
+        weights = shape.weight_bytes_per_rank(weight_dtype_bytes, tp, linear_weight_bytes, pp, index)
+        per_block = shape.kv_bytes_per_token(kv_dtype_bytes, tp, kv_scale_bytes, len(layers)) * block_size
+        kv = usable - weights - reserve
+        if kv < per_block:
+            at = f"tensor_parallel_size={tp}" + (f" (pipeline stage {index} of {pp})" if pp > 1 else "")
+            raise ConfigError(
+                f"the weights do not fit: {weights / 1e9:.1f} GB per rank at {at} "
+                f"(+ {reserve / 1e9:.1f} GB activation reserve) but {hardware.name} offers {usable / 1e9:.1f} GB per "
+                f"rank ({hardware.memory_gb:g} GB x gpu_memory_utilization={gpu_memory_utilization}); "
+                "raise tensor_parallel_size" + (" or pipeline_parallel_size" if shape.num_layers > pp else "")
+                + " or pick larger hardware")
+        plans.append(SimMemory(hardware.memory_bytes, usable, weights, reserve, kv, per_block, int(kv // per_block)))
+    return min(plans, key=lambda p: p.num_blocks)
 
 
 def sim_spec(shape: ModelShape, name: str) -> ModelSpec:

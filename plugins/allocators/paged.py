@@ -84,6 +84,9 @@ class PagedAllocator(BlockAllocator):
         # Told (digest, block id) of each cached block the pool gives up, before the block is reused and
         # while it still holds that KV (tiers below the GPU spill it: servelab.kv.tiers.store).
         self.evict_listeners: list[Callable[[bytes, int], None]] = []
+        # Told the digests of the cached blocks each admission reuses (a KV tier policy reads their GPU-side
+        # reuse counts: servelab.kv.tiers.view); called once per admission that hits.
+        self.hit_listeners: list[Callable[[list[bytes]], None]] = []
 
     # ---- the interface ------------------------------------------------------------------
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
@@ -139,6 +142,7 @@ class PagedAllocator(BlockAllocator):
         table = self.tables.setdefault(seq.id, [])
         held = len(table)
         hashes = self.hashes.setdefault(seq.id, [])
+        first = len(hashes)
         for h in self._prompt_digests(seq):
             block = self.cached.get(h)
             if block is None:
@@ -152,6 +156,9 @@ class PagedAllocator(BlockAllocator):
                 raise self._evictor_error("on_hit", block, exc) from exc
             table.append(block)
             hashes.append(h)
+        if self.hit_listeners and len(hashes) > first:
+            for listener in self.hit_listeners:
+                listener(hashes[first:])
         self._table_blocks += len(table) - held
         cached_tokens = len(table) * self.block_size
         self._total_slots_used += cached_tokens

@@ -17,12 +17,45 @@ import torch.nn.functional as F
 
 @dataclass
 class TPGroup:
-    """This process's place in the tensor-parallel group and its collectives."""
+    """This process's place in the tensor-parallel group and its collectives; ``ep_size``: how many
+    ways a mixture-of-experts layer splits its experts over the group (``expert_parallel_size``)."""
 
     rank: int = 0
     size: int = 1
     all_reduce: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
     all_gather_last_dim: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
+    ep_size: int = 1
+
+
+def _no_send(t: torch.Tensor) -> None:
+    raise RuntimeError("a single pipeline stage has no neighbour")
+
+
+def _no_recv(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    raise RuntimeError("a single pipeline stage has no neighbour")
+
+
+@dataclass
+class PipelineStage:
+    """This process's pipeline stage, ``index`` of ``size`` (its layers: vLLM's split,
+    :func:`servelab.core.parallel_layout.pipeline_stages`), and the point-to-point links: ``send`` hidden states
+    to the next stage, ``recv`` them from the previous one, ``send_logits`` from the last stage to
+    rank 0, ``recv_logits`` there."""
+
+    index: int = 0
+    size: int = 1
+    send: Callable[[torch.Tensor], None] = _no_send
+    recv: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] = _no_recv
+    send_logits: Callable[[torch.Tensor], None] = _no_send
+    recv_logits: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] = _no_recv
+
+    @property
+    def first(self) -> bool:
+        return self.index == 0
+
+    @property
+    def last(self) -> bool:
+        return self.index == self.size - 1
 
 
 class RMSNorm(nn.Module):

@@ -1,4 +1,5 @@
-"""The Llama-family decoder (Llama 1/2/3, Mistral, Qwen2, Qwen3) over a paged KV cache.
+"""The Llama-family decoder (Llama 1/2/3, Mistral, Qwen2, Qwen3; Mixtral and Qwen3-MoE with
+:class:`~servelab.exec.model.moe.SparseMoE` MLPs) over a paged KV cache.
 
 All tokens of a step arrive flattened into one varlen batch (no padding); attention reads and
 writes the paged cache through the selected :class:`~servelab.kernels.AttentionOps`.
@@ -13,9 +14,11 @@ from torch import nn
 import torch.nn.functional as F
 
 from servelab.kernels import AttentionOps
-from servelab.exec.model.layers import (ColumnParallelLinear, ParallelLMHead, RMSNorm, Rotary, RowParallelLinear, TPGroup,
-                     VocabParallelEmbedding)
+from servelab.exec.model.layers import (ColumnParallelLinear, ParallelLMHead, PipelineStage, RMSNorm, Rotary,
+                                        RowParallelLinear, TPGroup, VocabParallelEmbedding)
 from servelab.core.model_spec import ModelSpec
+from servelab.core.parallel_layout import pipeline_stages
+from servelab.exec.model.moe import SparseMoE
 
 
 @dataclass
@@ -79,12 +82,12 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, tp: TPGroup, rotary: Rotary) -> None:
+    def __init__(self, spec: ModelSpec, tp: TPGroup, rotary: Rotary, index: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.self_attn = Attention(spec, tp, rotary)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.mlp = MLP(spec, tp)
+        self.mlp = SparseMoE(spec, tp) if spec.is_moe_layer(index) else MLP(spec, tp)
 
     def forward(self, positions, x, kv_cache, meta, ops):
         x = x + self.self_attn(positions, self.input_layernorm(x), kv_cache, meta, ops)
@@ -92,27 +95,42 @@ class DecoderLayer(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """Parameter names follow HF (``model.layers.N.self_attn...``) with q/k/v and gate/up fused."""
+    """Parameter names follow HF (``model.layers.N.self_attn...``) with q/k/v and gate/up fused.
 
-    def __init__(self, spec: ModelSpec, tp: TPGroup, max_positions: int) -> None:
+    A pipeline ``stage`` holds only its layers (the others are empty placeholders, so names keep their
+    index), the embedding on the first stage, the final norm and LM head on the last (a tied LM head
+    is a copy of the embedding there)."""
+
+    def __init__(self, spec: ModelSpec, tp: TPGroup, max_positions: int, stage: PipelineStage | None = None) -> None:
         super().__init__()
         self.spec = spec
         self.tp = tp
+        self.stage = stage = stage or PipelineStage()
+        self.local_layers = pipeline_stages(spec.num_layers, stage.size)[stage.index]
         inv_freq, scaling = rope_frequencies(spec)
         rotary = Rotary(inv_freq, scaling, max_positions)
-        self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, tp)
-        self.layers = nn.ModuleList(DecoderLayer(spec, tp, rotary) for _ in range(spec.num_layers))
-        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.lm_head = ParallelLMHead(self.embed_tokens if spec.tie_word_embeddings else None,
-                                      spec.vocab_size, spec.hidden_size, tp)
+        self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, tp) if stage.first else None
+        self.layers = nn.ModuleList(DecoderLayer(spec, tp, rotary, i) if i in self.local_layers else nn.Identity()
+                                    for i in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps) if stage.last else None
+        tied = self.embed_tokens if spec.tie_word_embeddings else None
+        self.lm_head = ParallelLMHead(tied, spec.vocab_size, spec.hidden_size, tp) if stage.last else None
         self.rotary = rotary
 
     @torch.inference_mode()
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata, ops: AttentionOps):
-        """Run every layer over the flattened batch; returns the final hidden states ``[T, hidden]``."""
-        x = self.embed_tokens(input_ids)
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(positions, x, kv_cache, meta, ops)
+        """Run this stage's layers over the flattened batch (``kv_caches``: theirs, in order); returns the
+        final hidden states ``[T, hidden]`` on the last stage, None on the others (they send theirs on)."""
+        stage = self.stage
+        if stage.first:
+            x = self.embed_tokens(input_ids)
+        else:
+            x = stage.recv((input_ids.shape[0], self.spec.hidden_size), next(self.parameters()).dtype)
+        for i, kv_cache in zip(self.local_layers, kv_caches):
+            x = self.layers[i](positions, x, kv_cache, meta, ops)
+        if not stage.last:
+            stage.send(x)
+            return None
         return self.norm(x)
 
     @torch.inference_mode()

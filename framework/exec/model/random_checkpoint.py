@@ -18,7 +18,28 @@ CONFIG_CLASSES = {
     "MistralForCausalLM": "MistralConfig",
     "Qwen2ForCausalLM": "Qwen2Config",
     "Qwen3ForCausalLM": "Qwen3Config",
+    "MixtralForCausalLM": "MixtralConfig",
+    "Qwen3MoeForCausalLM": "Qwen3MoeConfig",
 }
+ROUTER_STD = 0.5  # router weights: decisive routing (HF starts them at zero: every expert would tie)
+
+
+def moe_config_kwargs(architecture: str, num_experts: int, num_experts_per_tok: int, moe_intermediate_size: int,
+                      moe_layer_step: int = 1, norm_topk_prob: bool = True) -> dict:
+    """``model.*``'s MoE fields under the architecture's ``config.json`` names (Mixtral's experts are
+    ``intermediate_size`` wide and always renormalise; it has no dense layers)."""
+    if architecture == "MixtralForCausalLM":
+        if moe_layer_step != 1 or not norm_topk_prob:
+            raise ValueError("MixtralForCausalLM: every layer is MoE and renormalises its top-k weights "
+                             "(model.moe_layer_step=1, model.norm_topk_prob=true)")
+        return {"num_local_experts": num_experts, "num_experts_per_tok": num_experts_per_tok,
+                "intermediate_size": moe_intermediate_size}
+    if architecture == "Qwen3MoeForCausalLM":
+        return {"num_experts": num_experts, "num_experts_per_tok": num_experts_per_tok,
+                "moe_intermediate_size": moe_intermediate_size, "decoder_sparse_step": moe_layer_step,
+                "norm_topk_prob": norm_topk_prob}
+    raise ValueError(f"{architecture} is not a mixture-of-experts architecture; MoE ones: MixtralForCausalLM, "
+                     "Qwen3MoeForCausalLM")
 
 
 def default_cache_dir() -> Path:
@@ -40,6 +61,8 @@ def write_random_checkpoint(path: str | Path, architecture: str = "LlamaForCausa
         for name, param in model.named_parameters():
             if "norm" in name:
                 param.normal_(1.0, 0.2)
+            elif name.endswith("gate.weight") and param.dim() == 2:  # a MoE router
+                param.normal_(0.0, ROUTER_STD)
             elif name.endswith("bias"):
                 param.normal_(0.0, 0.2)
     path = Path(path)
