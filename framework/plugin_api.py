@@ -14,7 +14,9 @@ Eager and light: importing it loads no torch, Hydra or OmegaConf (``tests/test_p
   :class:`PredictorContext`, :class:`Evictor` / :class:`EvictorContext` (with the
   :class:`CachedBlock` events it receives), :class:`Router` / :class:`RouterContext` (with the
   :class:`ReplicaView` s it places among), :class:`Executor` / :class:`ExecutorContext`; the
-  :class:`KVConnector` by which KV enters or leaves an engine; :class:`KVTierPolicy` /
+  :class:`KVConnector` by which KV enters or leaves an engine and the ``kv_connector`` kind's
+  :class:`KVConnectorPlugin` / :class:`KVConnectorContext` (with the :class:`KVClusterLink` of a
+  cluster's replica); :class:`KVTierPolicy` /
   :class:`KVTierPolicyContext` (with the :class:`TierSpec` s and :class:`TierBlock` s it decides on, and the
   :class:`TierView` it reads the tiers' occupancy and the GPU's reuse counts from);
 - the data they exchange: :class:`Request`, :class:`SamplingParams`, :class:`Sequence`,
@@ -46,7 +48,7 @@ from typing import NoReturn
 
 from servelab.core.batch import StepBatch
 from servelab.core.contexts import (AllocatorContext, DrafterContext, EvictorContext, ExecutorContext,
-                                    KVTierPolicyContext, PredictorContext, PreemptionContext, RouterContext, SchedulerContext,
+                                    KVClusterLink, KVConnectorContext, KVTierPolicyContext, PredictorContext, PreemptionContext, RouterContext, SchedulerContext,
                                     TimeModelContext)
 from servelab.core.cost_model import StepCostModel, StepFeatures
 from servelab.core.errors import ConfigError
@@ -58,6 +60,7 @@ from servelab.core.interfaces import (BlockAllocator, CachedBlock, Drafts, Engin
                                       ScheduledSeq, SchedulePlan, Scheduler, SpeculativeDrafter, TimeModel)
 from servelab.core.kinds import KINDS, KindSpec, register_kind
 from servelab.core.kv_connector import KVConnector
+from servelab.core.kv_connector_plugin import KVConnectorPlugin
 from servelab.core.kv_tiers import KVTierPolicy, TierBlock, TierSpec
 from servelab.core.tier_view import TierView
 from servelab.core.packaged import PACKAGED_CHECKPOINTS
@@ -74,6 +77,7 @@ __all__ = [
     "PreemptionPolicy", "PreemptionContext", "SpeculativeDrafter", "DrafterContext", "TimeModel",
     "TimeModelContext", "LengthPredictor", "PredictorContext", "Evictor", "EvictorContext", "CachedBlock",
     "Router", "RouterContext", "ReplicaView", "Executor", "ExecutorContext", "KVConnector",
+    "KVConnectorPlugin", "KVConnectorContext", "KVClusterLink",
     "KVTierPolicy", "KVTierPolicyContext", "TierSpec", "TierBlock", "TierView",
     # the data they exchange
     "Request", "SamplingParams", "Sequence", "Status", "SchedulePlan", "ScheduledSeq", "PreemptionDecision",

@@ -53,9 +53,25 @@ def model_path(cfg: DictConfig) -> str:
 
 
 def _swap_pool(cfg: DictConfig, registry: Registry | None = None) -> tuple[int, float | None]:
-    """(num_swap_blocks, swap_space_gb): configured, or the default pool of a policy that swaps."""
-    policy = (registry or default_registry()).get("preemption", cfg.preemption.name)
-    return swap_pool_config(cfg, getattr(policy, "uses_host_pool", False))
+    """(num_swap_blocks, swap_space_gb): configured, or the default pool of a policy that swaps; with
+    tiers on, the host memory it shares with the host tier."""
+    registry = registry or default_registry()
+    policy = registry.get("preemption", cfg.preemption.name)
+    return swap_pool_config(cfg, getattr(policy, "uses_host_pool", False), shared_host_tier(cfg, registry))
+
+
+def shared_host_tier(cfg: DictConfig, registry: Registry | None = None) -> tuple[int, float] | None:
+    """``(index, capacity_gib)`` of the host tier the swap pool shares one host memory with: tiers on (a
+    ``kv_tier_policy`` that stores) and a host tier of this engine's own (not a cluster's shared one)."""
+    node = cfg.get("kv_tiers")
+    if node is None or "kv_tier_policy" not in cfg:
+        return None
+    if not (registry or default_registry()).get("kv_tier_policy", cfg.kv_tier_policy.name).stores:
+        return None
+    for i, tier in enumerate(node.tiers):
+        if str(getattr(tier.kind, "value", tier.kind)) == "host" and not tier.shared:
+            return i, float(tier.capacity_gib)
+    return None
 
 
 def worker_config(cfg: DictConfig, registry: Registry | None = None) -> WorkerConfig:

@@ -15,14 +15,17 @@ from servelab.core.cost_model import StepCostModel
 from servelab.core.errors import ConfigError
 from servelab.engine.engine import Engine
 from servelab.engine.frontend import DelayedArrivals, FrontEnd
-from servelab.core.contexts import PredictorContext, TimeModelContext
+from servelab.core.contexts import EngineClock, KVClusterLink, KVConnectorContext, PredictorContext, TimeModelContext
 from servelab.core.executor import Executor
 from servelab.core.interfaces import EngineLimits, TimeModel
 from servelab.core.kinds import KindSpec, build_context, build_order, instantiate
 from servelab.core.registry import Registry, default_registry
 from servelab.core.shapes import ModelShape
 from servelab.config.engine import engine_host, engine_summary
-from servelab.kv.tiers.build import kv_tier_specs, tier_load_clock, tiered_store
+from servelab.kv.connectors import build_kv_connector, find_part
+from servelab.kv.tiers.build import kv_tier_specs, tier_load_clock, tiers_wanted
+from servelab.kv.tiers.host_memory import host_memory
+from servelab.kv.tiers.store import TieredKVConnector
 from servelab.kv.tiers.view import StoreView
 from servelab.assemble.block_size import resolve_block_size
 from servelab.workloads.arrivals import arrival_source, is_closed_loop
@@ -63,15 +66,19 @@ class Stack:
 
 
 def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Executor | None = None,
-                clock=None, requests=None, connector=None, shared_tiers=None) -> Stack:
+                clock=None, requests=None, connector=None, shared_tiers=None,
+                cluster: KVClusterLink | None = None) -> Stack:
     """Validate ``cfg``, build the executor (unless given) and every engine-scope plugin kind in
     the order their contexts need (:func:`servelab.core.kinds.build_order`), and wire the engine.
 
     Each plugin is ``cls(config, context)``, its context filled by field name from the run's values
     and the plugins built before it. ``block_size=auto`` is resolved first (``cfg.block_size`` becomes
     the chosen size) from ``requests`` (the run's; built from ``cfg.workload`` when None).
-    ``connector``: the KV connector through which KV enters or leaves this engine (None: none).
-    ``shared_tiers``: a cluster's shared KV tiers (:class:`servelab.kv.tiers.shared.SharedTiers`)."""
+    The KV connector is the ``kv_connector`` kind's (:mod:`servelab.kv.connectors`: the cluster's
+    hand-off, the tiers ``kv_tiers`` configures, the selected one; composed through ``multi`` when
+    several); ``connector``: one the caller built, asked first. ``cluster``: this engine's place in a
+    cluster (:class:`~servelab.core.contexts.KVClusterLink`: its index, role, the KV transport and the
+    shared tiers); ``shared_tiers``: the shared tiers alone (a cluster without a hand-off)."""
     validate(cfg)
     auto = resolve_block_size(cfg, model_shape(cfg), requests) if cfg.block_size == "auto" else None
     registry = registry or default_registry()
@@ -95,34 +102,50 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
         num_scheduler_steps=cfg.get("num_scheduler_steps", 1),
         ttft_slo_ms=cfg.slo.ttft_ms, tpot_slo_ms=cfg.slo.tpot_ms)
     cost_model = StepCostModel(bytes_per_block=executor.bytes_per_block)
+    if cluster is None and shared_tiers is not None:
+        cluster = KVClusterLink(shared_tiers=shared_tiers)
+    tiers = kv_tier_specs(cfg, executor.bytes_per_block, cluster.shared_tiers if cluster is not None else None)
+    wants_tiers = tiers_wanted(cfg, classes["kv_tier_policy"], tiers)
+    memory = host_memory(tiers, executor) if wants_tiers else None
+    engine_clock = EngineClock()
     available: dict = {
         "limits": limits, "cost_model": cost_model, "executor": executor, "connector": connector,
         "num_blocks": executor.num_kv_blocks, "block_size": cfg.block_size,
         "num_swap_blocks": executor.num_swap_blocks, "seed": cfg.seed, "max_model_len": max_model_len,
+        "kv_tiers": tiers, "bytes_per_block": executor.bytes_per_block, "kv_pool": executor.kv_pool,
+        "clock": engine_clock, "cluster": cluster, "kv_tier_disk_dir": _disk_dir(cfg),
+        "kv_tier_load": _tier_load(cfg),
+        "computes_tokens": executor.computes_tokens, "at_close": executor.at_shutdown,
+        "host_memory": memory, "host_blocks": memory.swap_slots() if memory is not None else None,
     }
-    tiers = kv_tier_specs(cfg, executor.bytes_per_block, shared_tiers)
-    store = tiered_store(cfg, classes["kv_tier_policy"], tiers, executor, connector, shared_tiers)
-    tier_view = StoreView(store) if store is not None else None
-    if store is not None:
-        connector = available["connector"] = store
+    tier_view = StoreView(None) if wants_tiers else None  # the policy's view: the store, once built
+    if tier_view is not None:
         available["tier_view"] = tier_view
-    available.update(kv_tiers=tiers, bytes_per_block=executor.bytes_per_block)
-    prebuilt = {TimeModelContext: time_model_context(cfg, executor),
+    if memory is not None:  # the swap pool is the host memory's blocks
+        available["num_swap_blocks"] = memory.num_blocks
+    prebuilt = {TimeModelContext: time_model_context(cfg, executor, memory.link_gb_s if memory is not None else None),
                 PredictorContext: PredictorContext(
                     model_name=cfg.model.name, model_path=None if cfg.model.path is None else str(cfg.model.path),
                     vocab_size=executor.spec.vocab_size, max_model_len=max_model_len, seed=cfg.seed)}
     plugins: dict = {}
     for kind in kinds:
         context = prebuilt.get(kind.context) or build_context(kind, available)
-        plugins[kind.name] = available[kind.name] = _build(kind, classes[kind.name], configs[kind.name], context, cfg)
+        if kind.name == "kv_connector":  # none, one, or several composed: servelab.kv.connectors
+            assert isinstance(context, KVConnectorContext)
+            plugins[kind.name] = build_kv_connector(cfg, registry, context, wants_tiers, given=connector)
+        else:
+            plugins[kind.name] = _build(kind, classes[kind.name], configs[kind.name], context, cfg)
+        available[kind.name] = plugins[kind.name]
+        available.update({alias: plugins[kind.name] for alias in kind.provides})
         if kind.name == "time_model":
             # On the virtual clock the host link is the time model's, not a copy timed now on this machine.
             _swap_bandwidth(cfg, executor, cost_model, plugins["time_model"].swap_bytes_per_s()
                             if clock_mode == "virtual" and clock is None else None)
-    if store is not None:
-        store.bind(plugins["kv_tier_policy"], plugins["allocator"])
-        assert tier_view is not None
-        tier_view.attach(plugins["allocator"])  # bind() checked it is a paged allocator with a prefix cache
+    connector = plugins["kv_connector"]
+    store = find_part(connector, TieredKVConnector)
+    if store is not None and tier_view is not None:
+        tier_view.store = store
+        tier_view.attach(plugins["allocator"])  # the store's bind() checked it is a paged allocator with a prefix cache
     drafter = plugins["drafter"]
     if drafter.num_speculative_tokens and not executor.computes_tokens:
         raise ConfigError(f"drafter={cfg.drafter.name}: backend={cfg.backend.name} computes no tokens, so there is "
@@ -141,12 +164,23 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
         store.watch(lambda: [*getattr(scheduler, "kv_waiting", ()), *getattr(scheduler, "waiting", ())], clock.now if clock_mode == "virtual" else None)
     engine = Engine(limits, plugins["scheduler"], plugins["allocator"], executor, cost_model, seed=cfg.seed,
                     clock=clock, drafter=drafter, **({"connector": connector} if connector is not None else {}))
+    engine_clock.bind(engine.now)
     engine.fast_forward_enabled = bool(cfg.sim.fast_forward)
     if frontend.delays_tokens:
         engine.frontend = frontend
     return Stack(engine, executor, limits, plugins["time_model"], clock_mode,
                  {"chosen": auto.chosen, "reason": auto.reason} if auto else None, plugins,
                  engine_summary(cfg.engine) if "engine" in cfg else None)
+
+
+def _disk_dir(cfg: DictConfig) -> str | None:
+    node = cfg.get("kv_tiers")
+    return node.get("disk_dir") if node is not None else None
+
+
+def _tier_load(cfg: DictConfig) -> str:
+    node = cfg.get("kv_tiers")
+    return str(option_value(node.load)) if node is not None else "overlap"
 
 
 def frontend_model(cfg: DictConfig) -> FrontEnd:
@@ -214,12 +248,17 @@ def _draft_model_path(cfg: DictConfig, drafter_class, drafter_config) -> str | N
     return drafter_class.model_path(drafter_config, model_path(cfg))
 
 
-def time_model_context(cfg: DictConfig, executor: Executor) -> TimeModelContext:
+def time_model_context(cfg: DictConfig, executor: Executor, host_link_gb_s: float | None = None) -> TimeModelContext:
+    """``host_link_gb_s``: the host link swaps cross when they share the host tier's memory (its
+    bandwidth: one pricing); None: the hardware's."""
     shape = executor.shape
+    hardware = hardware_profile(cfg)
+    if host_link_gb_s is not None:
+        hardware = dataclasses.replace(hardware, host_link_gb_s=host_link_gb_s)
     dtype = option_value(cfg.model.dtype)
     name = cfg.model.name if cfg.model.path is None else str(cfg.model.path)
     sizes = storage_bytes(cfg)
-    return TimeModelContext(shape=shape, hardware=hardware_profile(cfg), tensor_parallel_size=cfg.tensor_parallel_size,
+    return TimeModelContext(shape=shape, hardware=hardware, tensor_parallel_size=cfg.tensor_parallel_size,
                             dtype=dtype, weight_dtype_bytes=sizes.weight, kv_dtype_bytes=sizes.kv,
                             block_size=cfg.block_size, model_name=name, linear_weight_bytes=sizes.linear,
                             kv_scale_bytes=sizes.kv_scale, draft_shape=_draft_shape(executor),

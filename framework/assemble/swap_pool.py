@@ -5,6 +5,11 @@
 policy uses one (``uses_host_pool = True`` on its class: ``swap``, ``adaptive``); then
 ``DEFAULT_SWAP_SPACE_GB`` (vLLM's ``swap_space`` default), capped at ``FREE_FRACTION`` of the
 host memory free now (``backend=torch`` only: the simulator allocates nothing).
+
+With tiers on (a host tier below the GPU and a ``kv_tier_policy`` that stores) the swap pool and the
+host tier are one host memory (:mod:`servelab.kv.tiers.host_memory`): a pool is the host tier's
+``capacity_gib``, and a size of its own (``backend.num_swap_blocks`` / ``swap_space_gb`` above 0) is
+refused in one line. With tiers off nothing here changes.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import logging
 import os
 
 from omegaconf import DictConfig
+
+from servelab.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +51,20 @@ def host_free_bytes() -> int | None:
     return free
 
 
-def swap_pool_config(cfg: DictConfig, uses_host_pool: bool) -> tuple[int, float | None]:
-    """``(num_swap_blocks, swap_space_gb)`` for the executor (it turns GiB into blocks)."""
+def swap_pool_config(cfg: DictConfig, uses_host_pool: bool,
+                     host_tier: tuple[int, float] | None = None) -> tuple[int, float | None]:
+    """``(num_swap_blocks, swap_space_gb)`` for the executor (it turns GiB into blocks);
+    ``host_tier``: ``(index, capacity_gib)`` of the host tier the pool shares its memory with (tiers on)."""
     backend = cfg.backend
+    if host_tier is not None:
+        index, gib = host_tier
+        for key in ("num_swap_blocks", "swap_space_gb"):
+            if backend.get(key):
+                raise ConfigError(f"backend.{key}={backend[key]} with kv_tiers={cfg.kv_tiers.name}: swap-out and the "
+                                  f"host tier share one host memory, sized by kv_tiers.tiers.{index}.capacity_gib={gib}; "
+                                  f"drop backend.{key}")
+        explicit_none = backend.get("num_swap_blocks") == 0 or backend.get("swap_space_gb") == 0
+        return (0, None) if explicit_none or not uses_host_pool else (0, gib)
     if backend.get("num_swap_blocks") is not None:
         return backend.num_swap_blocks, None
     if backend.get("swap_space_gb") is not None:

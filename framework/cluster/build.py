@@ -14,6 +14,7 @@ from servelab.kv.pd.sim import PDTransfers
 from servelab.cluster.replica import Replica
 from servelab.kv.link import kv_link
 from servelab.cluster.router import build_router
+from servelab.core.contexts import KVClusterLink
 from servelab.core.errors import ConfigError
 from servelab.core.registry import Registry, default_registry
 from servelab.core.shapes import HardwareProfile, ModelShape
@@ -120,7 +121,7 @@ def build_cluster(cfg: DictConfig, requests=None, registry: Registry | None = No
     pools = cluster_pools(cfg)
     stacks: list[Stack] = []
     replicas: list[Replica] = []
-    transfers = PDTransfers() if c.prefill_replicas is not None else None  # every replica's KV connector
+    transfers = PDTransfers() if c.prefill_replicas is not None else None  # kv_connector=pd_sim's books
     shared_tiers = SharedTiers.of(cfg)  # one book per shared KV tier, for every replica
     gpu = 0
     try:
@@ -132,8 +133,9 @@ def build_cluster(cfg: DictConfig, requests=None, registry: Registry | None = No
             for _ in range(count):
                 if gpu % c.gpus_per_node + tp > c.gpus_per_node:  # it would straddle two nodes: next node
                     gpu += c.gpus_per_node - gpu % c.gpus_per_node
-                connector = transfers.endpoint(len(replicas), role) if transfers is not None else None
-                stack = build_stack(pcfg, registry, requests=requests, connector=connector, shared_tiers=shared_tiers)
+                link = KVClusterLink(len(replicas), role, transfers, "pd_sim" if transfers is not None else "",
+                                     shared_tiers)
+                stack = build_stack(pcfg, registry, requests=requests, cluster=link)
                 stacks.append(stack)
                 replicas.append(Replica(len(replicas), stack.engine, pcfg.hardware.name, gpu, role=role,
                                         tensor_parallel_size=tp))

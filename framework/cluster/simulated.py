@@ -35,6 +35,7 @@ from servelab.core.interfaces import Router
 from servelab.core.request import Request, Sequence
 from servelab.engine.arrival_source import ArrivalSource, OpenLoop
 from servelab.kv.link import KVLink
+from servelab.kv.connectors import parts
 from servelab.kv.pd.sim import PDTransfers
 from servelab.results.cluster_summary import KVTransferSums
 
@@ -58,8 +59,9 @@ class Cluster:
         self.protocol: ClusterProtocol[Replica] = ClusterProtocol(replicas, router)
         self.replicas = replicas
         self.mixed, self.prefill, self.decode = self.protocol.mixed, self.protocol.prefill, self.protocol.decode
-        if self.prefill and (transfers is None or any(r.engine.connector is not transfers.endpoints.get(r.index)
-                                                      for r in self.prefill + self.decode)):
+        if self.prefill and (transfers is None or any(
+                not any(p is transfers.endpoints.get(r.index) for p in parts(r.engine.connector))
+                for r in self.prefill + self.decode)):
             raise ValueError("a disaggregated cluster's engines are built with the connectors of its PDTransfers "
                              "(servelab.cluster.build does this)")
         self.kv = transfers if transfers is not None else PDTransfers()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextvars
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from servelab.core.tier_view import TierView
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from servelab.core.interfaces import (BlockAllocator, EngineLimits, Evictor, LengthPredictor, PreemptionPolicy,
                                           ReplicaView)
     from servelab.core.kv_connector import KVConnector
-    from servelab.core.kv_tiers import TierSpec
+    from servelab.core.kv_tiers import KVTierPolicy, TierSpec
     from servelab.core.shapes import HardwareProfile, ModelShape
 
 
@@ -49,13 +49,16 @@ class SchedulerContext:
 class AllocatorContext:
     """An allocator's pool: ``num_blocks`` device blocks of ``block_size`` tokens, the host swap
     pool (``num_swap_blocks``, 0 = none), the run's limits, and the evictor a prefix cache asks
-    which cached block to give up (None: the allocator's own default)."""
+    which cached block to give up (None: the allocator's own default). ``host_blocks``: with tiers
+    on, the swap pool's free blocks as the host memory it shares with the host tier hands them out
+    (``len``, ``popleft``, ``extend``; None: the allocator's own ``range(num_swap_blocks)``)."""
 
     num_blocks: int
     block_size: int
     limits: "EngineLimits"
     evictor: "Evictor | None" = None
     num_swap_blocks: int = 0
+    host_blocks: Any = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,72 @@ class KVTierPolicyContext:
     @property
     def tiers(self) -> "tuple[TierSpec, ...]":
         return self.kv_tiers
+
+
+class EngineClock:
+    """The engine's time as a KV connector reads it: :meth:`now` in engine seconds (those of its
+    requests' timestamps), 0 until the stack binds it to the engine it built."""
+
+    def __init__(self) -> None:
+        self._now: "Callable[[], float] | None" = None
+
+    def bind(self, now: "Callable[[], float]") -> None:
+        self._now = now
+
+    def now(self) -> float:
+        return self._now() if self._now is not None else 0.0
+
+
+@dataclass(frozen=True)
+class KVClusterLink:
+    """An engine's place in a cluster, as its KV connector sees it: the replica's ``index`` and
+    ``role`` (``mixed``, ``prefill`` or ``decode``), the cluster's KV ``transport`` between replicas
+    (the simulator's :class:`~servelab.kv.pd.sim.PDTransfers`, an in-process
+    :class:`~servelab.kv.pd.local.LocalKVLink`, an engine process's
+    :class:`~servelab.kv.pd.process.ProcessLink`; None: no hand-off), the name of the ``kv_connector``
+    built-in that hands KV over that transport (``pd_sim``, ``pd_local``, ``pd_process``; "" for none)
+    and the cluster's shared KV tiers (:class:`~servelab.kv.tiers.shared.SharedTiers`; None: none)."""
+
+    index: int = 0
+    role: str = "mixed"
+    transport: Any = None
+    hand_off: str = ""
+    shared_tiers: Any = None
+
+
+@dataclass(frozen=True)
+class KVConnectorContext:
+    """What a KV connector (``kv_connector=<name>``) is built for; a field is None where the run
+    has no such thing.
+
+    ``block_events``: the allocator whose block events a connector may subscribe to (a prefix block
+    stored, hit, evicted); ``kv_pool``: the device KV pool the executor exposes
+    (``Executor.kv_pool``: ``data[layers, 2, blocks, block_size, kv_heads, head_dim]`` and
+    ``scales``; None in the simulator, which moves no bytes); ``clock``: the engine's
+    :class:`EngineClock` (``clock.now()`` in engine seconds, valid once the engine runs); ``cluster``: the replica's
+    :class:`KVClusterLink` (None: a single engine). The tiers below the GPU (``kv_tiers``, their
+    ``kv_tier_policy``, ``kv_tier_disk_dir`` and ``kv_tier_load``: how a load meets its step), the pool's geometry (``block_size``,
+    ``bytes_per_block`` per rank), ``host_memory`` (the one host memory the host tier shares with the
+    swap pool, :mod:`servelab.kv.tiers.host_memory`; None: the tier has its own), ``computes_tokens`` (False: the simulator, where a block is its
+    digest and bytes are only priced), ``at_close`` (register a callable run when the executor shuts
+    down: files, pinned memory), the ``seed`` and ``build`` (a connector by name, with its default
+    ``Config`` and this context: ``multi`` composes its parts with it) complete it."""
+
+    block_size: int = 16
+    bytes_per_block: int = 0
+    block_events: "BlockAllocator | None" = None
+    kv_pool: Any = None
+    clock: EngineClock | None = None
+    cluster: KVClusterLink | None = None
+    kv_tiers: "tuple[TierSpec, ...]" = ()
+    kv_tier_policy: "KVTierPolicy | None" = None
+    kv_tier_disk_dir: str | None = None
+    kv_tier_load: str = "overlap"
+    host_memory: Any = None
+    computes_tokens: bool = False
+    at_close: "Callable[[Callable[[], None]], Any] | None" = None
+    seed: int = 0
+    build: "Callable[[str], KVConnector] | None" = None
 
 
 @dataclass(frozen=True)

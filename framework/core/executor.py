@@ -106,6 +106,23 @@ class Executor(Plugin):
         """The draft model's sizes when one runs beside the target (``drafter=draft_model``)."""
         return None
 
+    @property
+    def kv_pool(self) -> Any:
+        """The device KV pool of this process's one worker (``data[layers, 2, blocks, block_size,
+        kv_heads, head_dim]`` and ``scales``), for a KV connector that moves bytes; None where there is
+        none to hand (the simulator; the ranks of a tensor-parallel executor, in their own processes)."""
+        return None
+
+    @property
+    def host_pool(self) -> Any:
+        """The host swap pool's blocks in this process (same layout as :attr:`kv_pool`), for a host
+        tier that shares its memory; None where there are none to hand (the simulator, several ranks)."""
+        return None
+
+    def at_shutdown(self, release: Any) -> None:
+        """Run ``release()`` when the executor shuts down (what lives beside the pool: tier files,
+        host memory). Default: nothing is held, nothing to run."""
+
     def describe(self) -> dict[str, str]:
         """What the start-up banner says of where steps run (``{"device": ..., "attention": ...}``)."""
         return {}

@@ -19,12 +19,13 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from servelab.core.contexts import (LEGACY_CONTEXT, AllocatorContext, DrafterContext, EvictorContext, ExecutorContext,
-                                    KVTierPolicyContext, PredictorContext, PreemptionContext, RouterContext, SchedulerContext,
+                                    KVConnectorContext, KVTierPolicyContext, PredictorContext, PreemptionContext, RouterContext, SchedulerContext,
                                     TimeModelContext)
 from servelab.core.errors import ConfigError
 from servelab.core.executor import Executor
 from servelab.core.interfaces import (BlockAllocator, Evictor, LengthPredictor, Plugin, PreemptionPolicy, Router,
                                       Scheduler, SpeculativeDrafter, TimeModel)
+from servelab.core.kv_connector_plugin import KVConnectorPlugin
 from servelab.core.kv_tiers import KVTierPolicy
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,8 @@ class KindSpec:
     :mod:`servelab.kit.plugin_templates` or ``"module:attr"`` holding a ``string.Template``); None =
     ``new-plugin`` writes the generic one. ``grade_reference``: the built-in a ``grade`` run scores
     this kind against (None: not graded). The 0.1 constructor's positional arguments the adapter of
-    :func:`instantiate` accepts are the base class's ``legacy_args``.
+    :func:`instantiate` accepts are the base class's ``legacy_args``. ``provides``: other context
+    field names this kind's plugin fills (besides ``name``), so a context naming one is built after it.
     """
 
     name: str
@@ -64,6 +66,7 @@ class KindSpec:
     template: str | None = None
     guide: str | None = None
     grade_reference: str | None = None
+    provides: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -97,7 +100,7 @@ BUILTIN_KINDS = (
     KindSpec("allocator", BlockAllocator, "servelab_register_allocators", AllocatorContext, "paged",
              "how KV-cache memory is carved into blocks", checks=("scenarios", "state", "real_model", _FAST_FORWARD),
              template="allocator",
-             guide="docs/write-an-allocator.md", grade_reference="paged"),
+             guide="docs/write-an-allocator.md", grade_reference="paged", provides=("block_events",)),
     KindSpec("preemption", PreemptionPolicy, "servelab_register_preemption_policies", PreemptionContext, "recompute",
              "victims when blocks run out, swapped or recomputed", checks=("scenarios", "real_model"),
              template="preemption", guide="docs/write-a-preemption-policy.md", grade_reference="recompute"),
@@ -120,6 +123,11 @@ BUILTIN_KINDS = (
              checks=("servelab.kit.conformance_kv_tiers:check_kv_tier_policy",),
              template="servelab.kit.kv_tier_policy_template:TEMPLATE", guide="docs/write-a-kv-tier-policy.md",
              grade_reference="write_back"),
+    KindSpec("kv_connector", KVConnectorPlugin, "servelab_register_kv_connectors", KVConnectorContext, "none",
+             "the door KV enters or leaves an engine by: tiers, the prefill/decode hand-off, a remote store",
+             checks=("servelab.kit.conformance_kv_connector:check_kv_connector",),
+             template="servelab.kit.kv_connector_template:TEMPLATE", guide="docs/write-a-kv-connector.md",
+             provides=("connector",)),
     KindSpec("router", Router, "servelab_register_routers", RouterContext, "round_robin",
              "which replica of a cluster serves each request (cluster.replicas > 1)", scope="cluster",
              checks=("router", "servelab.cli.route_conformance:stage_behind_route"), template="router", guide="docs/write-a-router.md", grade_reference="round_robin"),
@@ -156,8 +164,9 @@ def build_order(scope: str = "engine") -> list[KindSpec]:
     """The kinds of ``scope`` in an order where each comes after every kind its context names
     (a context field called ``allocator`` needs the allocator built first); ties keep table order."""
     specs = [k for k in KINDS.values() if k.scope == scope]
-    names = {k.name for k in specs}
-    needs = {k.name: {f.name for f in dataclasses.fields(k.context)} & names - {k.name} for k in specs}
+    owner = {alias: k.name for k in specs for alias in (k.name, *k.provides)}
+    needs = {k.name: {owner[f.name] for f in dataclasses.fields(k.context) if f.name in owner} - {k.name}
+             for k in specs}
     order: list[KindSpec] = []
     while specs:
         ready = [k for k in specs if needs[k.name] <= {o.name for o in order}]

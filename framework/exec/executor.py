@@ -8,6 +8,7 @@ never see which executor runs.
 from __future__ import annotations
 
 import contextlib
+from typing import Callable
 import time
 
 import numpy as np
@@ -288,6 +289,17 @@ class LocalExecutor(Executor):
 
     def shutdown(self) -> None:
         self.resources.close()
+
+    @property
+    def kv_pool(self) -> KVPool | None:
+        return self.worker.device_pool
+
+    @property
+    def host_pool(self) -> KVPool | None:
+        return self.worker.host_pool
+
+    def at_shutdown(self, release: Callable[[], None]) -> None:
+        self.resources.callback(release)
 
     def draft(self, batch: DraftBatch) -> Drafts:
         if self.worker.draft_model is None:

@@ -70,6 +70,7 @@ def check_kv_tier_policy(run: "KitRun") -> "Failure | None":
 def _run(run: "KitRun", overrides: tuple[str, ...]):
     from servelab.api import compose  # noqa: PLC0415 - above the kit's core imports
     from servelab.kit.conformance import Failure  # noqa: PLC0415
+    from servelab.kv.connectors import find_part  # noqa: PLC0415
     from servelab.kv.tiers.store import TieredKVConnector  # noqa: PLC0415
     from servelab.run.session import run_job  # noqa: PLC0415
     from servelab.assemble.stack import build_stack  # noqa: PLC0415
@@ -80,7 +81,7 @@ def _run(run: "KitRun", overrides: tuple[str, ...]):
     cfg.kv_tiers.tiers[0].capacity_gib = HOST_BLOCKS * per_block / 2**30
     cfg.kv_tiers.tiers[1].capacity_gib = DISK_BLOCKS * per_block / 2**30
     stack = build_stack(cfg, run.registry)
-    store = stack.engine.connector
+    store = find_part(stack.engine.connector, TieredKVConnector)
     if not isinstance(store, TieredKVConnector):  # a policy that stores nothing (``stores = False``)
         return ("no store",)
     store.trace = []

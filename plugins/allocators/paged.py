@@ -76,7 +76,9 @@ class PagedAllocator(BlockAllocator):
         self.slots_used: dict[str, int] = {}
         self._total_slots_used = 0
         self._table_blocks = 0  # sum of len(table) over self.tables: usage_stats runs every step
-        self.free_host: deque[int] = deque(range(self.num_swap_blocks))
+        # a deque, or the host memory it shares with the host tier (kv_tiers on: servelab.kv.tiers.host_memory)
+        self.free_host: deque[int] = (self.context.host_blocks if getattr(self.context, "host_blocks", None) is not None
+                                      else deque(range(self.num_swap_blocks)))
         self.swapped: dict[str, tuple[list[int], int]] = {}  # seq id -> (host blocks, slots used)
         self.prompt_digests: dict[str, list[bytes]] = {}  # seq id -> its prompt's block digests, until it leaves
         # Told (digest, block id) of each cached block the pool gives up, before the block is reused and

@@ -23,15 +23,18 @@ import contextlib
 import queue
 import signal
 import threading
+from pathlib import Path
 from typing import Any, Iterator, cast
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from servelab.cluster.protocol import Gauges, continues_after_prefill
 from servelab.core.kinds import KINDS
 from servelab.core.registry import default_registry
 from servelab.core.request import Sequence
-from servelab.kv.pd.process import KVPayload, ProcessKVConnector
+from servelab.core.contexts import KVClusterLink
+from servelab.kv.connectors import find_part
+from servelab.kv.pd.process import KVPayload, ProcessKVConnector, ProcessLink
 from servelab.config import plugin_node, schema
 from servelab.results.replica_report import ReplicaReport
 from servelab.assemble.stack import build_stack
@@ -92,22 +95,20 @@ def typed_config(config_yaml: str) -> DictConfig:
 def _serve(index: int, role: str, cfg: DictConfig, inbox: Any, outbox: Any) -> None:
     hand_off: set[str] = set()  # prefill side: requests that go on to a decode replica after their first token
     decode_max_len = [0]
-    connector = None
 
     def send(seq: Sequence, payload: KVPayload) -> None:
         hand_off.discard(seq.id)
         outbox.send(("prefilled", index, seq, payload))
 
-    if role != "mixed":
-        connector = ProcessKVConnector(
-            role, send=send,
-            should_send=lambda seq: continues_after_prefill(seq, seq.id in hand_off, decode_max_len[0]),
-            on_loaded=lambda loaded: outbox.send(("loaded", index, loaded)))
-    stack = build_stack(cfg, connector=connector)
+    link = KVClusterLink(index, role)
+    if role != "mixed":  # kv_connector=pd_process, built through the kinds table beside any tiers
+        link = KVClusterLink(index, role, ProcessLink(
+            send, should_send=lambda seq: continues_after_prefill(seq, seq.id in hand_off, decode_max_len[0]),
+            on_loaded=lambda loaded: outbox.send(("loaded", index, loaded))), "pd_process")
+    _own_disk_dir(cfg, index)
+    stack = build_stack(cfg, cluster=link)
     engine = stack.engine
-    if connector is not None:
-        connector.bind(stack.executor)
-        connector.now = engine.now
+    connector = find_part(engine.connector, ProcessKVConnector)
     engine.keep_steps = bool(cfg.debug.log_steps)
     engine.forget_ended = True
 
@@ -148,6 +149,15 @@ def _serve(index: int, role: str, cfg: DictConfig, inbox: Any, outbox: Any) -> N
         live = any(not s.is_finished for s in engine.sequences.values())
         outbox.send(("report", index, ReplicaReport.of(stack, live)))
         stack.executor.shutdown()
+
+
+def _own_disk_dir(cfg: DictConfig, index: int) -> None:
+    """A disk tier named by ``kv_tiers.disk_dir`` gets a folder per replica (``replica<i>``): each
+    engine process holds its own tiers, and two processes must not map the same tier file."""
+    node = cfg.get("kv_tiers")
+    if node is not None and node.get("disk_dir"):
+        with open_dict(node):
+            node.disk_dir = str(Path(node.disk_dir) / f"replica{index}")
 
 
 def _take(inbox: Any, engine, connector: ProcessKVConnector | None, hand_off: set[str], wait: bool) -> str | None:

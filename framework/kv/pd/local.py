@@ -58,11 +58,13 @@ class LocalKVConnector(KVConnector):
 
     def bind(self, executor) -> "LocalKVConnector":
         """The KV pool of ``executor`` (a LocalExecutor: one worker in this process)."""
-        worker = getattr(executor, "worker", None)
-        pool = getattr(worker, "device_pool", None)
+        return self.bind_pool(getattr(executor, "kv_pool", None), type(executor).__name__)
+
+    def bind_pool(self, pool: KVPool | None, owner: str = "this executor") -> "LocalKVConnector":
+        """Read and write ``pool`` (an executor's public ``kv_pool``)."""
         if not isinstance(pool, KVPool):
             raise TypeError(f"a local KV connector needs an executor with one worker in this process "
-                            f"(backend=local), not {type(executor).__name__}")
+                            f"(backend=local), not {owner}")
         self.pool = pool
         return self
 

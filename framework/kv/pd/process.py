@@ -71,6 +71,16 @@ class _Load:
     count: int
 
 
+@dataclass(frozen=True)
+class ProcessLink:
+    """An engine process's side of the cluster's transport (the ``transport`` of its
+    :class:`~servelab.core.contexts.KVClusterLink`): what ``kv_connector=pd_process`` calls."""
+
+    send: Callable[[Sequence, "KVPayload"], None]
+    should_send: Callable[[Sequence], bool]
+    on_loaded: Callable[["Loaded"], None]
+
+
 @dataclass
 class ProcessKVConnector(KVConnector):
     """One engine process's end of the hand-off; :meth:`bind` it to the engine's executor."""
@@ -90,10 +100,13 @@ class ProcessKVConnector(KVConnector):
 
     def bind(self, executor) -> "ProcessKVConnector":
         """The KV pool of ``executor`` (one worker in this process: tensor_parallel_size=1)."""
-        pool = getattr(getattr(executor, "worker", None), "device_pool", None)
+        return self.bind_pool(getattr(executor, "kv_pool", None), type(executor).__name__)
+
+    def bind_pool(self, pool: KVPool | None, owner: str = "this executor") -> "ProcessKVConnector":
+        """Read and write ``pool`` (an executor's public ``kv_pool``)."""
         if not isinstance(pool, KVPool):
             raise TypeError(f"a process KV connector reads one worker's KV pool in this process, not "
-                            f"{type(executor).__name__}'s (prefill/decode replicas need tensor_parallel_size=1)")
+                            f"{owner}'s (prefill/decode replicas need tensor_parallel_size=1)")
         self.pool = pool
         return self
 

@@ -1,10 +1,11 @@
-"""``kv_tiers`` and ``kv_tier_policy`` of a run's config, checked and turned into the tiered store.
+"""``kv_tiers`` and ``kv_tier_policy`` of a run's config, checked: the tiers (:func:`kv_tier_specs`) and
+whether they select the tiered store (:func:`tiers_wanted`: the ``kv_connector=tiers`` shorthand, built
+by :func:`servelab.kv.builtins.tiers`, beside any other connector through ``multi``).
 
 On an engine that computes tokens the tiers hold real bytes (:mod:`servelab.kv.tiers.pools`).
 Bad input is one :class:`ConfigError` line naming the key: a tier smaller than one block, a
 shared tier outside a simulated cluster (:mod:`servelab.kv.tiers.shared`), a disk tier whose ``kv_tiers.disk_dir`` is not
-writable, a policy that stores with no tier to store in, tiers beside another connector
-(prefill/decode hand-off), a real engine over several ranks.
+writable, a policy that stores with no tier to store in, a real engine over several ranks.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from omegaconf import DictConfig, open_dict
 from servelab.core.errors import ConfigError
 from servelab.core.kv_tiers import KVTierPolicy, TierSpec
 from servelab.kv.tiers.clock import TierLoadClock
-from servelab.kv.tiers.shared import SharedTieredKVConnector, SharedTiers
+from servelab.kv.tiers.shared import SharedTiers
 from servelab.kv.tiers.store import TieredKVConnector
 
 
@@ -53,30 +54,15 @@ def kv_tier_specs(cfg: DictConfig, bytes_per_block: int, shared: SharedTiers | N
     return tuple(specs)
 
 
-def tiered_store(cfg: DictConfig, policy_cls: type[KVTierPolicy], tiers: tuple[TierSpec, ...], executor: Any,
-                 connector: Any, shared: SharedTiers | None = None) -> TieredKVConnector | None:
-    """The store this run needs (None: no tiers, or a policy that stores nothing); its shared tiers
-    are ``shared``'s books."""
-    policy = cfg.kv_tier_policy.name
+def tiers_wanted(cfg: DictConfig, policy_cls: type[KVTierPolicy], tiers: tuple[TierSpec, ...]) -> bool:
+    """Whether ``kv_tiers`` / ``kv_tier_policy`` ask for the tiered store (``kv_connector=tiers``'s
+    shorthand): a policy that stores, over at least one tier (a storing policy without one is refused)."""
     if not policy_cls.stores:
-        return None
+        return False
     if not tiers:
-        raise ConfigError(f"kv_tier_policy={policy} stores KV below the GPU but kv_tiers has no tier: add "
-                          "kv_tiers=host (or host_disk), or kv_tier_policy=none")
-    if connector is not None:
-        raise ConfigError(f"kv_tiers={cfg.kv_tiers.name}: this engine has a KV connector already "
-                          f"({type(connector).__name__}, prefill/decode hand-off); tiers beside it are not built yet")
-    if shared is not None and any(t.shared for t in tiers):
-        if executor.computes_tokens:
-            raise ConfigError(f"kv_tiers={cfg.kv_tiers.name}: a shared tier holds no real bytes (not built on an "
-                              "engine that computes tokens); use shared=false or backend=sim")
-        return SharedTieredKVConnector(tiers, executor.bytes_per_block, int(cfg.block_size), shared)
-    store = TieredKVConnector(tiers, executor.bytes_per_block, int(cfg.block_size))
-    if executor.computes_tokens:
-        from servelab.kv.tiers.pools import tier_pools  # noqa: PLC0415 - torch, only for a real engine
-
-        store.attach_bytes(tier_pools(executor, tiers, cfg.kv_tiers.get("disk_dir")))
-    return store
+        raise ConfigError(f"kv_tier_policy={cfg.kv_tier_policy.name} stores KV below the GPU but kv_tiers has no tier: "
+                          "add kv_tiers=host (or host_disk), or kv_tier_policy=none")
+    return True
 
 
 def tier_load_clock(cfg: DictConfig, clock: Any, store: TieredKVConnector) -> TierLoadClock:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from servelab.kv.connectors import find_part
 from servelab.kv.tiers.figures import kv_tier_figures
 from servelab.kv.tiers.store import TieredKVConnector
 
@@ -29,6 +30,7 @@ def replica_tier_report(connector: Any) -> dict:
     figures = kv_tier_figures(connector)
     if not figures:
         return {}
+    connector = find_part(connector, TieredKVConnector)
     assert isinstance(connector, TieredKVConnector)
     figures["shared"] = [t.shared for t in connector.tiers]
     figures["ttft_load_s"] = sum(connector.added_s_by_request.values())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from servelab.kv.connectors import find_part
 from servelab.kv.tiers.store import TieredKVConnector
 
 
@@ -23,6 +24,7 @@ def ttft_split(summary: dict, connector: Any) -> dict | None:
     and are not priced apart: the load part is 0 there."""
     ttft, queue = summary.get("ttft_ms") or {}, summary.get("queue_ms") or {}
     n = summary.get("num_finished") or 0
+    connector = find_part(connector, TieredKVConnector)
     if not isinstance(connector, TieredKVConnector) or ttft.get("mean") is None or queue.get("mean") is None or not n:
         return None
     load = 1e3 * sum(connector.added_s_by_request.values()) / n
@@ -30,7 +32,9 @@ def ttft_split(summary: dict, connector: Any) -> dict | None:
 
 
 def kv_tier_figures(connector: Any) -> dict:
-    """The figures of ``connector`` when it is the tiered store; ``{}`` otherwise (no tiers: no keys)."""
+    """The figures of ``connector`` when it is (or composes) the tiered store; ``{}`` otherwise (no
+    tiers: no keys)."""
+    connector = find_part(connector, TieredKVConnector)
     if not isinstance(connector, TieredKVConnector):
         return {}
     store, per_block = connector, connector.bytes_per_block
@@ -62,6 +66,8 @@ def kv_tier_figures(connector: Any) -> dict:
         "kv_tier_prefetch_wasted_blocks": store.prefetched_blocks - store.prefetch_used_blocks,
         "kv_tier_prefetch_link_s": store.prefetch_link_s,
     }
+    if store.host_memory is not None:  # one host memory with the swap pool
+        out["kv_tier_host_memory"] = store.host_memory.figures()
     for tier in reversed(tiers):  # the first tier of a kind wins
         for key in ("hit_rate", "read_bytes", "written_bytes", "dropped_blocks"):
             out[f"kv_tier_{tier['kind']}_{key}"] = tier[key]

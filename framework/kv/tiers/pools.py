@@ -21,7 +21,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Sequence as Seq
+from typing import Callable, Sequence as Seq
 
 import torch
 
@@ -52,10 +52,23 @@ def _slots(shape: tuple[int, ...], dtype: torch.dtype, num_blocks: int, path: Pa
     return torch.from_file(str(path), shared=True, size=numel, dtype=dtype).view(full)
 
 
-class TierPools:
-    """One tensor per tier (and one for its scales when the cache is quantised)."""
+class _PoolBlocks:
+    """Slot -> block ``slot`` of a host pool's tensor (``[L, 2, N, ...]``): the host tier's slots when it
+    shares the swap pool's memory (servelab.kv.tiers.host_memory)."""
 
-    def __init__(self, device_pool: KVPool, tiers: Seq[TierSpec], disk_dir: str | None) -> None:
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    def __getitem__(self, slot: int) -> torch.Tensor:
+        return self.tensor[:, :, slot]
+
+
+class TierPools:
+    """One tensor per tier (and one for its scales when the cache is quantised); ``host_pool``: the
+    swap pool a host tier shares (its slots are that pool's blocks)."""
+
+    def __init__(self, device_pool: KVPool, tiers: Seq[TierSpec], disk_dir: str | None,
+                 host_pool: KVPool | None = None) -> None:
         self.device = device_pool
         self._temporary_dir: str | None = None
         block = device_pool.data[:, :, 0]
@@ -74,6 +87,10 @@ class TierPools:
         self.data: list = []  # per tier: a tensor [slots, ...] (disk) or a _HostSlots (host)
         self.scales: list = []
         for i, tier in enumerate(tiers):
+            if tier.kind == "host" and host_pool is not None:
+                self.data.append(_PoolBlocks(host_pool.data))
+                self.scales.append(None if host_pool.scales is None else _PoolBlocks(host_pool.scales))
+                continue
             path = Path(disk_dir) / f"kv_tier_{i}.bin" if tier.kind == "disk" and disk_dir else None
             self.data.append(_slots(tuple(block.shape), block.dtype, tier.num_blocks, path))
             scale_path = path.with_suffix(".scales.bin") if path is not None else None
@@ -117,15 +134,15 @@ class TierPools:
             shutil.rmtree(self._temporary_dir, ignore_errors=True)
 
 
-def tier_pools(executor: object, tiers: Seq[TierSpec], disk_dir: str | None) -> TierPools:
-    """The pools of ``executor``'s tiers: it must be one worker in this process (``backend=local``, or
-    ``backend=torch`` with ``tensor_parallel_size=1``)."""
-    from servelab.exec.executor import LocalExecutor  # noqa: PLC0415 - the model's modules, only here
-
-    pool = executor.worker.device_pool if isinstance(executor, LocalExecutor) else None
-    if not isinstance(pool, KVPool):
-        raise ConfigError(f"kv_tiers on a real engine need one worker in this process (backend=local, or "
-                          f"backend=torch with tensor_parallel_size=1), not {type(executor).__name__}")
-    pools = TierPools(pool, tiers, disk_dir)
-    executor.resources.callback(pools.close)  # type: ignore[attr-defined]  # a LocalExecutor: checked above
+def tier_pools(kv_pool: object, tiers: Seq[TierSpec], disk_dir: str | None,
+               at_close: Callable[[Callable[[], None]], object] | None = None, host_pool: object = None) -> TierPools:
+    """The pools of the tiers below ``kv_pool`` (an executor's public ``kv_pool``: one worker in this
+    process, ``backend=local`` or ``backend=torch`` with ``tensor_parallel_size=1``); ``at_close``
+    registers their release with the executor's shutdown."""
+    if not isinstance(kv_pool, KVPool):
+        raise ConfigError("kv_tiers on a real engine need one worker in this process (backend=local, or "
+                          "backend=torch with tensor_parallel_size=1)")
+    pools = TierPools(kv_pool, tiers, disk_dir, host_pool if isinstance(host_pool, KVPool) else None)
+    if at_close is not None:
+        at_close(pools.close)
     return pools

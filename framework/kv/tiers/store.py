@@ -82,6 +82,8 @@ class TieredKVConnector(KVConnector):
         # A list: every event is appended, ("store"|"drop"|"load", tier, digest) or ("move", tier,
         # digest, to_tier), in order (the conformance kit replays them); None: not recorded.
         self.trace: list[tuple] | None = None
+        self.host_memory: Any = None  # the host memory a tier shares with the swap pool (share_host)
+        self.host_tier = -1
         self.pools: Any = None  # the tiers' real bytes (attach_bytes); None: digests only (the simulator)
         self.slots: list[dict[bytes, int]] = [{} for _ in self.tiers]
         self.free_slots: list[list[int]] = [[] for _ in self.tiers]
@@ -198,6 +200,8 @@ class TieredKVConnector(KVConnector):
 
     def get_finished(self) -> tuple[set[str], set[str]]:
         """Nothing is ever sent or received asynchronously; the poll before each schedule prefetches."""
+        if self.host_memory is not None:
+            self.host_memory.settle()  # the last step's swap copies are done
         self.prefetch_queued()
         return set(), set()
 
@@ -280,25 +284,14 @@ class TieredKVConnector(KVConnector):
         first (the policy's victims, demoted or dropped); ``write(tier, slot)`` copies its bytes
         (None: no bytes, the simulator)."""
         assert self.policy is not None
-        held, spec = self.blocks[tier], self.tiers[tier]
-        while len(held) >= spec.num_blocks:
-            digest = self.policy.victim(tier, held)
-            if digest not in held:
-                raise KVTierPolicyError(f"kv_tier_policy plugin {self.policy.name!r}: victim({tier}) returned "
-                                        f"{digest!r}, which tier {tier} ({spec.kind}) does not hold")
-            victim = held.pop(digest)
-            del self.where[digest]
-            self.staged.pop(digest, None)  # a prefetch of it is wasted: the admission will not find it below
-            slot = self.slots[tier].pop(digest, None)
-            below = self._checked_tier(self.policy.demote(tier, victim), "demote", digest, above=tier)
-            if below is None:
-                self.dropped_blocks[tier] += 1
-                if self.trace is not None:
-                    self.trace.append(("drop", tier, digest))
-            else:
-                self._insert(below, victim, self._from_slot(tier, slot), moved_from=tier)
-            if slot is not None:
-                self.free_slots[tier].append(slot)
+        held = self.blocks[tier]
+        if self.capacity(tier) < 1:  # a host memory the swap fills: nothing is stored there now
+            self.dropped_blocks[tier] += 1
+            if self.trace is not None and moved_from is not None:
+                self.trace.append(("drop", moved_from, block.digest))
+            return
+        while len(held) >= self.capacity(tier):
+            self._give_up(tier)
         if self.pools is not None:
             slot = self.slots[tier][block.digest] = self.free_slots[tier].pop()
             assert write is not None, "a store with bytes writes every block it takes"
@@ -310,6 +303,46 @@ class TieredKVConnector(KVConnector):
             self.trace.append(("store", tier, block.digest) if moved_from is None
                               else ("move", moved_from, block.digest, tier))
         self.max_held[tier] = max(self.max_held[tier], len(held))
+
+    def _give_up(self, tier: int) -> None:
+        """Tier ``tier`` gives up one block, its policy's victim: demoted to a farther tier or dropped."""
+        assert self.policy is not None
+        held, spec = self.blocks[tier], self.tiers[tier]
+        digest = self.policy.victim(tier, held)
+        if digest not in held:
+            raise KVTierPolicyError(f"kv_tier_policy plugin {self.policy.name!r}: victim({tier}) returned "
+                                    f"{digest!r}, which tier {tier} ({spec.kind}) does not hold")
+        victim = held.pop(digest)
+        del self.where[digest]
+        self.staged.pop(digest, None)  # a prefetch of it is wasted: the admission will not find it below
+        slot = self.slots[tier].pop(digest, None)
+        below = self._checked_tier(self.policy.demote(tier, victim), "demote", digest, above=tier)
+        if below is None:
+            self.dropped_blocks[tier] += 1
+            if self.trace is not None:
+                self.trace.append(("drop", tier, digest))
+        else:
+            self._insert(below, victim, self._from_slot(tier, slot), moved_from=tier)
+        if slot is not None:
+            self.free_slots[tier].append(slot)
+
+    def capacity(self, tier: int) -> int:
+        """Blocks tier ``tier`` may hold now: its size, or what the swap pool leaves of a host memory
+        the two share (:meth:`share_host`)."""
+        if self.host_memory is not None and tier == self.host_tier:
+            return int(self.host_memory.tier_capacity())
+        return self.tiers[tier].num_blocks
+
+    def share_host(self, memory: Any, tier: int) -> "TieredKVConnector":
+        """Tier ``tier`` holds its blocks in ``memory`` (:class:`servelab.kv.tiers.host_memory.HostMemory`)
+        beside the swap pool: it holds at most what the swap leaves, gives a block up when a swap-out needs
+        one, and (real bytes) takes its slots from the memory's free ones."""
+        self.host_memory, self.host_tier = memory, tier
+        memory.tier_held = lambda: len(self.blocks[tier])
+        memory.reclaim = lambda: self._give_up(tier)
+        if self.pools is not None:
+            self.free_slots[tier] = memory.tier_slots()
+        return self
 
     def _from_slot(self, tier: int, slot: int | None) -> Callable[[int, int], None] | None:
         pools = self.pools

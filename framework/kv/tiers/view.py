@@ -14,8 +14,8 @@ from servelab.kv.tiers.store import TieredKVConnector
 class StoreView(TierView):
     """``store``'s occupancy, and the hits of the allocator it is :meth:`attach` ed to."""
 
-    def __init__(self, store: TieredKVConnector) -> None:
-        self.store = store
+    def __init__(self, store: TieredKVConnector | None) -> None:
+        self.store: Any = store  # set by the stack once the kv_connector kind built it (None until then)
         self.allocator: Any = None
         self.hits: dict[bytes, int] = {}
 
