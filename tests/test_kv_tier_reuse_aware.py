@@ -75,7 +75,7 @@ def test_the_store_tells_the_policy_when_the_gpu_gives_up_a_loaded_block():
     evict(b"a", 0)
     evict(b"b", 1)
     assert list(store.blocks[0]) == digests and not policy.on_gpu[0]
-    seq = SimpleNamespace(id="r", num_computed_tokens=0)
+    seq = SimpleNamespace(id="r", num_computed_tokens=0, num_preemptions=0)
     assert store.get_num_new_matched_tokens(seq, 0) == (32, False)
     store.update_state_after_alloc(seq, [4, 5], 32)
     assert list(policy.on_gpu[0]) == digests

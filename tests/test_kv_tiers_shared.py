@@ -48,7 +48,7 @@ def test_a_prefix_one_replica_stored_is_loaded_by_another_only_when_shared(share
     assert isinstance(first, SharedTieredKVConnector) == shared
     digests = [bytes([i]) * 16 for i in range(3)]
     first.allocator = second.allocator = _Prompt(digests)
-    seq = SimpleNamespace(id="r", num_computed_tokens=0)
+    seq = SimpleNamespace(id="r", num_computed_tokens=0, num_preemptions=0)
     first.request_finished(seq, [0, 1, 2])  # write-through: replica 0 stores the prompt's blocks
     tokens, _ = second.get_num_new_matched_tokens(seq, 0)
     assert tokens == (3 * first.block_size if shared else 0)

@@ -10,7 +10,10 @@ The connector's side of a request (:mod:`servelab.core.kv_connector`):
 
 - ``get_num_new_matched_tokens``: after the GPU prefix hit, the next prompt blocks whose digests
   the tiers hold, in chain order (one missing block ends the match): those tokens are loaded, not
-  computed. Loads are synchronous: the bytes are in place before the next forward pass.
+  computed. Loads are synchronous: the bytes are in place before the next forward pass. The
+  scheduler asks when it considers the request for admission, in its policy's order, and again
+  after a preemption by recompute: such a *reload* is counted apart (``reloads``, ``reload_blocks``),
+  not in the hit rate, which is over new requests' prompt blocks.
 - ``update_state_after_alloc``: the load is booked (bytes per tier, the policy's ``on_load``)
   and its seconds wait for the step that reads it (:meth:`take_load_s`, priced by
   :class:`~servelab.kv.tiers.clock.TierLoadClock`);
@@ -73,7 +76,9 @@ class TieredKVConnector(KVConnector):
         self.written_blocks = [0] * len(self.tiers)
         self.dropped_blocks = [0] * len(self.tiers)
         self.max_held = [0] * len(self.tiers)
-        self.loads = 0  # requests that loaded anything
+        self.loads = 0  # new requests that loaded anything
+        self.reloads = 0  # of those loads, by requests preempted by recompute (their prefix came back from a tier)
+        self.reload_blocks = [0] * len(self.tiers)  # blocks those reloads read, per tier (not in hit_blocks)
         self.load_added_s = 0.0  # step time loads added (serialised, or not hidden behind compute)
         self.load_hidden_s = 0.0  # load time hidden behind the step's compute
         self.load_s_by_request: dict[str, float] = {}  # each loading request's link time
@@ -124,8 +129,8 @@ class TieredKVConnector(KVConnector):
     def get_num_new_matched_tokens(self, seq: Sequence, num_computed_tokens: int) -> tuple[int, bool]:
         digests = self.allocator.prompt_block_digests(seq)
         first = num_computed_tokens // self.block_size
-        if seq.id not in self._looked_up:  # counted once, however often the scheduler asks
-            self._looked_up.add(seq.id)
+        if seq.id not in self._looked_up and not seq.num_preemptions:  # a new request's, counted once however
+            self._looked_up.add(seq.id)  # often the scheduler asks
             self.lookup_blocks += max(0, len(digests) - first)
         where, n = self.where, 0
         for digest in digests[first:]:
@@ -164,16 +169,20 @@ class TieredKVConnector(KVConnector):
             if self.trace is not None:
                 self.trace.append(("load", tier, digest))
             self.policy.on_load(tier, entry)
+        counted = self.reload_blocks if seq.num_preemptions else self.hit_blocks
         for tier, n in enumerate(per_tier):
-            self.hit_blocks[tier] += n
+            counted[tier] += n
             self._pending_blocks[tier] += link_tier[tier]
-        self.loads += 1
+        self.loads += not seq.num_preemptions
+        self.reloads += bool(seq.num_preemptions)
         # A prefetch still stuck behind others on its link is no worse than loading its blocks now.
         staged_s = sum(t.read_s(n - m, self.bytes_per_block) for t, n, m in zip(self.tiers, per_tier, link_tier))
         wait_s = min(wait_s, staged_s)
         self._pending_wait_s = max(self._pending_wait_s, wait_s)
         load_s = wait_s + sum(t.read_s(n, self.bytes_per_block) for t, n in zip(self.tiers, link_tier))
-        self.load_s_by_request[seq.id] = self._pending_requests[seq.id] = load_s
+        self._pending_requests[seq.id] = load_s
+        if not seq.num_preemptions:  # a new request's load (a reload is counted apart)
+            self.load_s_by_request[seq.id] = load_s
 
     def request_finished(self, seq: Sequence, block_ids: Seq[int]) -> bool:
         self._looked_up.discard(seq.id)
@@ -255,8 +264,8 @@ class TieredKVConnector(KVConnector):
         self.load_hidden_s += hidden_s
         pending, self._pending_requests = self._pending_requests, {}
         total = sum(pending.values())
-        for request_id, load_s in pending.items():
-            self.added_s_by_request[request_id] = added_s * load_s / total if total else 0.0
+        for request_id, load_s in pending.items():  # a reload keeps the first load's share
+            self.added_s_by_request.setdefault(request_id, added_s * load_s / total if total else 0.0)
 
     # ---- the books ------------------------------------------------------------------------
     def _from_gpu(self, block_id: int) -> Callable[[int, int], None] | None:
