@@ -131,9 +131,8 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
         clock_mode = "custom"
     if store is not None and clock_mode == "virtual":
         clock = tier_load_clock(cfg, clock, store)
-    if store is not None:
-        scheduler = plugins["scheduler"]
-        store.watch(lambda: getattr(scheduler, "waiting", ()), clock.now if clock_mode == "virtual" else None)
+    if store is not None and clock_mode == "virtual":
+        store.use_clock(clock.now)
     engine = Engine(limits, plugins["scheduler"], plugins["allocator"], executor, cost_model, seed=cfg.seed,
                     clock=clock, drafter=drafter, **({"connector": connector} if connector is not None else {}))
     engine.fast_forward_enabled = bool(cfg.sim.fast_forward)

@@ -420,10 +420,10 @@ class QueueScheduler(Scheduler):
                         allocator.reset(seq)
                         self.waiting.push_front(seq)
                         break
-            if external:  # a synchronous load: in place before the forward pass that computes the rest
-                assert connector is not None
-                connector.update_state_after_alloc(seq, allocator.block_table(seq.id), external)
-                allocator.mark_loaded(seq, external)
+            if connector is not None:  # told of every admission; a synchronous load is in place before
+                connector.update_state_after_alloc(seq, allocator.block_table(seq.id), external)  # the forward pass
+                if external:
+                    allocator.mark_loaded(seq, external)
             if seq.num_preemptions == 0 and seq.num_output_tokens == 0:  # the hit rate counts first admissions
                 seq.num_cached_prompt_tokens = hit  # only (a hand-off carries its prefill's hit)
             self._seat(seq, n, plan, scheduled, now)

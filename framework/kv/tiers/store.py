@@ -19,9 +19,11 @@ The connector's side of a request (:mod:`servelab.core.kv_connector`):
   :class:`~servelab.kv.tiers.clock.TierLoadClock`);
 - ``request_finished``: the policy may store the sequence's blocks now (write-through); the
   blocks are never kept (this connector reads nothing later);
-- the allocator's eviction listener: the policy may spill the block (write-back);
-- ``get_finished`` (the engine's poll, before each schedule): prefetch. For each request waiting in
-  the scheduler's queue (:meth:`watch`), the policy's :meth:`~servelab.core.kv_tiers.KVTierPolicy.prefetch`
+- the allocator's block events (:meth:`BlockAllocator.subscribe`), an eviction: the policy may
+  spill the block (write-back);
+- ``get_finished`` (the engine's poll, before each schedule): prefetch. For each request waiting
+  for admission (one the scheduler asked about, on arrival or at an admission that did not happen
+  yet, and has not admitted: ``update_state_after_alloc`` or ``request_finished`` ends that), the policy's :meth:`~servelab.core.kv_tiers.KVTierPolicy.prefetch`
   may start loading its next prefix blocks found below. A prefetch is a load started early: its
   bytes cross the tier's link in the background (one transfer per request and tier, starting when
   the request arrived or when that link's previous prefetch ends, whichever is later: a real
@@ -44,7 +46,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Callable, Sequence as Seq
 
+from servelab.core.block_hash import block_hashes
 from servelab.core.errors import ConfigError
+from servelab.core.interfaces import BlockEventSubscriber
 from servelab.core.kv_connector import KVConnector
 from servelab.core.kv_tiers import KVTierPolicy, TierBlock, TierSpec
 from servelab.core.request import Sequence
@@ -54,7 +58,7 @@ class KVTierPolicyError(RuntimeError):
     """A tier policy answered something the store may not do (names the plugin and the answer)."""
 
 
-class TieredKVConnector(KVConnector):
+class TieredKVConnector(KVConnector, BlockEventSubscriber):
     """Host / disk tiers below one engine's GPU pool."""
 
     name = "kv_tiers"
@@ -90,8 +94,8 @@ class TieredKVConnector(KVConnector):
         self.pools: Any = None  # the tiers' real bytes (attach_bytes); None: digests only (the simulator)
         self.slots: list[dict[bytes, int]] = [{} for _ in self.tiers]
         self.free_slots: list[list[int]] = [[] for _ in self.tiers]
-        # prefetch (watch(): the scheduler's waiting queue and the clock's now; None: no prefetch)
-        self.queue: Callable[[], Any] | None = None
+        # prefetch: the requests asked about and not yet admitted, in the order first asked; the clock's now
+        self._queued: dict[str, Sequence] = {}
         self.now: Callable[[], float] = lambda: 0.0
         self.staged: dict[bytes, float] = {}  # prefetched, not yet read: digest -> when its bytes have landed
         self._link_free = [0.0] * len(self.tiers)  # when each tier's link finishes its last prefetch
@@ -108,27 +112,30 @@ class TieredKVConnector(KVConnector):
         return self
 
     def bind(self, policy: KVTierPolicy, allocator: Any) -> "TieredKVConnector":
-        """Use ``policy`` and listen to ``allocator``'s evictions (a prefix-caching paged allocator)."""
-        if not hasattr(allocator, "evict_listeners") or not getattr(allocator.config, "prefix_caching", False):
+        """Use ``policy`` and subscribe to ``allocator``'s block events (its evictions: a prefix cache)."""
+        if not allocator.publishes_block_events:
             raise ConfigError(f"kv_tiers: tiers below the GPU hold prefix-cache blocks; allocator="
                               f"{type(allocator).name} needs allocator=paged allocator.prefix_caching=true")
         self.policy, self.allocator = policy, allocator
-        allocator.evict_listeners.append(self._on_gpu_evict)
+        allocator.subscribe(self)
         return self
 
-    def watch(self, queue: Callable[[], Any], now: Callable[[], float] | None = None) -> "TieredKVConnector":
-        """Prefetch for the requests ``queue()`` yields (the scheduler's waiting queue, in queue order)
-        when the policy overrides ``prefetch``; ``now``: the clock's (None: the real engine,
-        where a prefetch has landed at once)."""
-        self.queue = queue
-        if now is not None:
-            self.now = now
+    def use_clock(self, now: Callable[[], float]) -> "TieredKVConnector":
+        """Time prefetches on ``now`` (the virtual clock's; not called on the real engine, where a
+        prefetch has landed at once)."""
+        self.now = now
         return self
 
     # ---- scheduler side -----------------------------------------------------------------
+    def _prompt_digests(self, seq: Sequence) -> list[bytes]:
+        """``seq``'s block digests but the last token's block (the last token is always computed)."""
+        return block_hashes(seq, self.block_size)[:(seq.num_tokens - 1) // self.block_size]
+
     def get_num_new_matched_tokens(self, seq: Sequence, num_computed_tokens: int) -> tuple[int, bool]:
-        digests = self.allocator.prompt_block_digests(seq)
+        digests = self._prompt_digests(seq)
         first = num_computed_tokens // self.block_size
+        if seq.id not in self._queued:
+            self._queued[seq.id] = seq
         if seq.id not in self._looked_up and not seq.num_preemptions:  # a new request's, counted once however
             self._looked_up.add(seq.id)  # often the scheduler asks
             self.lookup_blocks += max(0, len(digests) - first)
@@ -141,12 +148,13 @@ class TieredKVConnector(KVConnector):
 
     def update_state_after_alloc(self, seq: Sequence, block_ids: Seq[int], num_external_tokens: int) -> None:
         self._looked_up.discard(seq.id)
+        self._queued.pop(seq.id, None)  # admitted
         if num_external_tokens <= 0:
             return
         assert self.policy is not None, "bind() the store to its policy first"
         if self._prefetches():  # the scheduler admits it at once: it queued from its arrival to now
             self._prefetch_for(seq)
-        digests = self.allocator.prompt_block_digests(seq)
+        digests = self._prompt_digests(seq)
         first = seq.num_computed_tokens // self.block_size
         per_tier = [0] * len(self.tiers)
         link_tier = [0] * len(self.tiers)  # of per_tier, the blocks not prefetched
@@ -186,9 +194,10 @@ class TieredKVConnector(KVConnector):
 
     def request_finished(self, seq: Sequence, block_ids: Seq[int]) -> bool:
         self._looked_up.discard(seq.id)
+        self._queued.pop(seq.id, None)
         policy = self.policy
         assert policy is not None, "bind() the store to its policy first"
-        for j, digest in enumerate(self.allocator.computed_block_digests(seq)):
+        for j, digest in enumerate(block_hashes(seq, self.block_size)[:seq.num_computed_tokens // self.block_size]):
             self.positions[digest] = j
             if digest in self.where:
                 continue
@@ -212,12 +221,12 @@ class TieredKVConnector(KVConnector):
 
     def prefetch_queued(self) -> None:
         """Start the prefetches the policy wants for the queued requests (see the module's docstring)."""
-        if self.queue is None or not self._prefetches():
+        if not self._prefetches():
             return
-        queued = list(self.queue())
+        queued = list(self._queued.values())
         # Between steps every staged block was staged for a request still queued; one that is no longer
         # wanted (its request was served from the GPU cache, or ended) is wasted and frees its room.
-        wanted = {digest for seq in queued for digest in self.allocator.prompt_block_digests(seq)}
+        wanted = {digest for seq in queued for digest in self._prompt_digests(seq)}
         for digest in [d for d in self.staged if d not in wanted]:
             del self.staged[digest]
         for seq in queued:
@@ -230,7 +239,7 @@ class TieredKVConnector(KVConnector):
         policy = self.policy
         assert policy is not None
         per_tier: list[list[bytes]] = [[] for _ in self.tiers]
-        digests = self.allocator.prompt_block_digests(seq)
+        digests = self._prompt_digests(seq)
         for j in range(self.allocator.cached_prefix_len(seq) // self.block_size, len(digests)):
             digest = digests[j]
             tier = self.where.get(digest)
@@ -272,7 +281,8 @@ class TieredKVConnector(KVConnector):
         pools = self.pools
         return None if pools is None else (lambda tier, slot: pools.save(tier, slot, block_id))
 
-    def _on_gpu_evict(self, digest: bytes, block_id: int) -> None:
+    def on_block_evicted(self, digest: bytes, block_id: int) -> None:
+        """The GPU pool gives ``block_id`` up: the policy may spill it (write-back)."""
         assert self.policy is not None
         tier = self.where.get(digest)
         if tier is not None:  # written through or loaded: the GPU copy was a second one
