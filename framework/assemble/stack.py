@@ -22,7 +22,7 @@ from servelab.core.kinds import KindSpec, build_context, build_order, instantiat
 from servelab.core.registry import Registry, default_registry
 from servelab.core.shapes import ModelShape
 from servelab.config.engine import engine_host, engine_summary
-from servelab.kv.tiers.build import kv_tier_specs, tier_load_clock, tiered_store
+from servelab.kv.tiers.build import kv_tier_specs, tiered_store
 from servelab.assemble.block_size import resolve_block_size
 from servelab.workloads.arrivals import arrival_source, is_closed_loop
 from servelab.assemble.executor import (build_executor, build_sim_executor, executor_context, hardware_profile,  # noqa: F401
@@ -129,8 +129,6 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
                  else WallClock())
     else:
         clock_mode = "custom"
-    if store is not None and clock_mode == "virtual":
-        clock = tier_load_clock(cfg, clock, store)
     if store is not None and clock_mode == "virtual":
         store.use_clock(clock.now)
     engine = Engine(limits, plugins["scheduler"], plugins["allocator"], executor, cost_model, seed=cfg.seed,

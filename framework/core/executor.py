@@ -97,6 +97,13 @@ class Executor(Plugin):
     num_swap_blocks: int = 0
 
     @property
+    def kv_pool(self) -> Any:
+        """The device KV pool (:class:`servelab.exec.kv_pool.KVPool`) when it lives in this process
+        as one worker's, for KV connectors that copy blocks in and out (tiers, P/D hand-offs);
+        None otherwise (the simulator, several ranks). Default: None."""
+        return None
+
+    @property
     def shape(self) -> "ModelShape":
         """The model's sizes (what a time model prices)."""
         return ModelShape.from_spec(self.spec)

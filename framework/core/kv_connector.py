@@ -52,16 +52,40 @@ Contracts:
 - ``get_finished`` returns each id once (the sets are drained).
 - Nothing here writes ``seq.num_computed_tokens``: the allocator does (``start_sequence``,
   ``mark_loaded``, ``reset``) and the engine's apply does (computed tokens).
+- The connector reports its own time: after each step the engine asks
+  :meth:`get_step_transfer_time` for the seconds that step's loads and saves take on their links
+  and prices them the same way for every connector (:func:`servelab.engine.clock.price_kv_transfer`):
+  on the virtual clock a load adds what the step's compute does not hide (``overlap``) or all of
+  it; on the wall clock the copies ran inside the step and are timed as they ran. The verdict
+  comes back through :meth:`transfer_priced`.
 
 No torch and no imports above ``core``: a connector module of a plugin package imports this.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Sequence as Seq
 
 if TYPE_CHECKING:
     from servelab.core.request import Sequence
+
+
+@dataclass(frozen=True)
+class KVTransferTime:
+    """The link seconds of one step's KV transfers, as the connector prices them.
+
+    ``load_s``: loads the step's forward pass reads (it cannot finish before them); ``save_s``:
+    stores and sends the step started (they run beside later steps: never added to one);
+    ``overlap``: the loads stream layer by layer behind compute (the step takes ``max(load,
+    compute)``), else the step waits for them, then computes (``load + compute``)."""
+
+    load_s: float = 0.0
+    save_s: float = 0.0
+    overlap: bool = True
+
+
+NO_TRANSFER = KVTransferTime()
 
 
 class KVConnector:
@@ -92,6 +116,15 @@ class KVConnector:
         the kept blocks) or asynchronous load (the sequence may run) completed since the last
         call. Each id is reported once. Default: nothing."""
         return set(), set()
+
+    def get_step_transfer_time(self) -> KVTransferTime:
+        """The link time of the transfers booked since the last call (the step just run reads the
+        loads); each second is reported once. Default: none."""
+        return NO_TRANSFER
+
+    def transfer_priced(self, added_s: float, hidden_s: float) -> None:
+        """The last step's loads (a nonzero :meth:`get_step_transfer_time`) added ``added_s`` to it
+        and hid ``hidden_s`` behind its compute. Default: nothing."""
 
     # ---- worker side (where the KV lives) ------------------------------------------------
     def start_load_kv(self) -> None:

@@ -261,6 +261,10 @@ class LocalExecutor(Executor):
         self.worker.allocate_kv_cache(self.num_kv_blocks)
         self.resources = contextlib.ExitStack()  # what lives beside the pool (KV tier pools): closed at shutdown
 
+    @property
+    def kv_pool(self) -> KVPool | None:
+        return self.worker.device_pool
+
     def execute(self, batch: StepBatch) -> StepOutput:
         return self.worker.execute(batch)
 

@@ -58,8 +58,7 @@ class LocalKVConnector(KVConnector):
 
     def bind(self, executor) -> "LocalKVConnector":
         """The KV pool of ``executor`` (a LocalExecutor: one worker in this process)."""
-        worker = getattr(executor, "worker", None)
-        pool = getattr(worker, "device_pool", None)
+        pool = executor.kv_pool
         if not isinstance(pool, KVPool):
             raise TypeError(f"a local KV connector needs an executor with one worker in this process "
                             f"(backend=local), not {type(executor).__name__}")

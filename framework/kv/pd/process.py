@@ -90,7 +90,7 @@ class ProcessKVConnector(KVConnector):
 
     def bind(self, executor) -> "ProcessKVConnector":
         """The KV pool of ``executor`` (one worker in this process: tensor_parallel_size=1)."""
-        pool = getattr(getattr(executor, "worker", None), "device_pool", None)
+        pool = executor.kv_pool
         if not isinstance(pool, KVPool):
             raise TypeError(f"a process KV connector reads one worker's KV pool in this process, not "
                             f"{type(executor).__name__}'s (prefill/decode replicas need tensor_parallel_size=1)")

@@ -16,7 +16,6 @@ from omegaconf import DictConfig, open_dict
 
 from servelab.core.errors import ConfigError
 from servelab.core.kv_tiers import KVTierPolicy, TierSpec
-from servelab.kv.tiers.clock import TierLoadClock
 from servelab.kv.tiers.shared import SharedTieredKVConnector, SharedTiers
 from servelab.kv.tiers.store import TieredKVConnector
 
@@ -60,6 +59,7 @@ def tiered_store(cfg: DictConfig, policy_cls: type[KVTierPolicy], tiers: tuple[T
     policy = cfg.kv_tier_policy.name
     if not policy_cls.stores:
         return None
+    load = str(_value(cfg.kv_tiers.load))  # how a load meets its step: the store reports it with its seconds
     if not tiers:
         raise ConfigError(f"kv_tier_policy={policy} stores KV below the GPU but kv_tiers has no tier: add "
                           "kv_tiers=host (or host_disk), or kv_tier_policy=none")
@@ -70,18 +70,13 @@ def tiered_store(cfg: DictConfig, policy_cls: type[KVTierPolicy], tiers: tuple[T
         if executor.computes_tokens:
             raise ConfigError(f"kv_tiers={cfg.kv_tiers.name}: a shared tier holds no real bytes (not built on an "
                               "engine that computes tokens); use shared=false or backend=sim")
-        return SharedTieredKVConnector(tiers, executor.bytes_per_block, int(cfg.block_size), shared)
-    store = TieredKVConnector(tiers, executor.bytes_per_block, int(cfg.block_size))
+        return SharedTieredKVConnector(tiers, executor.bytes_per_block, int(cfg.block_size), shared, load)
+    store = TieredKVConnector(tiers, executor.bytes_per_block, int(cfg.block_size), load)
     if executor.computes_tokens:
         from servelab.kv.tiers.pools import tier_pools  # noqa: PLC0415 - torch, only for a real engine
 
         store.attach_bytes(tier_pools(executor, tiers, cfg.kv_tiers.get("disk_dir")))
     return store
-
-
-def tier_load_clock(cfg: DictConfig, clock: Any, store: TieredKVConnector) -> TierLoadClock:
-    """``clock`` with the store's loads priced into each step as ``kv_tiers.load`` says."""
-    return TierLoadClock(clock, store, str(_value(cfg.kv_tiers.load)))
 
 
 def default_disk_dir(cfg: DictConfig, output_dir: Path) -> None:

@@ -12,7 +12,9 @@ mapped into memory (``torch.from_file``; sparse until written, the OS pages it i
 - :meth:`load`: a tier slot into a device block (before the forward pass that reads it);
 - :meth:`move`: a slot of one tier into a slot of another (a demotion).
 
-Copies are synchronous: the bytes are in place when the call returns.
+Copies are synchronous: the bytes are in place when the call returns. The store queues them and
+runs them in its worker-side calls (``start_load_kv`` before each forward pass, ``save_kv`` after
+each step), in the order it decided them.
 """
 
 from __future__ import annotations
@@ -118,14 +120,12 @@ class TierPools:
 
 
 def tier_pools(executor: object, tiers: Seq[TierSpec], disk_dir: str | None) -> TierPools:
-    """The pools of ``executor``'s tiers: it must be one worker in this process (``backend=local``, or
-    ``backend=torch`` with ``tensor_parallel_size=1``)."""
-    from servelab.exec.executor import LocalExecutor  # noqa: PLC0415 - the model's modules, only here
-
-    pool = executor.worker.device_pool if isinstance(executor, LocalExecutor) else None
+    """The pools of ``executor``'s tiers: its KV pool must be one worker's in this process
+    (``backend=local``, or ``backend=torch`` with ``tensor_parallel_size=1``: ``Executor.kv_pool``)."""
+    pool = getattr(executor, "kv_pool", None)
     if not isinstance(pool, KVPool):
         raise ConfigError(f"kv_tiers on a real engine need one worker in this process (backend=local, or "
                           f"backend=torch with tensor_parallel_size=1), not {type(executor).__name__}")
     pools = TierPools(pool, tiers, disk_dir)
-    executor.resources.callback(pools.close)  # type: ignore[attr-defined]  # a LocalExecutor: checked above
+    executor.resources.callback(pools.close)  # type: ignore[attr-defined]  # a LocalExecutor: it has a kv_pool
     return pools

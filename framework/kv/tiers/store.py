@@ -15,8 +15,9 @@ The connector's side of a request (:mod:`servelab.core.kv_connector`):
   after a preemption by recompute: such a *reload* is counted apart (``reloads``, ``reload_blocks``),
   not in the hit rate, which is over new requests' prompt blocks.
 - ``update_state_after_alloc``: the load is booked (bytes per tier, the policy's ``on_load``)
-  and its seconds wait for the step that reads it (:meth:`take_load_s`, priced by
-  :class:`~servelab.kv.tiers.clock.TierLoadClock`);
+  and its seconds wait for the step that reads it: the connector reports them
+  (``get_step_transfer_time``, with ``kv_tiers.load``: ``overlap`` or ``serialize``) and the
+  engine prices them like any connector's (:func:`servelab.engine.clock.price_kv_transfer`);
 - ``request_finished``: the policy may store the sequence's blocks now (write-through); the
   blocks are never kept (this connector reads nothing later);
 - the allocator's block events (:meth:`BlockAllocator.subscribe`), an eviction: the policy may
@@ -37,21 +38,30 @@ The connector's side of a request (:mod:`servelab.core.kv_connector`):
 In the simulator a block is its digest (no tensors); the bytes moved are counted and priced per
 link. On a real engine :meth:`TieredKVConnector.attach_bytes` gives it the tiers' tensors
 (:class:`servelab.kv.tiers.pools.TierPools`): each held block has a slot, and every store, move
-and load copies the block's KV there and back. Stores are asynchronous to the step (copy engines), so they cost no step time; they are
+and load copies the block's KV there and back. The scheduler-side calls only decide and queue
+those copies; the worker side runs them, in the order decided, in :meth:`start_load_kv` (before
+the forward pass that reads the loads, and before it overwrites a block given up for room) and
+:meth:`save_kv` (after each step). A slot given up while a copy that reads it is queued is taken
+again only by copies queued after it, so it stays pinned until its copy is done. Stores are
+asynchronous to the step (copy engines), so they cost no step time; they are
 counted in ``bytes written`` per tier.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from typing import Any, Callable, Sequence as Seq
 
 from servelab.core.block_hash import block_hashes
 from servelab.core.errors import ConfigError
 from servelab.core.interfaces import BlockEventSubscriber
-from servelab.core.kv_connector import KVConnector
+from servelab.core.kv_connector import NO_TRANSFER, KVConnector, KVTransferTime
 from servelab.core.kv_tiers import KVTierPolicy, TierBlock, TierSpec
 from servelab.core.request import Sequence
+
+
+LOAD_MODES = ("overlap", "serialize")  # kv_tiers.load
 
 
 class KVTierPolicyError(RuntimeError):
@@ -63,7 +73,10 @@ class TieredKVConnector(KVConnector, BlockEventSubscriber):
 
     name = "kv_tiers"
 
-    def __init__(self, tiers: Seq[TierSpec], bytes_per_block: int, block_size: int) -> None:
+    def __init__(self, tiers: Seq[TierSpec], bytes_per_block: int, block_size: int, load: str = "overlap") -> None:
+        if load not in LOAD_MODES:
+            raise ValueError(f"kv_tiers.load={load!r}: one of {LOAD_MODES}")
+        self.overlap = load == "overlap"  # loads stream behind the step's compute, else the step waits for them
         self.tiers = tuple(tiers)
         self.bytes_per_block = bytes_per_block
         self.block_size = block_size
@@ -93,6 +106,7 @@ class TieredKVConnector(KVConnector, BlockEventSubscriber):
         self.trace: list[tuple] | None = None
         self.pools: Any = None  # the tiers' real bytes (attach_bytes); None: digests only (the simulator)
         self.slots: list[dict[bytes, int]] = [{} for _ in self.tiers]
+        self._copies: list[Callable[[], None]] = []  # byte copies decided, run by the worker side in order
         self.free_slots: list[list[int]] = [[] for _ in self.tiers]
         # prefetch: the requests asked about and not yet admitted, in the order first asked; the clock's now
         self._queued: dict[str, Sequence] = {}
@@ -173,7 +187,7 @@ class TieredKVConnector(KVConnector, BlockEventSubscriber):
             per_tier[tier] += 1
             link_tier[tier] += landed is None
             if self.pools is not None:
-                self.pools.load(tier, self.slots[tier][digest], block_ids[j])
+                self._copies.append(functools.partial(self.pools.load, tier, self.slots[tier][digest], block_ids[j]))
             if self.trace is not None:
                 self.trace.append(("load", tier, digest))
             self.policy.on_load(tier, entry)
@@ -207,12 +221,27 @@ class TieredKVConnector(KVConnector, BlockEventSubscriber):
         return False
 
     # ---- worker side ----------------------------------------------------------------------
-    def take_load_s(self) -> float:
-        """Seconds the loads booked since the last call take over their links (one transfer per
-        tier, one after the other); resets the count. The clock prices them with the step."""
+    def start_load_kv(self) -> None:
+        """Run the queued copies (stores, moves, loads) in the order they were decided: before the
+        forward pass that reads the loads and may overwrite a block given up for room."""
+        self._run_copies()
+
+    def save_kv(self) -> None:
+        """Run the copies the step's ends queued (write-through of finished requests' blocks, still intact)."""
+        self._run_copies()
+
+    def _run_copies(self) -> None:
+        copies, self._copies = self._copies, []
+        for copy in copies:
+            copy()
+
+    def get_step_transfer_time(self) -> KVTransferTime:
+        """The seconds the loads booked since the last call take over their links (one transfer per
+        tier, one after the other, plus any wait for a prefetch still in flight); resets the count."""
         pending, self._pending_blocks = self._pending_blocks, [0] * len(self.tiers)
         wait_s, self._pending_wait_s = self._pending_wait_s, 0.0
-        return wait_s + sum(t.read_s(n, self.bytes_per_block) for t, n in zip(self.tiers, pending))
+        load_s = wait_s + sum(t.read_s(n, self.bytes_per_block) for t, n in zip(self.tiers, pending))
+        return KVTransferTime(load_s, 0.0, self.overlap) if load_s else NO_TRANSFER
 
     def get_finished(self) -> tuple[set[str], set[str]]:
         """Nothing is ever sent or received asynchronously; the poll before each schedule prefetches."""
@@ -266,7 +295,7 @@ class TieredKVConnector(KVConnector, BlockEventSubscriber):
             for digest in staged:
                 self.staged[digest] = landed
 
-    def record_load_time(self, added_s: float, hidden_s: float) -> None:
+    def transfer_priced(self, added_s: float, hidden_s: float) -> None:
         """The last priced step's loads added ``added_s`` to it and hid ``hidden_s`` behind compute; the
         added time is shared among that step's loading requests in proportion to their link time."""
         self.load_added_s += added_s
@@ -321,7 +350,7 @@ class TieredKVConnector(KVConnector, BlockEventSubscriber):
         if self.pools is not None:
             slot = self.slots[tier][block.digest] = self.free_slots[tier].pop()
             assert write is not None, "a store with bytes writes every block it takes"
-            write(tier, slot)
+            self._copies.append(functools.partial(write, tier, slot))
         held[block.digest] = block
         self.where[block.digest] = tier
         self.written_blocks[tier] += 1
