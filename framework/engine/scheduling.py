@@ -22,7 +22,7 @@ claims blocks for all its tokens in arrival order as soon as the pool takes them
 the sender), loads in its own state (``kv_waiting``, then ``kv_loading``: vLLM's
 ``WAITING_FOR_REMOTE_KVS``) taking no seat and no budget, and once it landed (:meth:`on_kv_loaded`)
 joins the waiting queue, where the policy orders it like anyone else; holding its blocks, it never
-waits behind a head of line that cannot get blocks. Admission never touches the pool to find out
+waits behind a head of line that cannot get blocks, nor behind a swapped sequence. Admission never touches the pool to find out
 whether a request fits: :meth:`BlockAllocator.can_allocate` answers without side effects.
 
 With chunked prefill off, ``EngineLimits.non_chunked_schedule`` picks the order of the phases:
@@ -256,6 +256,8 @@ class QueueScheduler(Scheduler):
         budget = self._schedule_running(plan, scheduled, self.limits.max_num_batched_tokens)
         if not plan.preempted:
             self._swap_in(plan)
+        if self.swapped and self.kv_held:  # nobody is admitted past a swapped sequence, but a landed one
+            budget = self._seat_held(plan, scheduled, budget, now)  # holds its blocks: it cannot block a swap-in
         if not self.swapped and not prefill_first:
             self._admit(plan, scheduled, budget, now)
         return plan
@@ -446,8 +448,9 @@ class QueueScheduler(Scheduler):
         self._seat(seq, n, plan, scheduled, now)
 
     def _seat_held(self, plan: SchedulePlan, scheduled: list[Sequence], budget: int, now: float) -> int:
-        """The head of line cannot get blocks: landed sequences, which hold theirs, run past it (in
-        queue order, while seats and budget allow); waiting behind it could deadlock the pool."""
+        """The head of line cannot get blocks, or a swapped sequence holds admission back: landed
+        sequences, which hold theirs, run past it (in queue order, while seats and budget allow);
+        waiting behind it could deadlock the pool."""
         for seq in [s for s in self.waiting if s.id in self.kv_held]:
             if budget <= 0 or len(self.running) >= self.limits.max_num_seqs:
                 break
