@@ -6,6 +6,7 @@ from __future__ import annotations
 from conftest import compose
 from servelab.assemble.stack import build_stack
 from servelab.core.request import Request, Status
+from servelab.kv.tiers.figures import kv_tier_figures
 
 # a tiny model on the simulator; 24 GPU blocks of 16 tokens: a 320-token prompt evicts an earlier one
 SIM = ("backend=sim", "model=tiny_code", "block_size=16", "num_kv_blocks=24", "kv_tiers=host",
@@ -59,4 +60,7 @@ def test_a_request_preempted_by_recompute_reloads_its_prefix_from_the_host():
     preempted = [s for s in engine.sequences.values() if s.num_preemptions]
     assert preempted, "the pool was meant to force a preemption"
     assert store.reloads >= 1 and sum(store.reload_blocks) > 0
+    figures = kv_tier_figures(store)  # summary.json
+    assert figures["kv_tier_requests_reloaded"] == store.reloads
+    assert figures["kv_tiers"][0]["read_bytes"] == (store.hit_blocks[0] + store.reload_blocks[0]) * store.bytes_per_block
     assert store.leaked() == 0 and engine.allocator.leaked_blocks() == 0
