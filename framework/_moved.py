@@ -106,7 +106,6 @@ MOVED: dict[str, str] = {
     "run.kv_tier_store": "kv.tiers.store",
     "run.kv_tier_shared": "kv.tiers.shared",
     "run.kv_tier_build": "kv.tiers.build",
-    "run.kv_tier_clock": "kv.tiers.clock",
     "run.kv_tier_figures": "kv.tiers.figures",
     "run.kv_tier_cluster_figures": "kv.tiers.cluster_figures",
     "exec.kv_tier_pools": "kv.tiers.pools",

@@ -54,12 +54,12 @@ from servelab.core.cost_model import StepCostModel, StepFeatures
 from servelab.core.errors import ConfigError
 from servelab.core.executor import Executor, StepOutput
 from servelab.core.hookspecs import hookimpl
-from servelab.core.interfaces import (BlockAllocator, CachedBlock, Drafts, EngineLimits, Evictor, EvictorError,
+from servelab.core.interfaces import (BlockAllocator, BlockEventSubscriber, CachedBlock, Drafts, EngineLimits, Evictor, EvictorError,
                                       EVERY_STEP, UNTIL_ARRIVAL, LengthPredictor, NextDecision, NoConfig, Plugin,
                                       PreemptionDecision, PreemptionPolicy, ReplicaView, Router, RouterError,
                                       ScheduledSeq, SchedulePlan, Scheduler, SpeculativeDrafter, TimeModel)
 from servelab.core.kinds import KINDS, KindSpec, register_kind
-from servelab.core.kv_connector import KVConnector
+from servelab.core.kv_connector import NO_TRANSFER, KVConnector, KVTransferTime
 from servelab.core.kv_connector_plugin import KVConnectorPlugin
 from servelab.core.kv_tiers import KVTierPolicy, TierBlock, TierSpec
 from servelab.core.tier_view import TierView
@@ -77,7 +77,7 @@ __all__ = [
     "PreemptionPolicy", "PreemptionContext", "SpeculativeDrafter", "DrafterContext", "TimeModel",
     "TimeModelContext", "LengthPredictor", "PredictorContext", "Evictor", "EvictorContext", "CachedBlock",
     "Router", "RouterContext", "ReplicaView", "Executor", "ExecutorContext", "KVConnector",
-    "KVConnectorPlugin", "KVConnectorContext", "KVClusterLink",
+    "KVTransferTime", "NO_TRANSFER", "BlockEventSubscriber", "KVConnectorPlugin", "KVConnectorContext", "KVClusterLink",
     "KVTierPolicy", "KVTierPolicyContext", "TierSpec", "TierBlock", "TierView",
     # the data they exchange
     "Request", "SamplingParams", "Sequence", "Status", "SchedulePlan", "ScheduledSeq", "PreemptionDecision",

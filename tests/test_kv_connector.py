@@ -90,7 +90,8 @@ def test_a_scheduler_that_ignores_the_connector_fails_the_disaggregated_stage(mo
     from servelab.engine.scheduling import QueueScheduler
 
     def add_ignoring_the_connector(self, seq):
-        self.waiting.push(seq)  # recomputes the prompt: the KV kept for it is never loaded
+        self.connector = None  # never asked, at arrival or admission: the KV kept for it is never loaded
+        self.waiting.push(seq)
 
     monkeypatch.setattr(QueueScheduler, "add", add_ignoring_the_connector)
     with pytest.raises(AssertionError, match="still held|never loaded"):

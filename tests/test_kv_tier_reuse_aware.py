@@ -66,16 +66,17 @@ def test_a_full_tier_gives_up_a_block_the_gpu_holds_too_then_the_deepest_of_its_
 
 def test_the_store_tells_the_policy_when_the_gpu_gives_up_a_loaded_block():
     digests = [b"a", b"b"]
-    allocator = SimpleNamespace(evict_listeners=[], config=SimpleNamespace(prefix_caching=True),
-                                prompt_block_digests=lambda seq: digests)
+    subscribers = []
+    allocator = SimpleNamespace(publishes_block_events=True, subscribe=subscribers.append)
     store = TieredKVConnector((HOST,), bytes_per_block=1, block_size=16)
     policy = _policy()
     store.bind(policy, allocator)
-    evict, = allocator.evict_listeners
+    evict = subscribers[0].on_block_evicted
     evict(b"a", 0)
     evict(b"b", 1)
     assert list(store.blocks[0]) == digests and not policy.on_gpu[0]
-    seq = SimpleNamespace(id="r", num_computed_tokens=0)
+    seq = SimpleNamespace(id="r", num_computed_tokens=0, num_preemptions=0, block_hashes=list(digests),
+                          token_ids=[0] * 33, num_tokens=33)
     assert store.get_num_new_matched_tokens(seq, 0) == (32, False)
     store.update_state_after_alloc(seq, [4, 5], 32)
     assert list(policy.on_gpu[0]) == digests

@@ -28,16 +28,11 @@ def _run(tmp_path, name, *overrides):
     return json.loads((out / "summary.json").read_text()), (out / "requests.jsonl").read_bytes()
 
 
-class _Prompt:
-    """The allocator's side the store reads: one prompt's chained block digests."""
-
-    def __init__(self, digests):
-        self.digests = digests
-
-    def prompt_block_digests(self, seq):
-        return self.digests
-
-    computed_block_digests = prompt_block_digests
+def _finished(digests, block_size):
+    """A sequence whose blocks are ``digests`` (its ``block_hashes``), all computed, one token after them."""
+    n = len(digests) * block_size
+    return SimpleNamespace(id="r", num_computed_tokens=n, num_preemptions=0, block_hashes=list(digests),
+                           token_ids=[0] * (n + 1), num_tokens=n + 1)
 
 
 @pytest.mark.parametrize("shared", [True, False])
@@ -47,9 +42,9 @@ def test_a_prefix_one_replica_stored_is_loaded_by_another_only_when_shared(share
     first, second = (s.engine.connector for s in stacks)
     assert isinstance(first, SharedTieredKVConnector) == shared
     digests = [bytes([i]) * 16 for i in range(3)]
-    first.allocator = second.allocator = _Prompt(digests)
-    seq = SimpleNamespace(id="r", num_computed_tokens=0)
+    seq = _finished(digests, first.block_size)
     first.request_finished(seq, [0, 1, 2])  # write-through: replica 0 stores the prompt's blocks
+    seq.num_computed_tokens = 0  # the same prompt, new on the other replica
     tokens, _ = second.get_num_new_matched_tokens(seq, 0)
     assert tokens == (3 * first.block_size if shared else 0)
     if shared:

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from servelab.core import block_hash
 from servelab.plugins.allocators import paged
 from servelab.plugins.allocators.paged import block_digest
 from servelab.core.request import Request
@@ -31,11 +32,12 @@ def test_identity_does_not_rest_on_python_hash(monkeypatch):
     requests = [Request(f"r{i}", tuple(range(10 * i, 10 * i + 13)), 5, arrival_time=0.1 * i) for i in range(4)]
     expected = tokens_by_id(run_requests(fake_stack(PREFIX, 64), requests))
     monkeypatch.setattr(paged, "hash", lambda _: 0, raising=False)  # shadows the builtin in paged.py
+    monkeypatch.setattr(block_hash, "hash", lambda _: 0, raising=False)  # and where the digests are made
     result = run_requests(fake_stack(PREFIX, 64), requests)
     assert tokens_by_id(result) == expected
     assert all(r["num_cached_prompt_tokens"] == 0 for r in result.requests)  # nothing is shared
     # ... and the check has teeth: an identity where everything collides is caught
-    monkeypatch.setattr(paged, "block_digest", lambda parent, tokens: b"\0" * 16)
+    monkeypatch.setattr(block_hash, "block_digest", lambda parent, tokens: b"\0" * 16)
     with pytest.raises(AssertionError, match="KV slot"):
         run_requests(fake_stack(PREFIX, 64), requests)
 

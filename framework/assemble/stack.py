@@ -23,7 +23,7 @@ from servelab.core.registry import Registry, default_registry
 from servelab.core.shapes import ModelShape
 from servelab.config.engine import engine_host, engine_summary
 from servelab.kv.connectors import build_kv_connector, find_part
-from servelab.kv.tiers.build import kv_tier_specs, tier_load_clock, tiers_wanted
+from servelab.kv.tiers.build import kv_tier_specs, tiers_wanted
 from servelab.kv.tiers.host_memory import host_memory
 from servelab.kv.tiers.store import TieredKVConnector
 from servelab.kv.tiers.view import StoreView
@@ -137,6 +137,8 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
             plugins[kind.name] = _build(kind, classes[kind.name], configs[kind.name], context, cfg)
         available[kind.name] = plugins[kind.name]
         available.update({alias: plugins[kind.name] for alias in kind.provides})
+        if kind.name == "allocator" and tier_view is not None:
+            tier_view.attach(plugins["allocator"])  # before the store subscribes: an eviction reaches the view first
         if kind.name == "time_model":
             # On the virtual clock the host link is the time model's, not a copy timed now on this machine.
             _swap_bandwidth(cfg, executor, cost_model, plugins["time_model"].swap_bytes_per_s()
@@ -145,7 +147,6 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
     store = find_part(connector, TieredKVConnector)
     if store is not None and tier_view is not None:
         tier_view.store = store
-        tier_view.attach(plugins["allocator"])  # the store's bind() checked it is a paged allocator with a prefix cache
     drafter = plugins["drafter"]
     if drafter.num_speculative_tokens and not executor.computes_tokens:
         raise ConfigError(f"drafter={cfg.drafter.name}: backend={cfg.backend.name} computes no tokens, so there is "
@@ -158,10 +159,7 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
     else:
         clock_mode = "custom"
     if store is not None and clock_mode == "virtual":
-        clock = tier_load_clock(cfg, clock, store)
-    if store is not None:
-        scheduler = plugins["scheduler"]
-        store.watch(lambda: [*getattr(scheduler, "kv_waiting", ()), *getattr(scheduler, "waiting", ())], clock.now if clock_mode == "virtual" else None)
+        store.use_clock(clock.now)
     engine = Engine(limits, plugins["scheduler"], plugins["allocator"], executor, cost_model, seed=cfg.seed,
                     clock=clock, drafter=drafter, **({"connector": connector} if connector is not None else {}))
     engine_clock.bind(engine.now)

@@ -259,7 +259,7 @@ class KVTierKind(enum.Enum):
 
 
 class KVTierLoad(enum.Enum):
-    """``kv_tiers.load``: how a load from a tier meets the step that reads it (servelab.kv.tiers.clock)."""
+    """``kv_tiers.load``: how a load from a tier meets the step that reads it (servelab.engine.clock.price_kv_transfer)."""
 
     overlap = "overlap"  # layer by layer behind compute: the step takes max(load, compute)
     serialize = "serialize"  # before compute: the step takes load + compute

@@ -224,12 +224,44 @@ class Evictor(Plugin):
         """One evictable block (called only when at least one exists); forget it as a candidate."""
 
 
+class BlockEventSubscriber:
+    """Hears a prefix-caching allocator's block events, in order (:meth:`BlockAllocator.subscribe`):
+    e.g. a KV connector that keeps what the GPU gives up. Blocks are named by their digest
+    (``Sequence.block_hashes``) and their block id; every method is optional (a no-op here).
+
+    The run's evictor hears the same events through its own interface (:class:`Evictor`:
+    ``on_insert``, ``on_hit``, ``on_release``), because it also chooses the victim.
+    """
+
+    def on_block_stored(self, digest: bytes, block: int) -> None:
+        """A computed full block joined the prefix cache as ``digest`` (referenced by its sequence)."""
+
+    def on_block_hit(self, digest: bytes, block: int) -> None:
+        """An admission reused cached ``block``."""
+
+    def on_block_freed(self, digest: bytes, block: int) -> None:
+        """Cached ``block``'s last reference went away: it stays cached, evictable."""
+
+    def on_block_evicted(self, digest: bytes, block: int) -> None:
+        """The pool gives cached ``block`` up for room: called before the block is reused, while it
+        still holds ``digest``'s KV (a tier may copy it out)."""
+
+
 class BlockAllocator(Plugin):
     """Owns the mapping of each sequence's logical blocks to physical KV blocks, and ref counts.
 
     Block ids are ``0 .. num_blocks - 1`` and index the executor's KV tensors. All methods are
-    called from the scheduler's thread; none touches tensors.
+    called from the scheduler's thread; none touches tensors. Nothing outside an allocator uses a
+    member that is not declared here (tests/test_allocator_contract_calls.py).
+
+    Block events: an allocator with a prefix cache (:attr:`publishes_block_events`) tells each
+    subscriber (:meth:`subscribe`, a :class:`BlockEventSubscriber`) of every block stored, hit,
+    freed and evicted, in order.
     """
+
+    #: Whether :meth:`subscribe` works: the allocator keeps a prefix cache of digest-named blocks
+    #: and publishes their events. May be a property of the config.
+    publishes_block_events: bool = False
 
     context_type = AllocatorContext
     legacy_args = ("num_blocks", "block_size", "limits")
@@ -247,6 +279,14 @@ class BlockAllocator(Plugin):
         self.limits = ctx.limits
         self.num_swap_blocks = ctx.num_swap_blocks
         self.evictor: Evictor | None = ctx.evictor
+        self.block_subscribers: list[BlockEventSubscriber] = []
+
+    def subscribe(self, subscriber: BlockEventSubscriber) -> None:
+        """Tell ``subscriber`` of every block event from now on (after those already subscribed).
+        Raises ValueError when this allocator publishes none (:attr:`publishes_block_events`)."""
+        if not self.publishes_block_events:
+            raise ValueError(f"allocator {type(self).name!r} publishes no block events (no prefix cache)")
+        self.block_subscribers.append(subscriber)
 
     @abstractmethod
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:

@@ -10,12 +10,13 @@ all connectors. ``None`` (the default everywhere) means "no KV enters or leaves"
 
 One request's life through a connector (the receiving side)::
 
-    scheduler.add(seq)
+    scheduler admits seq (in its policy's order):
       n, async_ = connector.get_num_new_matched_tokens(seq, num_computed)   # n > 0: external KV
       allocator.start_sequence(seq)                  # local prefix hit -> seq.num_computed_tokens
-      allocator.allocate_slots(seq, seq.num_uncomputed_tokens)   # all or nothing: else it waits
-      connector.update_state_after_alloc(seq, block_ids, n)      # start the load
-      not async -> allocator.mark_loaded(seq, n); the sequence may run in this very step
+      not async: allocator.allocate_slots(seq, n + chunk)        # all or nothing: else it waits
+                 connector.update_state_after_alloc(seq, block_ids, n)   # book the load (n may be 0)
+                 allocator.mark_loaded(seq, n); the chunk after them runs in this very step
+      async (also asked on arrival): blocks for every token, then update_state_after_alloc
     engine step:  connector.start_load_kv(); executor.execute(...)   # worker side: bytes move
     engine poll (start of each step):  sent, received = connector.get_finished()
       received -> scheduler.on_kv_loaded(seq) -> allocator.mark_loaded(seq, n); it runs from here
@@ -31,28 +32,60 @@ Contracts:
   they never touch tensors and never raise for an unknown request (answer "nothing external").
 - ``get_num_new_matched_tokens`` has no side effects: a scheduler may ask again each step while
   the pool cannot take the request.
-- ``update_state_after_alloc`` is called once per load, after the blocks for every token of the
-  sequence are allocated (so a landed sequence never waits for blocks). ``block_ids`` is the
-  sequence's whole block table; the external tokens are those after ``seq.num_computed_tokens``.
-  With ``load_is_async`` false the bytes are in place before the next forward pass (the worker
-  side loads them in :meth:`start_load_kv`) and the scheduler may run the sequence at once; with
-  it true the scheduler waits until :meth:`get_finished` lists the request as received.
+- The scheduler asks ``get_num_new_matched_tokens`` when it considers a waiting sequence for
+  admission, in its policy's order (and on arrival, where only an asynchronous answer is acted on:
+  a pushed hand-off claims blocks as soon as the pool takes them). A sequence preempted by
+  recompute is asked again.
+- ``update_state_after_alloc`` is called once per admission (as vLLM v1 does), with
+  ``num_external_tokens`` 0 when nothing is loaded (a connector that only loads returns at once),
+  and once per asynchronous load, after the blocks for every token of the sequence are allocated
+  (so a landed sequence never waits for blocks). ``block_ids`` is the sequence's whole block
+  table; the external tokens are those after ``seq.num_computed_tokens``. A synchronous load's
+  blocks cover the loaded tokens and the chunk the scheduler computes after them in the same step;
+  the bytes are in place before that forward pass (the worker side loads them in
+  :meth:`start_load_kv`). With ``load_is_async`` true the scheduler waits until
+  :meth:`get_finished` lists the request as received, then the sequence waits in the policy's
+  queue like any other.
 - ``request_finished`` is asked once for every sequence that ends (finished, aborted); True means
   the connector is still reading its blocks: the engine frees them only once :meth:`get_finished`
   lists the request as sent. A connector must eventually report every request it kept.
 - ``get_finished`` returns each id once (the sets are drained).
 - Nothing here writes ``seq.num_computed_tokens``: the allocator does (``start_sequence``,
   ``mark_loaded``, ``reset``) and the engine's apply does (computed tokens).
+- The connector reports its own time: after each step the engine asks
+  :meth:`get_step_transfer_time` for the seconds that step's loads and saves take on their links
+  and prices them the same way for every connector (:func:`servelab.engine.clock.price_kv_transfer`):
+  on the virtual clock a load adds what the step's compute does not hide (``overlap``) or all of
+  it; on the wall clock the copies ran inside the step and are timed as they ran. The verdict
+  comes back through :meth:`transfer_priced`.
 
 No torch and no imports above ``core``: a connector module of a plugin package imports this.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Sequence as Seq
 
 if TYPE_CHECKING:
     from servelab.core.request import Sequence
+
+
+@dataclass(frozen=True)
+class KVTransferTime:
+    """The link seconds of one step's KV transfers, as the connector prices them.
+
+    ``load_s``: loads the step's forward pass reads (it cannot finish before them); ``save_s``:
+    stores and sends the step started (they run beside later steps: never added to one);
+    ``overlap``: the loads stream layer by layer behind compute (the step takes ``max(load,
+    compute)``), else the step waits for them, then computes (``load + compute``)."""
+
+    load_s: float = 0.0
+    save_s: float = 0.0
+    overlap: bool = True
+
+
+NO_TRANSFER = KVTransferTime()
 
 
 class KVConnector:
@@ -83,6 +116,15 @@ class KVConnector:
         the kept blocks) or asynchronous load (the sequence may run) completed since the last
         call. Each id is reported once. Default: nothing."""
         return set(), set()
+
+    def get_step_transfer_time(self) -> KVTransferTime:
+        """The link time of the transfers booked since the last call (the step just run reads the
+        loads); each second is reported once. Default: none."""
+        return NO_TRANSFER
+
+    def transfer_priced(self, added_s: float, hidden_s: float) -> None:
+        """The last step's loads (a nonzero :meth:`get_step_transfer_time`) added ``added_s`` to it
+        and hid ``hidden_s`` behind its compute. Default: nothing."""
 
     # ---- worker side (where the KV lives) ------------------------------------------------
     def start_load_kv(self) -> None:

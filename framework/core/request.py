@@ -135,6 +135,9 @@ class Sequence:
     drafted_by_position: list[int] = field(default_factory=list)  # [i]: verify steps with a draft at position i
     accepted_by_position: list[int] = field(default_factory=list)  # [i]: of which kept
     predicted_output_len: float | None = None  # the length predictor's answer, once asked (Scheduler.predicted_output_len)
+    # The chained digest of each full block of token_ids, computed once (servelab.core.block_hash.block_hashes;
+    # vLLM's Request.block_hashes): what the prefix cache, the evictors and the KV tiers identify blocks by.
+    block_hashes: list[bytes] = field(default_factory=list, repr=False)
     _token_ids: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:

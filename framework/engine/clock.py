@@ -15,7 +15,21 @@ import time
 from typing import Protocol, runtime_checkable
 
 from servelab.core.interfaces import TimeModel
+from servelab.core.kv_connector import KVTransferTime
 from servelab.core.step_work import DraftWork, StepWork
+
+
+def price_kv_transfer(clock: Clock, compute_s: float, transfer: KVTransferTime) -> tuple[float, float]:
+    """``(added_s, hidden_s)``: what a step's KV loads add to the step on ``clock`` and what its
+    ``compute_s`` hides, the same rule for every connector. A virtual clock (``kind == "virtual"``)
+    advances by the added seconds: all of the load when it is serialised, what compute does not hide
+    when it overlaps. Any other clock measured the copies as they ran: nothing is added."""
+    load_s = transfer.load_s
+    if getattr(clock, "kind", None) != "virtual":
+        return 0.0, 0.0
+    added = max(0.0, load_s - compute_s) if transfer.overlap else load_s
+    clock.sleep(added)
+    return added, load_s - added
 
 
 @runtime_checkable

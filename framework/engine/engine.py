@@ -31,7 +31,7 @@ from servelab.core.interfaces import (BlockAllocator, Drafts, EngineLimits, Evic
 from servelab.core.request import Request, Sequence, Status
 from servelab.core.step_work import DraftWork, StepWork
 from servelab.engine.batch import build_batch, step_work
-from servelab.engine.clock import Clock, WallClock
+from servelab.engine.clock import Clock, WallClock, price_kv_transfer
 from servelab.engine.fast_forward import fast_forward, may_precede_span
 from servelab.engine.frontend import FrontEnd
 from servelab.engine.multi_step import run_window, starts_window
@@ -255,7 +255,7 @@ class Engine:
         work = step_work(plan)  # before _apply: it reads the sequences as the plan saw them
         self._quiet_plan = plan if self.fast_forward_enabled and may_precede_span(plan, work) else None
         output = self._execute(plan, work)
-        self.clock.end_step(work)  # a virtual clock advances by the time model's prediction
+        self.end_step(work)  # a virtual clock advances by the time model's prediction (and the KV loads)
         finished_at = self.now()
         stamp = finished_at if self.frontend is None else self.frontend.deliver(finished_at, len(output.sampled))
         grew = self._apply(plan, output.sampled, finished_at, output.accepted, stamp=stamp)
@@ -302,6 +302,20 @@ class Engine:
                 and self.drafter is None and self.connector is None and not self.keep_steps
                 and type(self.allocator).quiet_decode_tokens is not BlockAllocator.quiet_decode_tokens
                 and not any(getattr(f, "reads_step_details", True) for f in self.step_listeners))
+
+    def end_step(self, work: StepWork) -> None:
+        """The step ``work`` describes ran: the clock moves by it, then by what the connector's
+        KV loads added to it (:func:`~servelab.engine.clock.price_kv_transfer`)."""
+        connector = self.connector
+        if connector is None:
+            self.clock.end_step(work)
+            return
+        start = self.clock.now()
+        self.clock.end_step(work)
+        transfer = connector.get_step_transfer_time()
+        if transfer.load_s:
+            added, hidden = price_kv_transfer(self.clock, self.clock.now() - start, transfer)
+            connector.transfer_priced(added, hidden)
 
     def _execute(self, plan: SchedulePlan, work: StepWork) -> StepOutput:
         """Hand the step down: the features alone to an executor without tensors, else the batch

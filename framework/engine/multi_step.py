@@ -55,7 +55,7 @@ def run_window(engine: Engine, plan: SchedulePlan, start: float, num_steps: int)
             window.setdefault(e.seq.id, (e.seq, e.seq.num_output_tokens))
         work = step_work(plan)
         output = engine._execute(plan, work)
-        engine.clock.end_step(work)
+        engine.end_step(work)
         end = engine.now()
         engine._apply(plan, output.sampled, end, ended=ended)  # finishes wait for the window's end
         record = engine._record(plan, work, start, end, output.model_s, output.comm_s)

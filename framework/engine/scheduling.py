@@ -11,13 +11,19 @@ methods: :meth:`waiting_key` (or :meth:`make_waiting_queue`), :meth:`running_ord
 the time (aging, deadlines, starvation bounds) sets :attr:`QueueScheduler.time_dependent_key`:
 its key then also gets ``now`` and the queue is re-sorted once per step.
 
-KV a connector brings in (:mod:`servelab.core.kv_connector`: a prefill replica's prompt, later a
-host or disk tier): :meth:`add` asks the connector how many tokens of a new sequence an external
-source holds; such a sequence claims blocks for all its tokens at once, in arrival order, ahead of
-everything else (on arrival, then at the start of each :meth:`schedule` while the pool refuses:
-back-pressure), starts the load, and once the connector reports it landed
-(:meth:`on_kv_loaded`) is seated before anyone new. Admission never touches the pool to find
-out whether a request fits: :meth:`BlockAllocator.can_allocate` answers without side effects.
+KV a connector brings in (:mod:`servelab.core.kv_connector`: a host or disk tier, a prefill
+replica's prompt): the connector is asked about a waiting sequence when :meth:`_admit` considers it,
+in the waiting queue's (the policy's) order, as vLLM v1's ``Scheduler.schedule`` does; a
+synchronous source's tokens are loaded into blocks claimed at that admission, with the first chunk
+computed after them in the same step. A sequence preempted by recompute is asked again, so it
+reloads what a tier still holds. An *asynchronous* load (a P/D hand-off: the sender holds its copy
+until the receiver claims blocks) is announced by the connector when the sequence arrives: it
+claims blocks for all its tokens in arrival order as soon as the pool takes them (back-pressure on
+the sender), loads in its own state (``kv_waiting``, then ``kv_loading``: vLLM's
+``WAITING_FOR_REMOTE_KVS``) taking no seat and no budget, and once it landed (:meth:`on_kv_loaded`)
+joins the waiting queue, where the policy orders it like anyone else; holding its blocks, it never
+waits behind a head of line that cannot get blocks, nor behind a swapped sequence. Admission never touches the pool to find out
+whether a request fits: :meth:`BlockAllocator.can_allocate` answers without side effects.
 
 With chunked prefill off, ``EngineLimits.non_chunked_schedule`` picks the order of the phases:
 ``prefill_first`` (default; vLLM v0 before chunked prefill, SGLang without a mixed chunk) admits
@@ -115,11 +121,12 @@ class QueueScheduler(Scheduler):
         self.waiting = self.make_waiting_queue()
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
-        # KV through the connector: waiting for blocks (FIFO), loading (id -> (seq, tokens)), landed
+        # Asynchronous loads through the connector: waiting for blocks (FIFO), loading (id -> (seq, tokens)),
+        # and the ids of landed sequences back in the waiting queue holding blocks for all their tokens
         self.connector = getattr(self.context, "connector", None)
         self.kv_waiting: deque[Sequence] = deque()
         self.kv_loading: dict[str, tuple[Sequence, int]] = {}
-        self.kv_ready: deque[Sequence] = deque()
+        self.kv_held: set[str] = set()
         self._prefill_left = self._prefill_cap = 0  # prefill tokens this step may (still) take
         self._drafts_left = 0  # draft tokens this step may (still) verify
 
@@ -182,9 +189,9 @@ class QueueScheduler(Scheduler):
     # ---- the interface ------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
         connector = self.connector
-        if connector is not None:
-            n, load_async = connector.get_num_new_matched_tokens(seq, self.allocator.cached_prefix_len(seq))
-            if n > 0 or load_async:  # its KV comes from outside: blocks first, then the load
+        if connector is not None:  # only an asynchronous push is claimed on arrival; the rest is asked at admission
+            _, load_async = connector.get_num_new_matched_tokens(seq, self.allocator.cached_prefix_len(seq))
+            if load_async:
                 self.kv_waiting.append(seq)
                 self._start_kv_loads()
                 return
@@ -193,7 +200,8 @@ class QueueScheduler(Scheduler):
     def on_kv_loaded(self, seq: Sequence) -> None:
         _, n = self.kv_loading.pop(seq.id)
         self.allocator.mark_loaded(seq, n)
-        self.kv_ready.append(seq)
+        self.kv_held.add(seq.id)
+        self.waiting.push(seq)  # the policy seats it, in its order
 
     def remove(self, seq: Sequence) -> None:
         if seq in self.running:
@@ -204,22 +212,20 @@ class QueueScheduler(Scheduler):
         A custom waiting queue (:meth:`make_waiting_queue`) needs a ``remove(seq)`` method for this."""
         if seq.status is Status.SWAPPED:
             self.swapped.remove(seq)
-        elif seq.status is Status.WAITING and seq in self.kv_ready:
-            self.kv_ready.remove(seq)
         elif seq.status is Status.WAITING and seq in self.kv_waiting:
             self.kv_waiting.remove(seq)
         elif seq.status is Status.WAITING and seq.id in self.kv_loading:
             del self.kv_loading[seq.id]  # the engine frees its blocks; the connector's answer is ignored
         elif seq.status is Status.WAITING and any(s is seq for s in self.waiting):
             self.waiting.remove(seq)
+            self.kv_held.discard(seq.id)  # the engine frees its blocks
         self.remove(seq)
 
     def num_unfinished(self) -> int:
-        return (len(self.waiting) + len(self.running) + len(self.swapped) + len(self.kv_waiting) + len(self.kv_loading)
-                + len(self.kv_ready))
+        return len(self.waiting) + len(self.running) + len(self.swapped) + len(self.kv_waiting) + len(self.kv_loading)
 
     def queue_lengths(self) -> dict[str, int]:
-        queues = {"waiting": len(self.waiting) + len(self.kv_ready), "running": len(self.running),
+        queues = {"waiting": len(self.waiting), "running": len(self.running),
                   "swapped": len(self.swapped)}
         if self.connector is not None:  # waiting for blocks or for their KV to land
             queues["loading"] = len(self.kv_waiting) + len(self.kv_loading)
@@ -250,8 +256,8 @@ class QueueScheduler(Scheduler):
         budget = self._schedule_running(plan, scheduled, self.limits.max_num_batched_tokens)
         if not plan.preempted:
             self._swap_in(plan)
-        if self.kv_ready:
-            budget = self._seat_loaded(plan, scheduled, budget, now)
+        if self.swapped and self.kv_held:  # nobody is admitted past a swapped sequence, but a landed one
+            budget = self._seat_held(plan, scheduled, budget, now)  # holds its blocks: it cannot block a swap-in
         if not self.swapped and not prefill_first:
             self._admit(plan, scheduled, budget, now)
         return plan
@@ -307,7 +313,7 @@ class QueueScheduler(Scheduler):
             self.running.append(seq)
 
     def _start_kv_loads(self) -> None:
-        """Sequences whose KV an external source holds claim blocks for all their tokens, in
+        """Sequences whose KV an asynchronous source pushes claim blocks for all their tokens, in
         arrival order, and start their loads; the first one the pool cannot take stops the rest
         (back-pressure: it retries at the next :meth:`schedule`). No side effects when it does not fit."""
         allocator, connector, queue = self.allocator, self.connector, self.kv_waiting
@@ -329,27 +335,6 @@ class QueueScheduler(Scheduler):
             self.kv_loading[seq.id] = (seq, n)
             if not load_async:  # in place before the next forward pass
                 self.on_kv_loaded(seq)
-
-    def _seat_loaded(self, plan: SchedulePlan, scheduled: list[Sequence], budget: int, now: float) -> int:
-        """Sequences whose KV landed run from here, in landing order, while seats and budget allow:
-        their blocks are allocated already (holding them in a queue behind a request that waits for
-        blocks could deadlock the pool)."""
-        while self.kv_ready and budget > 0 and len(self.running) < self.limits.max_num_seqs:
-            seq = self.kv_ready[0]
-            n = self._chunk(seq, budget)
-            if n == 0:
-                break
-            self.kv_ready.popleft()
-            if not self.allocator.allocate_slots(seq, n):  # covered by the load's allocation
-                raise RuntimeError(f"sequence {seq.id!r} landed without blocks for its next {n} tokens")
-            seq.status = Status.RUNNING
-            if seq.first_scheduled_time is None:
-                seq.first_scheduled_time = now
-            self.running.append(seq)
-            self._take(seq, n, plan, scheduled)
-            self.on_admit(seq, now)
-            budget -= n
-        return budget
 
     # ---- mechanics ----------------------------------------------------------------------
     def _verify(self, seq: Sequence, budget: int, plan: SchedulePlan) -> bool:
@@ -383,7 +368,9 @@ class QueueScheduler(Scheduler):
         scheduled.append(seq)
 
     def _admit(self, plan: SchedulePlan, scheduled: list[Sequence], budget: int, now: float) -> int:
-        """Waiting sequences, in the waiting queue's order, while budget, seats and blocks allow."""
+        """Waiting sequences, in the waiting queue's order, while budget, seats and blocks allow;
+        the connector is asked about each as it comes up (see the module's docstring)."""
+        allocator, connector, held = self.allocator, self.connector, self.kv_held
         while self.waiting and budget > 0:
             seq = self.waiting.peek()
             if not self.may_admit(seq, now):
@@ -392,28 +379,86 @@ class QueueScheduler(Scheduler):
             if len(self.running) >= self.limits.max_num_seqs and not self._free_seat_for(seq, plan, scheduled):
                 self.waiting.push_front(seq)
                 break
+            if held and seq.id in held:  # an asynchronous load landed: its blocks cover every token
+                n = self._chunk(seq, budget)
+                if n == 0:
+                    self.waiting.push_front(seq)
+                    break
+                self._seat_landed(seq, n, plan, scheduled, now)
+                budget -= n
+                continue
             # Ask first, touch nothing: a head of line that does not fit retries next step without
             # referencing its cached prefix (no evictor hears of a use that did not happen).
-            cached = self.allocator.cached_prefix_len(seq)
-            n = self._chunk(seq, budget, cached)
-            if n == 0 or not self._room_for_waiting(seq, n, cached, plan, scheduled):
+            cached = allocator.cached_prefix_len(seq)
+            external = 0
+            if connector is not None:
+                external, load_async = connector.get_num_new_matched_tokens(seq, cached)
+                if load_async:  # a source that answers asynchronously now: it loads without a seat
+                    self.kv_waiting.append(seq)
+                    self._start_kv_loads()
+                    continue
+            n = self._chunk(seq, budget, cached + external)
+            if n == 0 or not self._room_for_waiting(seq, external + n, cached, plan, scheduled):
                 self.waiting.push_front(seq)
+                if held:
+                    budget = self._seat_held(plan, scheduled, budget, now)
                 break
-            hit = self.allocator.start_sequence(seq)
+            hit = allocator.start_sequence(seq)
             if hit != cached:  # an allocator whose admit and cached_prefix_len disagree
-                n = self._chunk(seq, budget)
-            if n == 0 or not self.allocator.allocate_slots(seq, n):  # an optimistic can_allocate: undo
-                self.allocator.reset(seq)
+                if connector is not None:
+                    external, _ = connector.get_num_new_matched_tokens(seq, hit)
+                n = self._chunk(seq, budget, hit + external)
+            if n == 0 or not allocator.allocate_slots(seq, external + n):  # an optimistic can_allocate: undo
+                allocator.reset(seq)
                 self.waiting.push_front(seq)
                 break
-            if seq.num_preemptions == 0:  # the hit rate counts first admissions only
-                seq.num_cached_prompt_tokens = hit
-            seq.status = Status.RUNNING
-            if seq.first_scheduled_time is None:
-                seq.first_scheduled_time = now
-            self.running.append(seq)
-            self._take(seq, n, plan, scheduled)
-            self.on_admit(seq, now)
+            if external:  # the allocation may have evicted GPU blocks into a full tier, which dropped some
+                assert connector is not None
+                now_external, _ = connector.get_num_new_matched_tokens(seq, hit)
+                if now_external != external:
+                    external = now_external
+                    n = self._chunk(seq, budget, hit + external)
+                    if n == 0 or not allocator.allocate_slots(seq, external + n):
+                        allocator.reset(seq)
+                        self.waiting.push_front(seq)
+                        break
+            if connector is not None:  # told of every admission; a synchronous load is in place before
+                connector.update_state_after_alloc(seq, allocator.block_table(seq.id), external)  # the forward pass
+                if external:
+                    allocator.mark_loaded(seq, external)
+            if seq.num_preemptions == 0 and seq.num_output_tokens == 0:  # the hit rate counts first admissions
+                seq.num_cached_prompt_tokens = hit  # only (a hand-off carries its prefill's hit)
+            self._seat(seq, n, plan, scheduled, now)
+            budget -= n
+        return budget
+
+    def _seat(self, seq: Sequence, n: int, plan: SchedulePlan, scheduled: list[Sequence], now: float) -> None:
+        """``seq`` (blocks allocated for its next ``n`` tokens) runs from this step."""
+        seq.status = Status.RUNNING
+        if seq.first_scheduled_time is None:
+            seq.first_scheduled_time = now
+        self.running.append(seq)
+        self._take(seq, n, plan, scheduled)
+        self.on_admit(seq, now)
+
+    def _seat_landed(self, seq: Sequence, n: int, plan: SchedulePlan, scheduled: list[Sequence], now: float) -> None:
+        self.kv_held.discard(seq.id)
+        if not self.allocator.allocate_slots(seq, n):  # covered by the load's allocation
+            raise RuntimeError(f"sequence {seq.id!r} landed without blocks for its next {n} tokens")
+        self._seat(seq, n, plan, scheduled, now)
+
+    def _seat_held(self, plan: SchedulePlan, scheduled: list[Sequence], budget: int, now: float) -> int:
+        """The head of line cannot get blocks, or a swapped sequence holds admission back: landed
+        sequences, which hold theirs, run past it (in queue order, while seats and budget allow);
+        waiting behind it could deadlock the pool."""
+        for seq in [s for s in self.waiting if s.id in self.kv_held]:
+            if budget <= 0 or len(self.running) >= self.limits.max_num_seqs:
+                break
+            n = self._chunk(seq, budget)
+            if n == 0:
+                break
+            self.waiting.remove(seq)
+            self._seat_landed(seq, n, plan, scheduled, now)
             budget -= n
         return budget
 

@@ -62,6 +62,8 @@ class _Connector(KVConnector):
         return held[2] - num_computed_tokens, self.get_async(seq)
 
     def update_state_after_alloc(self, seq: Sequence, block_ids: Seq[int], num_external_tokens: int) -> None:
+        if seq.id not in self.link.held:  # an admission with nothing to load
+            return
         sender, src, _ = self.link.held.pop(seq.id)
         bs = self.executor.block_size
         first, last = seq.num_computed_tokens // bs, -(-(seq.num_computed_tokens + num_external_tokens) // bs)

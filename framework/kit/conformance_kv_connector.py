@@ -88,6 +88,12 @@ class _Checked(KVConnector):
                 pending.discard(request_id)
         return sent, received
 
+    def get_step_transfer_time(self):
+        return self.inner.get_step_transfer_time()
+
+    def transfer_priced(self, added_s, hidden_s):
+        self.inner.transfer_priced(added_s, hidden_s)
+
     def start_load_kv(self):
         self.inner.start_load_kv()
 

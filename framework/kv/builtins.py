@@ -36,9 +36,10 @@ def tiers(config: Any, context: KVConnectorContext) -> TieredKVConnector:
         if context.computes_tokens:
             raise ConfigError("kv_tiers: a shared tier holds no real bytes (not built on an engine that computes "
                               "tokens); use shared=false or backend=sim")
-        store: TieredKVConnector = SharedTieredKVConnector(specs, context.bytes_per_block, context.block_size, shared)
+        store: TieredKVConnector = SharedTieredKVConnector(specs, context.bytes_per_block, context.block_size, shared,
+                                                             context.kv_tier_load)
     else:
-        store = TieredKVConnector(specs, context.bytes_per_block, context.block_size)
+        store = TieredKVConnector(specs, context.bytes_per_block, context.block_size, context.kv_tier_load)
         if context.computes_tokens:
             from servelab.kv.tiers.pools import tier_pools  # noqa: PLC0415 - torch, only for a real engine
 

@@ -1,10 +1,9 @@
 """Paged KV-cache allocation (vLLM's PagedAttention) with optional prefix caching.
 
-Blocks are ref-counted. With ``prefix_caching`` on, each *full* block is identified by a chained
-digest :func:`block_digest` (BLAKE2b of the parent block's digest and the block's token ids, so
-identity never rests on Python's 64-bit ``hash()``, where two different prefixes can collide and
-a request would read another's KV); a request's ``cache_salt`` seeds the chain, so requests with
-different salts (tenants) never share a block. An admitted sequence reuses every cached full block
+Blocks are ref-counted. With ``prefix_caching`` on, each *full* block is identified by its chained
+digest, computed once and kept on the sequence (``Sequence.block_hashes``,
+:mod:`servelab.core.block_hash`: BLAKE2b of the parent block's digest and the block's token ids;
+a request's ``cache_salt`` seeds the chain, so requests with different salts never share a block). An admitted sequence reuses every cached full block
 of its prefix (ref + 1) and computes only the rest. A freed block that has a hash stays cached
 (evictable) and is evicted only when the pool needs room; blocks without a hash are reused first.
 Only full blocks are ever shared, so copy-on-write is never needed: a partial last block always
@@ -12,8 +11,10 @@ belongs to one sequence, and it is hashed (and becomes shareable) only once it i
 
 Which cached block to give up when the pool needs room is the evictor's choice (``evictor=<name>``,
 default ``lru``): the allocator reports each cache event to it (insert, hit, release) and asks it
-for a victim only when no never-cached block is free. :meth:`PagedAllocator.cached_prefix_len`
-answers how much of a waiting request the cache holds, from digests memoised per sequence.
+for a victim only when no never-cached block is free; subscribers (:meth:`BlockAllocator.subscribe`:
+the KV tiers) hear the same events, and each eviction before the block is reused.
+:meth:`PagedAllocator.cached_prefix_len` answers how much of a waiting request the cache holds, from
+the sequence's digests.
 
 Swap: with a host pool attached (``backend.num_swap_blocks`` / ``swap_space_gb``), a victim's
 blocks are copied to host blocks and its device blocks released (a shared prefix block stays for
@@ -23,27 +24,13 @@ re-registers the hashes of its full blocks when no other block holds them.
 
 from __future__ import annotations
 
-import hashlib
-from array import array
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
 
-from servelab.plugin_api import (BlockAllocator, CachedBlock, EvictorContext, EvictorError, Sequence, Status,
+from servelab.core.block_hash import block_digest, block_hashes, root_digest  # noqa: F401 - block_digest: re-exported
+from servelab.plugin_api import (BlockAllocator, CachedBlock, EvictorContext, EvictorError, Sequence,
                                  StepCostModel)
 from servelab.plugins.evictors.lru import LruEvictor
-
-
-def block_digest(parent: bytes, tokens) -> bytes:
-    """The identity of a full block: BLAKE2b-128 over the parent's digest and the token ids
-    (8 bytes each). Collision-resistant, unlike ``hash()``: equal digests mean equal prefixes."""
-    return hashlib.blake2b(parent + array("q", tokens).tobytes(), digest_size=16).digest()
-
-
-def root_digest(seq: Sequence) -> bytes:
-    """The chain's start: empty, or a digest of the request's ``cache_salt`` (its tenant)."""
-    salt = seq.request.cache_salt
-    return b"" if salt is None else hashlib.blake2b(b"salt\0" + salt.encode(), digest_size=16).digest()
 
 
 @dataclass
@@ -80,13 +67,10 @@ class PagedAllocator(BlockAllocator):
         self.free_host: deque[int] = (self.context.host_blocks if getattr(self.context, "host_blocks", None) is not None
                                       else deque(range(self.num_swap_blocks)))
         self.swapped: dict[str, tuple[list[int], int]] = {}  # seq id -> (host blocks, slots used)
-        self.prompt_digests: dict[str, list[bytes]] = {}  # seq id -> its prompt's block digests, until it leaves
-        # Told (digest, block id) of each cached block the pool gives up, before the block is reused and
-        # while it still holds that KV (tiers below the GPU spill it: servelab.kv.tiers.store).
-        self.evict_listeners: list[Callable[[bytes, int], None]] = []
-        # Told the digests of the cached blocks each admission reuses (a KV tier policy reads their GPU-side
-        # reuse counts: servelab.kv.tiers.view); called once per admission that hits.
-        self.hit_listeners: list[Callable[[list[bytes]], None]] = []
+
+    @property
+    def publishes_block_events(self) -> bool:  # type: ignore[override]  # a property of the config
+        return bool(self.config.prefix_caching)
 
     # ---- the interface ------------------------------------------------------------------
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
@@ -114,8 +98,6 @@ class PagedAllocator(BlockAllocator):
         if table:
             self._table_blocks -= len(table)
         self.hashes.pop(seq.id, None)
-        if seq.status is not Status.WAITING:  # a failed admission retries next step: keep its digests
-            self.prompt_digests.pop(seq.id, None)
         self._total_slots_used -= self.slots_used.pop(seq.id, 0)
         for block in reversed(table or ()):  # tail blocks end up evicted first
             self._release(block)
@@ -142,7 +124,6 @@ class PagedAllocator(BlockAllocator):
         table = self.tables.setdefault(seq.id, [])
         held = len(table)
         hashes = self.hashes.setdefault(seq.id, [])
-        first = len(hashes)
         for h in self._prompt_digests(seq):
             block = self.cached.get(h)
             if block is None:
@@ -154,11 +135,10 @@ class PagedAllocator(BlockAllocator):
                 self._on_hit(block)
             except Exception as exc:  # reported naming the evictor
                 raise self._evictor_error("on_hit", block, exc) from exc
+            for subscriber in self.block_subscribers:
+                subscriber.on_block_hit(h, block)
             table.append(block)
             hashes.append(h)
-        if self.hit_listeners and len(hashes) > first:
-            for listener in self.hit_listeners:
-                listener(hashes[first:])
         self._table_blocks += len(table) - held
         cached_tokens = len(table) * self.block_size
         self._total_slots_used += cached_tokens
@@ -194,34 +174,23 @@ class PagedAllocator(BlockAllocator):
         return total - hits <= available
 
     def _prompt_digests(self, seq: Sequence) -> list[bytes]:
-        """Digests of ``seq``'s full blocks but the last token's, memoised until it leaves (a failed
-        admission is retried every step; a preempted sequence grows, so the length is checked)."""
+        """Digests of ``seq``'s full blocks but the last token's (what a prefix hit matches), from
+        ``seq.block_hashes``."""
         n = (seq.num_tokens - 1) // self.block_size  # the last token is always computed
-        digests = self.prompt_digests.get(seq.id)
-        if digests is None or len(digests) != n:
-            digests, parent, tokens, bs = [], root_digest(seq), seq.token_ids, self.block_size
-            for j in range(n):
-                parent = block_digest(parent, tokens[j * bs:(j + 1) * bs])
-                digests.append(parent)
-            self.prompt_digests[seq.id] = digests
-        return digests
-
-    def prompt_block_digests(self, seq: Sequence) -> list[bytes]:
-        """The digests of ``seq``'s full prompt blocks but the last token's (what a prefix hit matches)."""
-        return self._prompt_digests(seq)
-
-    def computed_block_digests(self, seq: Sequence) -> list[bytes]:
-        """The digests of ``seq``'s full computed blocks (prefix caching on; else empty)."""
-        return self.hashes.get(seq.id, [])
+        digests = block_hashes(seq, self.block_size)
+        return digests if len(digests) == n else digests[:n]
 
     def on_tokens_computed(self, seq: Sequence) -> None:
         if not self.config.prefix_caching:
             return
         table, hashes = self.tables[seq.id], self.hashes.setdefault(seq.id, [])
-        tokens, bs = seq.token_ids, self.block_size
+        full = seq.num_computed_tokens // self.block_size
+        if len(hashes) >= full:
+            return
+        digests = block_hashes(seq, self.block_size)
         parent = hashes[-1] if hashes else root_digest(seq)
-        for j in range(len(hashes), seq.num_computed_tokens // bs):
-            h = block_digest(parent, tokens[j * bs:(j + 1) * bs])
+        for j in range(len(hashes), full):
+            h = digests[j]
             hashes.append(h)
             block = table[j]
             if self.block_hash[block] is None and h not in self.cached:
@@ -301,6 +270,8 @@ class PagedAllocator(BlockAllocator):
             self._on_insert(entry)
         except Exception as exc:  # reported naming the evictor
             raise self._evictor_error("on_insert", entry, exc) from exc
+        for subscriber in self.block_subscribers:
+            subscriber.on_block_stored(digest, block)
 
     def _release(self, block: int) -> None:
         self.ref_counts[block] -= 1
@@ -313,6 +284,11 @@ class PagedAllocator(BlockAllocator):
                     self._on_release(block)
                 except Exception as exc:  # reported naming the evictor
                     raise self._evictor_error("on_release", block, exc) from exc
+                if self.block_subscribers:
+                    digest = self.block_hash[block]
+                    assert digest is not None  # an evictable block is a cached one
+                    for subscriber in self.block_subscribers:
+                        subscriber.on_block_freed(digest, block)
 
     def _take_block(self) -> int:
         block = self.free_plain.popleft() if self.free_plain else self._evict()
@@ -340,8 +316,8 @@ class PagedAllocator(BlockAllocator):
         assert digest is not None  # checked above: a cached block
         del self.cached[digest]
         self.block_hash[block] = None
-        for listener in self.evict_listeners:
-            listener(digest, block)
+        for subscriber in self.block_subscribers:
+            subscriber.on_block_evicted(digest, block)
         return block
 
     def _evictor_error(self, event: str, arg, exc: Exception) -> EvictorError:

@@ -12,6 +12,10 @@ remote store: each part stays the connector it is, and this one asks them in ord
   sent once every part that kept it has (freed once).
 - The worker side (``start_load_kv``, ``wait_for_load``, ``save_kv``, ``wait_for_save``) and
   ``get_finished`` run on every part, in order; the sets are joined.
+- Time: each part prices its own transfers on its own link (``get_step_transfer_time``); the links
+  run side by side, so a step's loads take the longest part's seconds (saves likewise), and they
+  overlap compute only if every loading part's do. What the clock then added and hid is shared out
+  to the loading parts in proportion to their load seconds (``transfer_priced``).
 
 Its parts are ``self.connectors`` (``servelab.kv.connectors.parts`` walks them: the stack finds the
 tiers store, a cluster its hand-off endpoint, through it).
@@ -22,7 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Sequence as Seq
 
-from servelab.plugin_api import ConfigError, KVConnector, KVConnectorContext, KVConnectorPlugin, Sequence
+from servelab.plugin_api import (NO_TRANSFER, ConfigError, KVConnector, KVConnectorContext, KVConnectorPlugin,
+                                 KVTransferTime, Sequence)
 
 
 @dataclass
@@ -49,6 +54,7 @@ class MultiConnector(KVConnectorPlugin):
             connectors = [context.build(n) for n in config.connectors]
         self.connectors: list[KVConnector] = list(connectors)
         self._keepers: dict[str, int] = {}  # request id -> parts still reading its blocks (kept by more than one)
+        self._loading: list[tuple[KVConnector, float]] = []  # the parts whose loads the last step read, and their seconds
 
     # ---- scheduler side -----------------------------------------------------------------
     def get_num_new_matched_tokens(self, seq: Sequence, num_computed_tokens: int) -> tuple[int, bool]:
@@ -87,6 +93,22 @@ class MultiConnector(KVConnectorPlugin):
                 self._keepers.pop(request_id, None)
                 sent.add(request_id)
         return sent, received
+
+    def get_step_transfer_time(self) -> KVTransferTime:
+        times = [(part, part.get_step_transfer_time()) for part in self.connectors]
+        loads = [(part, t) for part, t in times if t.load_s]
+        self._loading = [(part, t.load_s) for part, t in loads]
+        saves = [t.save_s for _, t in times if t.save_s]
+        if not loads and not saves:
+            return NO_TRANSFER
+        return KVTransferTime(load_s=max((t.load_s for _, t in loads), default=0.0), save_s=max(saves, default=0.0),
+                              overlap=all(t.overlap for _, t in loads))
+
+    def transfer_priced(self, added_s: float, hidden_s: float) -> None:
+        total = sum(s for _, s in self._loading)
+        for part, seconds in self._loading:
+            part.transfer_priced(added_s * seconds / total, hidden_s * seconds / total)
+        self._loading = []
 
     # ---- worker side --------------------------------------------------------------------
     def start_load_kv(self) -> None:

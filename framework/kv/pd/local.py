@@ -76,7 +76,9 @@ class LocalKVConnector(KVConnector):
         return max(0, min(held.num_tokens, seq.num_tokens - 1) - num_computed_tokens), False
 
     def update_state_after_alloc(self, seq: Sequence, block_ids: Seq[int], num_external_tokens: int) -> None:
-        held = self.link.held.pop(seq.id)
+        held = self.link.held.pop(seq.id, None)
+        if held is None:  # an admission with nothing to load
+            return
         assert self.pool is not None and held.sender.pool is not None, "bind() each connector to its executor"
         bs = self.pool.data.shape[3]  # tokens per block (KVPool: [layers, 2, blocks, block_size, ...])
         src, dst = held.sender.pool.data, self.pool.data

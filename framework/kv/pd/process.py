@@ -126,7 +126,9 @@ class ProcessKVConnector(KVConnector):
         return max(0, min(payload.num_tokens, seq.num_tokens - 1) - num_computed_tokens), False
 
     def update_state_after_alloc(self, seq: Sequence, block_ids: Seq[int], num_external_tokens: int) -> None:
-        payload = self._held.pop(seq.id)
+        payload = self._held.pop(seq.id, None)
+        if payload is None:  # an admission with nothing to load
+            return
         self._loads.append(_Load(seq, payload, list(block_ids), seq.num_computed_tokens, num_external_tokens))
 
     def request_finished(self, seq: Sequence, block_ids: Seq[int]) -> bool:

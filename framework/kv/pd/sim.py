@@ -118,7 +118,8 @@ class PDConnector(KVConnector):
         return 0, False
 
     def update_state_after_alloc(self, seq: Sequence, block_ids: Seq[int], num_external_tokens: int) -> None:
-        self.transfers._start(self.index, seq, num_external_tokens)
+        if self.transfers._holds(self.index, seq.id):  # else an admission with nothing to load
+            self.transfers._start(self.index, seq, num_external_tokens)
 
     def request_finished(self, seq: Sequence, block_ids: Seq[int]) -> bool:
         return self.role == "prefill" and seq.status is Status.FINISHED and self.transfers.should_send(seq)

@@ -17,9 +17,7 @@ from omegaconf import DictConfig, open_dict
 
 from servelab.core.errors import ConfigError
 from servelab.core.kv_tiers import KVTierPolicy, TierSpec
-from servelab.kv.tiers.clock import TierLoadClock
 from servelab.kv.tiers.shared import SharedTiers
-from servelab.kv.tiers.store import TieredKVConnector
 
 
 def _value(x: Any) -> Any:
@@ -63,11 +61,6 @@ def tiers_wanted(cfg: DictConfig, policy_cls: type[KVTierPolicy], tiers: tuple[T
         raise ConfigError(f"kv_tier_policy={cfg.kv_tier_policy.name} stores KV below the GPU but kv_tiers has no tier: "
                           "add kv_tiers=host (or host_disk), or kv_tier_policy=none")
     return True
-
-
-def tier_load_clock(cfg: DictConfig, clock: Any, store: TieredKVConnector) -> TierLoadClock:
-    """``clock`` with the store's loads priced into each step as ``kv_tiers.load`` says."""
-    return TierLoadClock(clock, store, str(_value(cfg.kv_tiers.load)))
 
 
 def default_disk_dir(cfg: DictConfig, output_dir: Path) -> None:

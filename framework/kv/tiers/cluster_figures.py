@@ -63,6 +63,7 @@ def cluster_tier_figures(reports: list[dict], num_finished: int, ttft: dict, que
         "kv_tier_lookup_blocks": lookups,
         "kv_tier_hit_rate": sum(t["hit_blocks"] for t in tiers) / lookups if lookups else 0.0,
         "kv_tier_requests_loaded": loaded,
+        "kv_tier_requests_reloaded": sum(p["kv_tier_requests_reloaded"] for p in parts),
         "kv_tier_load_s_per_loaded_request_mean": load_s / loaded if loaded else 0.0,
         "kv_tier_load_added_s": sum(p["kv_tier_load_added_s"] for p in parts),
         "kv_tier_load_hidden_s": sum(p["kv_tier_load_hidden_s"] for p in parts),

@@ -12,7 +12,9 @@ mapped into memory (``torch.from_file``; sparse until written, the OS pages it i
 - :meth:`load`: a tier slot into a device block (before the forward pass that reads it);
 - :meth:`move`: a slot of one tier into a slot of another (a demotion).
 
-Copies are synchronous: the bytes are in place when the call returns.
+Copies are synchronous: the bytes are in place when the call returns. The store queues them and
+runs them in its worker-side calls (``start_load_kv`` before each forward pass, ``save_kv`` after
+each step), in the order it decided them.
 """
 
 from __future__ import annotations

@@ -126,8 +126,9 @@ class SharedTieredKVConnector(TieredKVConnector):
     stored it there); this replica loads it from its own tier first. A store into a shared tier that
     holds the block already only refreshes it (nothing written, nothing dropped)."""
 
-    def __init__(self, tiers: Seq[TierSpec], bytes_per_block: int, block_size: int, shared: SharedTiers) -> None:
-        super().__init__(tiers, bytes_per_block, block_size)
+    def __init__(self, tiers: Seq[TierSpec], bytes_per_block: int, block_size: int, shared: SharedTiers,
+                 load: str = "overlap") -> None:
+        super().__init__(tiers, bytes_per_block, block_size, load)
         books = {i: shared.book(i) for i, t in enumerate(self.tiers) if t.shared}
         for i, book in books.items():
             self.blocks[i] = book

@@ -10,15 +10,21 @@ The connector's side of a request (:mod:`servelab.core.kv_connector`):
 
 - ``get_num_new_matched_tokens``: after the GPU prefix hit, the next prompt blocks whose digests
   the tiers hold, in chain order (one missing block ends the match): those tokens are loaded, not
-  computed. Loads are synchronous: the bytes are in place before the next forward pass.
+  computed. Loads are synchronous: the bytes are in place before the next forward pass. The
+  scheduler asks when it considers the request for admission, in its policy's order, and again
+  after a preemption by recompute: such a *reload* is counted apart (``reloads``, ``reload_blocks``),
+  not in the hit rate, which is over new requests' prompt blocks.
 - ``update_state_after_alloc``: the load is booked (bytes per tier, the policy's ``on_load``)
-  and its seconds wait for the step that reads it (:meth:`take_load_s`, priced by
-  :class:`~servelab.kv.tiers.clock.TierLoadClock`);
+  and its seconds wait for the step that reads it: the connector reports them
+  (``get_step_transfer_time``, with ``kv_tiers.load``: ``overlap`` or ``serialize``) and the
+  engine prices them like any connector's (:func:`servelab.engine.clock.price_kv_transfer`);
 - ``request_finished``: the policy may store the sequence's blocks now (write-through); the
   blocks are never kept (this connector reads nothing later);
-- the allocator's eviction listener: the policy may spill the block (write-back);
-- ``get_finished`` (the engine's poll, before each schedule): prefetch. For each request waiting in
-  the scheduler's queue (:meth:`watch`), the policy's :meth:`~servelab.core.kv_tiers.KVTierPolicy.prefetch`
+- the allocator's block events (:meth:`BlockAllocator.subscribe`), an eviction: the policy may
+  spill the block (write-back);
+- ``get_finished`` (the engine's poll, before each schedule): prefetch. For each request waiting
+  for admission (one the scheduler asked about, on arrival or at an admission that did not happen
+  yet, and has not admitted: ``update_state_after_alloc`` or ``request_finished`` ends that), the policy's :meth:`~servelab.core.kv_tiers.KVTierPolicy.prefetch`
   may start loading its next prefix blocks found below. A prefetch is a load started early: its
   bytes cross the tier's link in the background (one transfer per request and tier, starting when
   the request arrived or when that link's previous prefetch ends, whichever is later: a real
@@ -32,31 +38,45 @@ The connector's side of a request (:mod:`servelab.core.kv_connector`):
 In the simulator a block is its digest (no tensors); the bytes moved are counted and priced per
 link. On a real engine :meth:`TieredKVConnector.attach_bytes` gives it the tiers' tensors
 (:class:`servelab.kv.tiers.pools.TierPools`): each held block has a slot, and every store, move
-and load copies the block's KV there and back. Stores are asynchronous to the step (copy engines), so they cost no step time; they are
+and load copies the block's KV there and back. The scheduler-side calls only decide and queue
+those copies; the worker side runs them, in the order decided, in :meth:`start_load_kv` (before
+the forward pass that reads the loads, and before it overwrites a block given up for room) and
+:meth:`save_kv` (after each step). A slot given up while a copy that reads it is queued is taken
+again only by copies queued after it, so it stays pinned until its copy is done. Stores are
+asynchronous to the step (copy engines), so they cost no step time; they are
 counted in ``bytes written`` per tier.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from typing import Any, Callable, Sequence as Seq
 
+from servelab.core.block_hash import block_hashes
 from servelab.core.errors import ConfigError
-from servelab.core.kv_connector import KVConnector
+from servelab.core.interfaces import BlockEventSubscriber
+from servelab.core.kv_connector import NO_TRANSFER, KVConnector, KVTransferTime
 from servelab.core.kv_tiers import KVTierPolicy, TierBlock, TierSpec
 from servelab.core.request import Sequence
+
+
+LOAD_MODES = ("overlap", "serialize")  # kv_tiers.load
 
 
 class KVTierPolicyError(RuntimeError):
     """A tier policy answered something the store may not do (names the plugin and the answer)."""
 
 
-class TieredKVConnector(KVConnector):
+class TieredKVConnector(KVConnector, BlockEventSubscriber):
     """Host / disk tiers below one engine's GPU pool."""
 
     name = "kv_tiers"
 
-    def __init__(self, tiers: Seq[TierSpec], bytes_per_block: int, block_size: int) -> None:
+    def __init__(self, tiers: Seq[TierSpec], bytes_per_block: int, block_size: int, load: str = "overlap") -> None:
+        if load not in LOAD_MODES:
+            raise ValueError(f"kv_tiers.load={load!r}: one of {LOAD_MODES}")
+        self.overlap = load == "overlap"  # loads stream behind the step's compute, else the step waits for them
         self.tiers = tuple(tiers)
         self.bytes_per_block = bytes_per_block
         self.block_size = block_size
@@ -73,7 +93,9 @@ class TieredKVConnector(KVConnector):
         self.written_blocks = [0] * len(self.tiers)
         self.dropped_blocks = [0] * len(self.tiers)
         self.max_held = [0] * len(self.tiers)
-        self.loads = 0  # requests that loaded anything
+        self.loads = 0  # new requests that loaded anything
+        self.reloads = 0  # of those loads, by requests preempted by recompute (their prefix came back from a tier)
+        self.reload_blocks = [0] * len(self.tiers)  # blocks those reloads read, per tier (not in hit_blocks)
         self.load_added_s = 0.0  # step time loads added (serialised, or not hidden behind compute)
         self.load_hidden_s = 0.0  # load time hidden behind the step's compute
         self.load_s_by_request: dict[str, float] = {}  # each loading request's link time
@@ -86,9 +108,10 @@ class TieredKVConnector(KVConnector):
         self.host_tier = -1
         self.pools: Any = None  # the tiers' real bytes (attach_bytes); None: digests only (the simulator)
         self.slots: list[dict[bytes, int]] = [{} for _ in self.tiers]
+        self._copies: list[Callable[[], None]] = []  # byte copies decided, run by the worker side in order
         self.free_slots: list[list[int]] = [[] for _ in self.tiers]
-        # prefetch (watch(): the scheduler's waiting queue and the clock's now; None: no prefetch)
-        self.queue: Callable[[], Any] | None = None
+        # prefetch: the requests asked about and not yet admitted, in the order first asked; the clock's now
+        self._queued: dict[str, Sequence] = {}
         self.now: Callable[[], float] = lambda: 0.0
         self.staged: dict[bytes, float] = {}  # prefetched, not yet read: digest -> when its bytes have landed
         self._link_free = [0.0] * len(self.tiers)  # when each tier's link finishes its last prefetch
@@ -105,29 +128,32 @@ class TieredKVConnector(KVConnector):
         return self
 
     def bind(self, policy: KVTierPolicy, allocator: Any) -> "TieredKVConnector":
-        """Use ``policy`` and listen to ``allocator``'s evictions (a prefix-caching paged allocator)."""
-        if not hasattr(allocator, "evict_listeners") or not getattr(allocator.config, "prefix_caching", False):
+        """Use ``policy`` and subscribe to ``allocator``'s block events (its evictions: a prefix cache)."""
+        if not allocator.publishes_block_events:
             raise ConfigError(f"kv_tiers: tiers below the GPU hold prefix-cache blocks; allocator="
                               f"{type(allocator).name} needs allocator=paged allocator.prefix_caching=true")
         self.policy, self.allocator = policy, allocator
-        allocator.evict_listeners.append(self._on_gpu_evict)
+        allocator.subscribe(self)
         return self
 
-    def watch(self, queue: Callable[[], Any], now: Callable[[], float] | None = None) -> "TieredKVConnector":
-        """Prefetch for the requests ``queue()`` yields (the scheduler's waiting queue, in queue order)
-        when the policy overrides ``prefetch``; ``now``: the clock's (None: the real engine,
-        where a prefetch has landed at once)."""
-        self.queue = queue
-        if now is not None:
-            self.now = now
+    def use_clock(self, now: Callable[[], float]) -> "TieredKVConnector":
+        """Time prefetches on ``now`` (the virtual clock's; not called on the real engine, where a
+        prefetch has landed at once)."""
+        self.now = now
         return self
 
     # ---- scheduler side -----------------------------------------------------------------
+    def _prompt_digests(self, seq: Sequence) -> list[bytes]:
+        """``seq``'s block digests but the last token's block (the last token is always computed)."""
+        return block_hashes(seq, self.block_size)[:(seq.num_tokens - 1) // self.block_size]
+
     def get_num_new_matched_tokens(self, seq: Sequence, num_computed_tokens: int) -> tuple[int, bool]:
-        digests = self.allocator.prompt_block_digests(seq)
+        digests = self._prompt_digests(seq)
         first = num_computed_tokens // self.block_size
-        if seq.id not in self._looked_up:  # counted once, however often the scheduler asks
-            self._looked_up.add(seq.id)
+        if seq.id not in self._queued:
+            self._queued[seq.id] = seq
+        if seq.id not in self._looked_up and not seq.num_preemptions:  # a new request's, counted once however
+            self._looked_up.add(seq.id)  # often the scheduler asks
             self.lookup_blocks += max(0, len(digests) - first)
         where, n = self.where, 0
         for digest in digests[first:]:
@@ -138,12 +164,13 @@ class TieredKVConnector(KVConnector):
 
     def update_state_after_alloc(self, seq: Sequence, block_ids: Seq[int], num_external_tokens: int) -> None:
         self._looked_up.discard(seq.id)
+        self._queued.pop(seq.id, None)  # admitted
         if num_external_tokens <= 0:
             return
         assert self.policy is not None, "bind() the store to its policy first"
         if self._prefetches():  # the scheduler admits it at once: it queued from its arrival to now
             self._prefetch_for(seq)
-        digests = self.allocator.prompt_block_digests(seq)
+        digests = self._prompt_digests(seq)
         first = seq.num_computed_tokens // self.block_size
         per_tier = [0] * len(self.tiers)
         link_tier = [0] * len(self.tiers)  # of per_tier, the blocks not prefetched
@@ -162,26 +189,31 @@ class TieredKVConnector(KVConnector):
             per_tier[tier] += 1
             link_tier[tier] += landed is None
             if self.pools is not None:
-                self.pools.load(tier, self.slots[tier][digest], block_ids[j])
+                self._copies.append(functools.partial(self.pools.load, tier, self.slots[tier][digest], block_ids[j]))
             if self.trace is not None:
                 self.trace.append(("load", tier, digest))
             self.policy.on_load(tier, entry)
+        counted = self.reload_blocks if seq.num_preemptions else self.hit_blocks
         for tier, n in enumerate(per_tier):
-            self.hit_blocks[tier] += n
+            counted[tier] += n
             self._pending_blocks[tier] += link_tier[tier]
-        self.loads += 1
+        self.loads += not seq.num_preemptions
+        self.reloads += bool(seq.num_preemptions)
         # A prefetch still stuck behind others on its link is no worse than loading its blocks now.
         staged_s = sum(t.read_s(n - m, self.bytes_per_block) for t, n, m in zip(self.tiers, per_tier, link_tier))
         wait_s = min(wait_s, staged_s)
         self._pending_wait_s = max(self._pending_wait_s, wait_s)
         load_s = wait_s + sum(t.read_s(n, self.bytes_per_block) for t, n in zip(self.tiers, link_tier))
-        self.load_s_by_request[seq.id] = self._pending_requests[seq.id] = load_s
+        self._pending_requests[seq.id] = load_s
+        if not seq.num_preemptions:  # a new request's load (a reload is counted apart)
+            self.load_s_by_request[seq.id] = load_s
 
     def request_finished(self, seq: Sequence, block_ids: Seq[int]) -> bool:
         self._looked_up.discard(seq.id)
+        self._queued.pop(seq.id, None)
         policy = self.policy
         assert policy is not None, "bind() the store to its policy first"
-        for j, digest in enumerate(self.allocator.computed_block_digests(seq)):
+        for j, digest in enumerate(block_hashes(seq, self.block_size)[:seq.num_computed_tokens // self.block_size]):
             self.positions[digest] = j
             if digest in self.where:
                 continue
@@ -191,12 +223,27 @@ class TieredKVConnector(KVConnector):
         return False
 
     # ---- worker side ----------------------------------------------------------------------
-    def take_load_s(self) -> float:
-        """Seconds the loads booked since the last call take over their links (one transfer per
-        tier, one after the other); resets the count. The clock prices them with the step."""
+    def start_load_kv(self) -> None:
+        """Run the queued copies (stores, moves, loads) in the order they were decided: before the
+        forward pass that reads the loads and may overwrite a block given up for room."""
+        self._run_copies()
+
+    def save_kv(self) -> None:
+        """Run the copies the step's ends queued (write-through of finished requests' blocks, still intact)."""
+        self._run_copies()
+
+    def _run_copies(self) -> None:
+        copies, self._copies = self._copies, []
+        for copy in copies:
+            copy()
+
+    def get_step_transfer_time(self) -> KVTransferTime:
+        """The seconds the loads booked since the last call take over their links (one transfer per
+        tier, one after the other, plus any wait for a prefetch still in flight); resets the count."""
         pending, self._pending_blocks = self._pending_blocks, [0] * len(self.tiers)
         wait_s, self._pending_wait_s = self._pending_wait_s, 0.0
-        return wait_s + sum(t.read_s(n, self.bytes_per_block) for t, n in zip(self.tiers, pending))
+        load_s = wait_s + sum(t.read_s(n, self.bytes_per_block) for t, n in zip(self.tiers, pending))
+        return KVTransferTime(load_s, 0.0, self.overlap) if load_s else NO_TRANSFER
 
     def get_finished(self) -> tuple[set[str], set[str]]:
         """Nothing is ever sent or received asynchronously; the poll before each schedule prefetches."""
@@ -207,12 +254,12 @@ class TieredKVConnector(KVConnector):
 
     def prefetch_queued(self) -> None:
         """Start the prefetches the policy wants for the queued requests (see the module's docstring)."""
-        if self.queue is None or not self._prefetches():
+        if not self._prefetches():
             return
-        queued = list(self.queue())
+        queued = list(self._queued.values())
         # Between steps every staged block was staged for a request still queued; one that is no longer
         # wanted (its request was served from the GPU cache, or ended) is wasted and frees its room.
-        wanted = {digest for seq in queued for digest in self.allocator.prompt_block_digests(seq)}
+        wanted = {digest for seq in queued for digest in self._prompt_digests(seq)}
         for digest in [d for d in self.staged if d not in wanted]:
             del self.staged[digest]
         for seq in queued:
@@ -225,7 +272,7 @@ class TieredKVConnector(KVConnector):
         policy = self.policy
         assert policy is not None
         per_tier: list[list[bytes]] = [[] for _ in self.tiers]
-        digests = self.allocator.prompt_block_digests(seq)
+        digests = self._prompt_digests(seq)
         for j in range(self.allocator.cached_prefix_len(seq) // self.block_size, len(digests)):
             digest = digests[j]
             tier = self.where.get(digest)
@@ -252,22 +299,23 @@ class TieredKVConnector(KVConnector):
             for digest in staged:
                 self.staged[digest] = landed
 
-    def record_load_time(self, added_s: float, hidden_s: float) -> None:
+    def transfer_priced(self, added_s: float, hidden_s: float) -> None:
         """The last priced step's loads added ``added_s`` to it and hid ``hidden_s`` behind compute; the
         added time is shared among that step's loading requests in proportion to their link time."""
         self.load_added_s += added_s
         self.load_hidden_s += hidden_s
         pending, self._pending_requests = self._pending_requests, {}
         total = sum(pending.values())
-        for request_id, load_s in pending.items():
-            self.added_s_by_request[request_id] = added_s * load_s / total if total else 0.0
+        for request_id, load_s in pending.items():  # a reload keeps the first load's share
+            self.added_s_by_request.setdefault(request_id, added_s * load_s / total if total else 0.0)
 
     # ---- the books ------------------------------------------------------------------------
     def _from_gpu(self, block_id: int) -> Callable[[int, int], None] | None:
         pools = self.pools
         return None if pools is None else (lambda tier, slot: pools.save(tier, slot, block_id))
 
-    def _on_gpu_evict(self, digest: bytes, block_id: int) -> None:
+    def on_block_evicted(self, digest: bytes, block_id: int) -> None:
+        """The GPU pool gives ``block_id`` up: the policy may spill it (write-back)."""
         assert self.policy is not None
         tier = self.where.get(digest)
         if tier is not None:  # written through or loaded: the GPU copy was a second one
@@ -295,7 +343,7 @@ class TieredKVConnector(KVConnector):
         if self.pools is not None:
             slot = self.slots[tier][block.digest] = self.free_slots[tier].pop()
             assert write is not None, "a store with bytes writes every block it takes"
-            write(tier, slot)
+            self._copies.append(functools.partial(write, tier, slot))
         held[block.digest] = block
         self.where[block.digest] = tier
         self.written_blocks[tier] += 1

@@ -1,34 +1,42 @@
 """The live :class:`~servelab.core.tier_view.TierView` of a tiered store: a KV tier policy's
 ``context.tier_view``. It reads the store's books (which tier holds a block, how full each is) and counts
-the GPU prefix cache's hits per block digest from the paged allocator's ``hit_listeners``, so the store's
-own code is not involved."""
+the GPU prefix cache's hits per block digest from the allocator's block events (``on_block_hit``), so the
+store's own code is not involved."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from servelab.core.interfaces import BlockEventSubscriber
 from servelab.core.tier_view import TierView
 from servelab.kv.tiers.store import TieredKVConnector
 
 
-class StoreView(TierView):
+class StoreView(TierView, BlockEventSubscriber):
     """``store``'s occupancy, and the hits of the allocator it is :meth:`attach` ed to."""
 
     def __init__(self, store: TieredKVConnector | None) -> None:
         self.store: Any = store  # set by the stack once the kv_connector kind built it (None until then)
         self.allocator: Any = None
         self.hits: dict[bytes, int] = {}
+        self.on_gpu_now: set[bytes] = set()  # digests in the GPU prefix cache (stored, not yet evicted)
 
     def attach(self, allocator: Any) -> "StoreView":
-        """Count ``allocator``'s prefix-cache hits (a paged allocator: ``hit_listeners``, ``cached``)."""
+        """Count ``allocator``'s prefix-cache hits (its block events; an allocator that publishes none,
+        prefix caching off, has no hits to count)."""
         self.allocator = allocator
-        allocator.hit_listeners.append(self._on_hits)
+        if allocator.publishes_block_events:
+            allocator.subscribe(self)
         return self
 
-    def _on_hits(self, digests: list[bytes]) -> None:
-        hits = self.hits
-        for digest in digests:
-            hits[digest] = hits.get(digest, 0) + 1
+    def on_block_stored(self, digest: bytes, block: int) -> None:
+        self.on_gpu_now.add(digest)
+
+    def on_block_hit(self, digest: bytes, block: int) -> None:
+        self.hits[digest] = self.hits.get(digest, 0) + 1
+
+    def on_block_evicted(self, digest: bytes, block: int) -> None:
+        self.on_gpu_now.discard(digest)
 
     def held(self, tier: int) -> int:
         return len(self.store.blocks[tier])
@@ -40,4 +48,4 @@ class StoreView(TierView):
         return self.hits.get(digest, 0)
 
     def on_gpu(self, digest: bytes) -> bool:
-        return self.allocator is not None and digest in self.allocator.cached
+        return digest in self.on_gpu_now
