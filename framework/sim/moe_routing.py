@@ -48,7 +48,9 @@ class ExpertRouting:
         self._rng = np.random.default_rng(seed)
         base = zipf_popularity(num_experts, skew)
         order = np.random.default_rng([seed, 1]).permuted(np.tile(np.arange(num_experts), (num_moe_layers, 1)), axis=1)
-        self._log_p = np.log(base)[np.argsort(order, axis=1)]  # [layer, expert]: expert order[l, j] has rank j
+        self._base = base
+        self._rank = np.argsort(order, axis=1)  # [layer, expert]: its popularity rank (expert order[l, j] has rank j)
+        self._log_p = np.log(base)[self._rank]
         self._trace = _load_trace(trace, num_experts, experts_per_token, num_moe_layers) if trace else None
         self._cursor = 0
         self._inclusion: np.ndarray | None = None
@@ -67,9 +69,12 @@ class ExpertRouting:
         rng = rng or self._rng
         if n <= EXACT_TOKENS:
             return self._exact(n, rng)
-        if self._inclusion is None:
-            self._inclusion = self._exact(_INCLUSION_SAMPLES, np.random.default_rng([self.seed, 2])) / \
-                (_INCLUSION_SAMPLES * self.top_k)
+        if self._inclusion is None:  # every layer's popularity is the same law re-ranked: estimate it once
+            scores = np.log(self._base) + np.random.default_rng([self.seed, 2]).gumbel(
+                size=(_INCLUSION_SAMPLES, self.num_experts))
+            top = np.argpartition(-scores, self.top_k - 1, axis=1)[:, :self.top_k]
+            share = np.bincount(top.ravel(), minlength=self.num_experts) / (_INCLUSION_SAMPLES * self.top_k)
+            self._inclusion = share[self._rank]
         return rng.multinomial(n * self.top_k, self._inclusion)
 
     def _exact(self, n: int, rng: np.random.Generator) -> np.ndarray:
