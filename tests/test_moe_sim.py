@@ -126,3 +126,19 @@ def test_a_moe_preset_runs_from_the_command_line_with_the_pricing_in_the_banner(
     assert proc.returncode == 0, proc.stderr[-2000:]
     row = next(line for line in proc.stdout.splitlines() if line.strip().startswith("MoE"))
     assert "48 layers x 128 experts top-8" in row and "Zipf skew 1" in row and "EP 2 all-to-all" in row
+
+
+def test_the_all_to_all_rule_reproduces_deepeps_held_out_low_latency_rows():
+    """Validation only (the rule is the normal kernels' bandwidth + the link's latency floor): DeepEP's
+    low-latency EP 8 row, 128 tokens per rank x 8 ranks, hidden 7168, top-8, FP8 dispatch / BF16 combine,
+    77 us / 114 us on H800 (README), priced on an H800-like sheet (NVLink 200 GB/s per direction)."""
+    from servelab.core.shapes import HardwareProfile
+    from servelab.sim.moe_pricer import ALL_TO_ALL_FILE, AllToAll
+
+    h800 = HardwareProfile("h800", 80, 3350, 989, link_bandwidth_gb_s=200, host_link_gb_s=64, link_latency_us=35)
+    a2a = AllToAll.for_hardware(h800, 8)
+    received = 128 * 8 * 8 / 8  # a rank receives its share of every rank's token copies
+    dispatch, combine = a2a.dispatch_combine(received, 7168 * 1, 7168 * 2)
+    rows = {r["ep"]: r for r in json.loads(ALL_TO_ALL_FILE.read_text())["low_latency"]}
+    assert float(dispatch) * 1e6 == pytest.approx(rows[8]["dispatch_us"], rel=0.1)
+    assert float(combine) * 1e6 == pytest.approx(rows[8]["combine_us"], rel=0.1)

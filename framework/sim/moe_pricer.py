@@ -61,11 +61,20 @@ class AllToAll:
                    f"DeepEP's H800 EP {row['ep']} dispatch/combine {row['dispatch_gb_s']}/{row['combine_gb_s']} GB/s "
                    f"({row['link']} {spec} GB/s) scaled to {hardware.name}'s {link:g} GB/s")
 
+    def dispatch_combine(self, received_tokens, dispatch_token_bytes: float,
+                         combine_token_bytes: float) -> tuple[np.ndarray, np.ndarray]:
+        """Seconds of the dispatch and of the combine, ``received_tokens``: the most loaded group's
+        token copies (per layer); ``(ep - 1) / ep`` of them cross the link."""
+        received = np.asarray(received_tokens, dtype=float)
+        moved = received * (self.ep - 1) / self.ep
+        on = received > 0
+        return (np.where(on, self.latency_s + moved * dispatch_token_bytes / self.dispatch_bytes_per_s, 0.0),
+                np.where(on, self.latency_s + moved * combine_token_bytes / self.combine_bytes_per_s, 0.0))
+
     def seconds(self, received_tokens: np.ndarray, token_bytes: float) -> np.ndarray:
-        """Dispatch + combine of each layer, ``received_tokens``: the most loaded group's tokens per layer."""
-        moved = received_tokens * (self.ep - 1) / self.ep * token_bytes
-        return np.where(received_tokens > 0, 2 * self.latency_s + moved / self.dispatch_bytes_per_s
-                        + moved / self.combine_bytes_per_s, 0.0)
+        """Dispatch + combine of each layer, both in the activations' dtype (``token_bytes`` per token)."""
+        dispatch, combine = self.dispatch_combine(received_tokens, token_bytes, token_bytes)
+        return dispatch + combine
 
 
 class MoePricer:
