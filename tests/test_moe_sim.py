@@ -142,3 +142,13 @@ def test_the_all_to_all_rule_reproduces_deepeps_held_out_low_latency_rows():
     rows = {r["ep"]: r for r in json.loads(ALL_TO_ALL_FILE.read_text())["low_latency"]}
     assert float(dispatch) * 1e6 == pytest.approx(rows[8]["dispatch_us"], rel=0.1)
     assert float(combine) * 1e6 == pytest.approx(rows[8]["combine_us"], rel=0.1)
+
+
+def test_ep_exchange_all_reduce_prices_the_real_engines_ep_without_an_all_to_all():
+    tp2 = time_model("tensor_parallel_size=2").breakdown(decode(8))
+    ar = time_model("tensor_parallel_size=2", "expert_parallel_size=2", "sim.moe.ep_exchange=all_reduce")
+    assert ar.breakdown(decode(8))["all_to_all"] == 0.0
+    assert ar.breakdown(decode(8))["communication"] == tp2["communication"]
+    assert "sim.moe.ep_exchange=all_reduce" in ar.moe_label
+    with pytest.raises(ConfigError, match="sim.moe.ep_exchange='nope': choose one of all_to_all, all_reduce"):
+        time_model("tensor_parallel_size=2", "expert_parallel_size=2", "sim.moe.ep_exchange=nope")

@@ -232,7 +232,8 @@ def _moe_settings(cfg: DictConfig) -> dict:
     if moe is None:
         return {}
     return dict(expert_parallel_size=cfg.get("expert_parallel_size", 1), moe_routing_skew=float(moe.routing_skew),
-                moe_seed=int(moe.seed), moe_routing_trace=moe.routing_trace)
+                moe_seed=int(moe.seed), moe_routing_trace=moe.routing_trace,
+                moe_ep_exchange=moe.get("ep_exchange", "all_to_all"))
 
 
 def _draft_shape(executor: Executor) -> ModelShape | None:

@@ -230,6 +230,9 @@ class SimMoeConfig:
     routing_skew: float = 0.0  # Zipf exponent of expert popularity (0 = uniform), drawn per token
     seed: int = 0  # the routing draws' generator (the same steps draw the same routing)
     routing_trace: Optional[str] = None  # replay each token's experts from this .npy / .json instead
+    # expert parallelism's token exchange per MoE layer: all_to_all (DeepEP's dispatch + combine) |
+    # all_reduce (the batch on every rank, one all-reduce sums the experts' outputs: backend=tp's EP)
+    ep_exchange: str = "all_to_all"
 
 
 @dataclass

@@ -152,6 +152,7 @@ class TimeModelContext:
     moe_routing_skew: float = 0.0  # Zipf exponent of expert popularity; 0 = uniform
     moe_seed: int = 0
     moe_routing_trace: str | None = None  # replay each token's experts from this file instead
+    moe_ep_exchange: str = "all_to_all"  # EP's token exchange: all_to_all (DeepEP) | all_reduce (the real engine's)
 
     @property
     def kv_bytes_per_token(self) -> float:

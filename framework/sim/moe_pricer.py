@@ -14,6 +14,8 @@ Per MoE layer of a step, from :class:`servelab.sim.moe_routing.ExpertRouting`'s 
   at DeepEP's measured bottleneck bandwidth for that many ranks (``servelab/data/moe/deepep_all_to_all.json``:
   H800 figures, scaled to this hardware's link by the ratio of link speeds), plus the hardware's
   ``link_latency_us``. The MoE layer's MLP all-reduce is replaced by the combine (the attention's stays).
+  ``sim.moe.ep_exchange=all_reduce`` prices what ``backend=tp``'s EP does instead: the batch is on every
+  rank, each group runs its experts, and the MoE layer's all-reduce sums them (no dispatch, no all-to-all).
 
 The attention, the router, the shared experts and the token-wise kernels run on every token: the
 time model prices them with the dense part of the layer.
@@ -28,9 +30,11 @@ from typing import Callable
 
 import numpy as np
 
+from servelab.core.errors import ConfigError
 from servelab.core.shapes import HardwareProfile, ModelShape
 from servelab.sim.moe_routing import ExpertRouting
 
+EP_EXCHANGES = ("all_to_all", "all_reduce")
 ALL_TO_ALL_FILE = Path(__file__).resolve().parents[1] / "data" / "moe" / "deepep_all_to_all.json"
 
 # seconds of each expert's GEMMs, [layers, experts] tokens -> [layers, experts] (0 where no tokens)
@@ -81,12 +85,16 @@ class MoePricer:
     """The experts and all-to-all of one step: :meth:`seconds` (the step's draw) and :meth:`breakdown`."""
 
     def __init__(self, shape: ModelShape, hardware: HardwareProfile, tp: int, ep: int, routing: ExpertRouting,
-                 expert_fn: ExpertFn, layer_floor_s: float, act_bytes: float, priced_by: str) -> None:
+                 expert_fn: ExpertFn, layer_floor_s: float, act_bytes: float, priced_by: str,
+                 exchange: str = "all_to_all") -> None:
         self.shape, self.tp, self.ep, self.routing, self.priced_by = shape, tp, ep, routing, priced_by
         self._expert_fn, self._floor = expert_fn, layer_floor_s
         self._groups = ep
         self._token_bytes = shape.hidden_size * act_bytes
-        self.all_to_all = AllToAll.for_hardware(hardware, ep) if ep > 1 else None
+        if exchange not in EP_EXCHANGES:
+            raise ConfigError(f"sim.moe.ep_exchange={exchange!r}: choose one of {', '.join(EP_EXCHANGES)}")
+        self.exchange = exchange
+        self.all_to_all = AllToAll.for_hardware(hardware, ep) if ep > 1 and exchange == "all_to_all" else None
         self._breakdown_rng = np.random.default_rng([routing.seed, 3])
         self.steps = 0
         self.touched_sum = 0.0  # experts touched per MoE layer, summed over steps
@@ -131,6 +139,8 @@ class MoePricer:
                 f"routing {self.routing.describe()}; each step's touched experts priced by {self.priced_by}")
         if self.all_to_all:
             text += f"; EP {self.ep} all-to-all from {self.all_to_all.figure}"
+        elif self.ep > 1:
+            text += f"; EP {self.ep} exchange: the MoE layer's all-reduce (sim.moe.ep_exchange=all_reduce)"
         return text
 
     def summary(self) -> dict:
@@ -171,7 +181,8 @@ def gpu_ops_moe(context, ops, act_bytes: float, weight_bytes: float) -> tuple[Mo
     routing = routing_for(context)
     layer_floor = 2 * floor + ops.cal.tokenwise_floor_us * 1e-6
     return MoePricer(s, context.hardware, tp, ep, routing, experts, layer_floor, act_bytes,
-                     "the calibrated roofline's GEMMs (no op table measures MoE experts)"), dense_part
+                     "the calibrated roofline's GEMMs (no op table measures MoE experts)",
+                     context.moe_ep_exchange), dense_part
 
 
 def routing_for(context) -> ExpertRouting:
