@@ -152,3 +152,11 @@ def test_ep_exchange_all_reduce_prices_the_real_engines_ep_without_an_all_to_all
     assert "sim.moe.ep_exchange=all_reduce" in ar.moe_label
     with pytest.raises(ConfigError, match="sim.moe.ep_exchange='nope': choose one of all_to_all, all_reduce"):
         time_model("tensor_parallel_size=2", "expert_parallel_size=2", "sim.moe.ep_exchange=nope")
+
+
+def test_an_overlapping_engine_preset_overlaps_the_experts_with_the_host():
+    tm = time_model("engine=vllm_v1", "engine.overlap=true")
+    parts = tm.breakdown(decode(64))
+    gpu = sum(v for k, v in parts.items() if k != "host")
+    assert parts["experts"] > 0
+    assert tm.predict(decode(64)) == pytest.approx(gpu + parts["host"], rel=0.2)  # its own draw, same law

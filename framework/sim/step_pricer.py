@@ -113,7 +113,7 @@ class StepPricer:
         self._host_link = context.hardware.host_link_gb_s * 1e9
         self._hbm = context.hardware.hbm_bandwidth_gb_s * 1e9 * ops.cal.bw_eff
         self._block = context.bytes_per_block
-        if self.moe is not None:  # the experts of the step's own routing, on top of whichever path prices the rest
+        if self.moe is not None and self.engine_host is None:  # the step's own experts (_predict_engine adds its own)
             base, experts = self.predict, self.moe.seconds
             self.predict = lambda work: base(work) + experts(work.num_tokens)  # type: ignore[method-assign]
 
@@ -230,6 +230,8 @@ class StepPricer:
                 gpu += self._allreduce[m]
             nbytes = (work.context_tokens + n) * self._kv_per_token + n * self._qo_per_token
             gpu += self.num_layers * self._ops.attention(work.attended * self._attn_flops_per_attended, nbytes)
+            if self.moe is not None:
+                gpu += self.moe.seconds(n)
         if work.swap_out_blocks or work.swap_in_blocks or work.copy_blocks:
             gpu += (work.swap_out_blocks + work.swap_in_blocks) * self._block / self._host_link
             gpu += 2 * work.copy_blocks * self._block / self._hbm
