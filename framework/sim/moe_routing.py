@@ -50,7 +50,7 @@ class ExpertRouting:
         order = np.random.default_rng([seed, 1]).permuted(np.tile(np.arange(num_experts), (num_moe_layers, 1)), axis=1)
         self._base = base
         self._rank = np.argsort(order, axis=1)  # [layer, expert]: its popularity rank (expert order[l, j] has rank j)
-        self._log_p = np.log(base)[self._rank]
+        self._log_p32 = np.log(base)[self._rank].astype(np.float32)
         self._trace = _load_trace(trace, num_experts, experts_per_token, num_moe_layers) if trace else None
         self._cursor = 0
         self._inclusion: np.ndarray | None = None
@@ -78,7 +78,10 @@ class ExpertRouting:
         return rng.multinomial(n * self.top_k, self._inclusion)
 
     def _exact(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        scores = self._log_p[:, None, :] + rng.gumbel(size=(self.num_layers, n, self.num_experts))
+        # Gumbel noise as -log(-log(U)) in float32: three times faster than float64 gumbel(), and the
+        # top-k of a few hundred values does not need the precision
+        scores = self._log_p32[:, None, :] - np.log(-np.log(rng.random((self.num_layers, n, self.num_experts),
+                                                                       dtype=np.float32)))
         top = np.argpartition(-scores, self.top_k - 1, axis=2)[:, :, :self.top_k]
         return self._bincount(top)
 
