@@ -5,10 +5,11 @@ experts a step actually touches (:mod:`servelab.sim.moe_pricer`).
 - Drawn (``sim.moe.routing_skew``): expert popularity follows a Zipf law of exponent ``skew``
   (``p_j ~ 1 / (j + 1) ** skew``; 0 = uniform), the ranking shuffled per layer (a layer's hot experts
   are its own). Each token picks ``experts_per_token`` distinct experts, drawn without replacement in
-  proportion to ``p`` (Gumbel top-k: a token's top-k of ``log p + Gumbel noise``). Steps of more than
-  :data:`EXACT_TOKENS` tokens draw the counts as one multinomial over the per-token inclusion
-  probabilities (estimated once from exact draws): at that size the distinct-per-token constraint no
-  longer changes which experts are touched, and a prefill step stays cheap to simulate.
+  proportion to ``p`` (Gumbel top-k: a token's top-k of ``log p + Gumbel noise``). Those draws are made
+  once, :data:`POOL_TOKENS` per layer; a step's tokens each take one of them at random per layer (a
+  step costs indices, not a draw over every expert). Steps of more than :data:`EXACT_TOKENS` tokens draw
+  the counts as one multinomial over the pool's per-expert share: at that size the distinct-per-token
+  constraint no longer changes which experts are touched, and a prefill step stays cheap to simulate.
 - Replayed (``sim.moe.routing_trace``): an integer array (``.npy``, or ``.json`` nested lists) of each
   token's expert ids, ``[tokens, experts_per_token]`` (every MoE layer routes a token alike) or
   ``[tokens, moe_layers, experts_per_token]``; consecutive steps take consecutive tokens, wrapping
@@ -26,8 +27,8 @@ import numpy as np
 
 from servelab.core.errors import ConfigError
 
-EXACT_TOKENS = 64  # steps up to this many tokens draw each token's top-k exactly
-_INCLUSION_SAMPLES = 8192  # exact draws that estimate the per-token inclusion probabilities
+EXACT_TOKENS = 256  # steps up to this many tokens draw each token's experts from the pool of exact draws
+POOL_TOKENS = 4096  # exact per-token draws per layer, made once
 
 
 def zipf_popularity(num_experts: int, skew: float) -> np.ndarray:
@@ -48,12 +49,12 @@ class ExpertRouting:
         self._rng = np.random.default_rng(seed)
         base = zipf_popularity(num_experts, skew)
         order = np.random.default_rng([seed, 1]).permuted(np.tile(np.arange(num_experts), (num_moe_layers, 1)), axis=1)
-        self._base = base
         self._rank = np.argsort(order, axis=1)  # [layer, expert]: its popularity rank (expert order[l, j] has rank j)
-        self._log_p32 = np.log(base)[self._rank].astype(np.float32)
+        self._p = base[self._rank]
         self._trace = _load_trace(trace, num_experts, experts_per_token, num_moe_layers) if trace else None
         self._cursor = 0
-        self._inclusion: np.ndarray | None = None
+        self._pool: np.ndarray | None = None
+        self._inclusion = np.empty(0)
 
     def describe(self) -> str:
         if self._trace is not None:
@@ -67,23 +68,24 @@ class ExpertRouting:
         if self._trace is not None:
             return self._replay(n)
         rng = rng or self._rng
-        if n <= EXACT_TOKENS:
-            return self._exact(n, rng)
-        if self._inclusion is None:  # every layer's popularity is the same law re-ranked: estimate it once
-            scores = np.log(self._base) + np.random.default_rng([self.seed, 2]).gumbel(
-                size=(_INCLUSION_SAMPLES, self.num_experts))
-            top = np.argpartition(-scores, self.top_k - 1, axis=1)[:, :self.top_k]
-            share = np.bincount(top.ravel(), minlength=self.num_experts) / (_INCLUSION_SAMPLES * self.top_k)
-            self._inclusion = share[self._rank]
-        return rng.multinomial(n * self.top_k, self._inclusion)
+        if self._pool is None:
+            self._pool = self._draw_pool()
+        if n > EXACT_TOKENS:
+            return rng.multinomial(n * self.top_k, self._inclusion)
+        rows = rng.integers(0, POOL_TOKENS, size=(self.num_layers, n))
+        return self._bincount(self._pool[np.arange(self.num_layers)[:, None], rows])
 
-    def _exact(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        # Gumbel noise as -log(-log(U)) in float32: three times faster than float64 gumbel(), and the
-        # top-k of a few hundred values does not need the precision
-        scores = self._log_p32[:, None, :] - np.log(-np.log(rng.random((self.num_layers, n, self.num_experts),
-                                                                       dtype=np.float32)))
-        top = np.argpartition(-scores, self.top_k - 1, axis=2)[:, :, :self.top_k]
-        return self._bincount(top)
+    def _draw_pool(self) -> np.ndarray:
+        """``[layers, POOL_TOKENS, k]``: exact per-token draws (Gumbel top-k), once; a step's tokens
+        are drawn from it, and the inclusion law of the multinomial path is its share per expert."""
+        rng = np.random.default_rng([self.seed, 2])
+        pool = np.empty((self.num_layers, POOL_TOKENS, self.top_k), dtype=np.int64)
+        for layer in range(self.num_layers):
+            u = rng.random((POOL_TOKENS, self.num_experts)) * (1 - 2e-16) + 1e-16  # (0, 1): no log(0)
+            scores = np.log(self._p[layer]) - np.log(-np.log(u))
+            pool[layer] = np.argpartition(-scores, self.top_k - 1, axis=1)[:, :self.top_k]
+        self._inclusion = self._bincount(pool) / (POOL_TOKENS * self.top_k)
+        return pool
 
     def _bincount(self, ids: np.ndarray) -> np.ndarray:
         """``ids``: ``[layers, tokens, k]`` expert ids -> ``[layers, experts]`` counts."""
