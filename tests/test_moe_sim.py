@@ -160,3 +160,8 @@ def test_an_overlapping_engine_preset_overlaps_the_experts_with_the_host():
     gpu = sum(v for k, v in parts.items() if k != "host")
     assert parts["experts"] > 0
     assert tm.predict(decode(64)) == pytest.approx(gpu + parts["host"], rel=0.2)  # its own draw, same law
+
+
+def test_a_negative_skew_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match=r"sim.moe.routing_skew=-1.0 must be >= 0"):
+        time_model("sim.moe.routing_skew=-1")
