@@ -14,7 +14,9 @@ simulator's blocks, named here so the modules behind them may move:
   measured operator tables (:mod:`servelab.sim.op_tables`, ``docs/op-tables.md``);
 - :class:`StepProfile`: a fitted piecewise-linear step profile (:mod:`servelab.sim.step_profile`);
 - :func:`measured_on`, :func:`spec_sheet`, :func:`hbm_rescaled`: hardware without tables priced by
-  another's tables and its own HBM (``hardware.tables_from``, :mod:`servelab.sim.hardware_rule`).
+  another's tables and its own HBM (``hardware.tables_from``, :mod:`servelab.sim.hardware_rule`);
+- :class:`MoePricer`, :class:`AllToAll`, :class:`ExpertRouting`, :func:`routing_for`: a MoE step's
+  experts from those its tokens touch, expert parallelism's all-to-all (:mod:`servelab.sim.moe_pricer`).
 
 Torch-free, like :mod:`servelab.plugin_api` (numpy only). It sits in the layer above ``sim``; the
 import contract ``plugins-use-the-plugin-api`` lets built-in plugins import it beside
@@ -25,9 +27,12 @@ from __future__ import annotations
 
 from servelab.sim.gpu_ops import CALIBRATION_FILE, Calibration, GpuOps
 from servelab.sim.hardware_rule import hbm_rescaled, measured_on, spec_sheet
+from servelab.sim.moe_pricer import AllToAll, MoePricer, routing_for
+from servelab.sim.moe_routing import ExpertRouting
 from servelab.sim.op_tables import OpTables, describe_available, find_op_tables, load_op_tables
 from servelab.sim.step_pricer import DraftPricer, StepPricer
 from servelab.sim.step_profile import StepProfile
 
 __all__ = ["StepPricer", "DraftPricer", "GpuOps", "Calibration", "CALIBRATION_FILE", "OpTables", "load_op_tables",
-           "find_op_tables", "describe_available", "StepProfile", "measured_on", "spec_sheet", "hbm_rescaled"]
+           "find_op_tables", "describe_available", "StepProfile", "measured_on", "spec_sheet", "hbm_rescaled",
+           "MoePricer", "AllToAll", "ExpertRouting", "routing_for"]

@@ -135,15 +135,14 @@ def executor_context(cfg: DictConfig, registry: Registry | None = None, draft_mo
                   num_kv_blocks=cfg.num_kv_blocks, num_swap_blocks=num_swap_blocks, swap_space_gb=swap_space_gb,
                   expert_parallel_size=ep, pipeline_parallel_size=pp)
     if cfg.backend.name == "sim" if sim is None else sim:
-        if ep > 1 or pp > 1:
-            raise ConfigError(f"expert_parallel_size={ep} pipeline_parallel_size={pp}: backend=sim does not price "
-                              "expert or pipeline parallelism yet (the all-to-all, the stages); the real backend "
-                              "(backend=tp) runs them")
+        if pp > 1:
+            raise ConfigError(f"pipeline_parallel_size={pp}: backend=sim does not price pipeline parallelism yet "
+                              "(the stages, their bubbles); the real backend (backend=tp) runs it")
         shape, hardware = model_shape(cfg), hardware_profile(cfg)
         sizes = storage_bytes(cfg)
         memory = plan_memory(shape, hardware, cfg.tensor_parallel_size, sizes.weight, sizes.kv, cfg.block_size,
                              cfg.backend.gpu_memory_utilization, cfg.backend.activation_reserve_gb,
-                             sizes.linear, sizes.kv_scale)
+                             sizes.linear, sizes.kv_scale, ep=ep)
         return ExecutorContext(**common, shape=shape, hardware=hardware, memory=memory)
     wcfg = worker_config(cfg, registry)
     if draft_model_path is not None:

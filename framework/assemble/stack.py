@@ -60,6 +60,8 @@ class Stack:
         else:
             hardware = f"this machine ({platform.machine()}, {self.executor.__class__.__name__})"
         timing = getattr(self.time_model, "timing_summary", None) if self.clock_kind == "virtual" else None
+        if timing is None and self.clock_kind == "virtual":  # time_model=roofline: its MoE figures, if any
+            timing = getattr(self.time_model, "moe_summary", None)
         return {"clock": self.clock_kind, "time_model": self.time_model.describe() if self.time_model else None,
                 "hardware": hardware, **({"engine": self.engine_preset} if self.engine_preset else {}),
                 **(timing() if timing is not None else {})}
@@ -262,7 +264,18 @@ def time_model_context(cfg: DictConfig, executor: Executor, host_link_gb_s: floa
                             kv_scale_bytes=sizes.kv_scale, draft_shape=_draft_shape(executor),
                             cuda_graph_sizes=tuple(cfg.sim.cuda_graph_sizes) if cfg.sim.cuda_graphs else (),
                             all_reduce=option_value(cfg.sim.all_reduce),
-                            engine_host=engine_host(cfg.engine) if "engine" in cfg else None)
+                            engine_host=engine_host(cfg.engine) if "engine" in cfg else None,
+                            **_moe_settings(cfg))
+
+
+def _moe_settings(cfg: DictConfig) -> dict:
+    """``expert_parallel_size`` and ``sim.moe`` for a MoE model's time model (a dense model's ignores them)."""
+    moe = cfg.sim.get("moe")
+    if moe is None:
+        return {}
+    return dict(expert_parallel_size=cfg.get("expert_parallel_size", 1), moe_routing_skew=float(moe.routing_skew),
+                moe_seed=int(moe.seed), moe_routing_trace=moe.routing_trace,
+                moe_ep_exchange=moe.get("ep_exchange", "all_to_all"))
 
 
 def _draft_shape(executor: Executor) -> ModelShape | None:

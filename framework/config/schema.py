@@ -223,6 +223,19 @@ class FairnessConfig:
 
 
 @dataclass
+class SimMoeConfig:
+    """How a mixture-of-experts model's tokens are routed in the simulator (servelab.sim.moe_routing):
+    the experts a step touches set its expert cost."""
+
+    routing_skew: float = 0.0  # Zipf exponent of expert popularity (0 = uniform), drawn per token
+    seed: int = 0  # the routing draws' generator (the same steps draw the same routing)
+    routing_trace: Optional[str] = None  # replay each token's experts from this .npy / .json instead
+    # expert parallelism's token exchange per MoE layer: all_to_all (DeepEP's dispatch + combine) |
+    # all_reduce (the batch on every rank, one all-reduce sums the experts' outputs: backend=tp's EP)
+    ep_exchange: str = "all_to_all"
+
+
+@dataclass
 class SimConfig:
     """The simulator's own switches (``backend=sim`` on ``clock=virtual``)."""
 
@@ -234,6 +247,7 @@ class SimConfig:
     cuda_graphs: bool = False
     cuda_graph_sizes: List[int] = field(default_factory=lambda: list(VLLM_CUDA_GRAPH_SIZES))
     all_reduce: AllReduceImpl = AllReduceImpl.nccl
+    moe: SimMoeConfig = field(default_factory=SimMoeConfig)
 
 
 @dataclass

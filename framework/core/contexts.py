@@ -220,6 +220,13 @@ class TimeModelContext:
     # engine=<preset>: its host time per step and whether it overlaps the GPU step (None: the time
     # model's own host term, added to the step, as before engines had presets)
     engine_host: "EngineHost | None" = None
+    # Mixture-of-experts models (servelab.sim.moe_pricer): experts split over this many groups of the
+    # tensor-parallel ranks, and how a step's tokens are routed (``sim.moe``)
+    expert_parallel_size: int = 1
+    moe_routing_skew: float = 0.0  # Zipf exponent of expert popularity; 0 = uniform
+    moe_seed: int = 0
+    moe_routing_trace: str | None = None  # replay each token's experts from this file instead
+    moe_ep_exchange: str = "all_to_all"  # EP's token exchange: all_to_all (DeepEP) | all_reduce (the real engine's)
 
     @property
     def kv_bytes_per_token(self) -> float:

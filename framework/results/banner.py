@@ -67,6 +67,9 @@ def banner_lines(cfg: DictConfig, stack, output_dir: Path, logger_where: str) ->
     if quant != "none":
         dtype += f", {quant} decoder linears (embeddings and LM head in {dtype})"
     rows = [("model", f"{model}, {dtype}"), ("device", device), ("KV pool", pool), ("stack", stack_text)]
+    moe = getattr(stack.time_model, "moe_label", None)
+    if moe:  # a MoE model: how the time model prices the experts a step touches
+        rows.append(("MoE", moe))
     if "engine" in cfg:  # every run names the engine it prices (the default: servelab)
         rows.append(("engine", engine_label(cfg.engine)))
     tiers = tiers_line(cfg, stack.engine.connector, bpb)

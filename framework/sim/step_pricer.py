@@ -10,6 +10,12 @@ A step on one rank of ``tp`` (all ranks work in parallel) costs
   + host(sequences)                         scheduling, input preparation, sampling, output processing
   + swap and copy traffic                   the host link and HBM
 
+A mixture-of-experts model's MoE layers are priced apart: their dense part (attention projections,
+router, shared experts, token-wise kernels) in the layer curve, their routed experts and expert
+parallelism's all-to-all per step from the experts the step's tokens touch
+(:mod:`servelab.sim.moe_pricer`; measured op tables have no MoE entries, so the experts are always
+priced by the calibrated roofline's GEMM formula). A dense model's steps are priced as before.
+
 An engine preset (``context.engine_host``, :class:`servelab.core.engine_host.EngineHost`) changes the
 host term: its own per-step, per-sequence and per-scheduled-token seconds in place of the time
 model's, and with ``overlap`` the step takes ``max(gpu, host)`` instead of ``gpu + host`` (the host
@@ -38,6 +44,7 @@ from servelab.core.contexts import TimeModelContext
 from servelab.core.step_work import StepWork
 from servelab.sim.all_reduce import choose_all_reduce
 from servelab.sim.gpu_ops import GpuOps
+from servelab.sim.moe_pricer import MoePricer, gpu_ops_moe
 
 ArrayFn = Callable[[np.ndarray], np.ndarray]
 
@@ -67,12 +74,22 @@ class StepPricer:
                  host: ArrayFn, act_bytes: float = 2.0, allreduces_per_layer: int = 2) -> None:
         s, tp = context.shape, context.tensor_parallel_size
         self.num_layers = s.num_layers
-        self._layers = _Dense(lambda m: s.num_layers * layer(m))
+        self.moe: MoePricer | None = None
+        allreduces = allreduces_per_layer * s.num_layers
+        if s.is_moe:  # MoE layers: their dense part here, the experts a step touches per step (moe_pricer)
+            self.moe, moe_dense = gpu_ops_moe(context, ops, act_bytes,
+                                              context.linear_weight_bytes or context.weight_dtype_bytes)
+            moe_layers = s.num_moe_layers
+            self._layers = _Dense(lambda m: (s.num_layers - moe_layers) * layer(m) + moe_layers * moe_dense(m))
+            if self.moe.all_to_all is not None:  # the combine returns a MoE layer's output, not an all-reduce
+                allreduces -= moe_layers
+        else:
+            self._layers = _Dense(lambda m: s.num_layers * layer(m))
         hidden_bytes = s.hidden_size * act_bytes
         self.all_reduce_impl = "none (tp 1)" if tp <= 1 else "nccl"
         if allreduce is not None and tp > 1:
             allreduce, self.all_reduce_impl = choose_all_reduce(context, allreduce)
-        self._allreduce = (_Dense(lambda m: allreduces_per_layer * s.num_layers * allreduce(m * hidden_bytes))
+        self._allreduce = (_Dense(lambda m: allreduces * allreduce(m * hidden_bytes))
                            if allreduce is not None and tp > 1 else None)
         self._graph_size = graph_sizes(context.cuda_graph_sizes)
         self.graph_steps = 0  # decode steps priced as a captured CUDA graph, and the tokens they padded
@@ -96,6 +113,9 @@ class StepPricer:
         self._host_link = context.hardware.host_link_gb_s * 1e9
         self._hbm = context.hardware.hbm_bandwidth_gb_s * 1e9 * ops.cal.bw_eff
         self._block = context.bytes_per_block
+        if self.moe is not None and self.engine_host is None:  # the step's own experts (_predict_engine adds its own)
+            base, experts = self.predict, self.moe.seconds
+            self.predict = lambda work: base(work) + experts(work.num_tokens)  # type: ignore[method-assign]
 
     def draft_pricer(self, context: TimeModelContext, layer: ArrayFn | None = None) -> "DraftPricer":
         """Prices drafting for this step pricer's world (see :class:`DraftPricer`)."""
@@ -119,6 +139,8 @@ class StepPricer:
                        cuda_graph_padding_share=self.graph_padding_tokens / padded if padded else 0.0)
         if self.all_reduce_impl not in ("nccl", "none (tp 1)"):
             out["all_reduce_impl"] = self.all_reduce_impl
+        if self.moe is not None:
+            out.update(self.moe.summary())
         return out
 
     def host_seconds(self, work) -> float:
@@ -146,6 +168,8 @@ class StepPricer:
             flops = work.attended * self._attn_flops_per_attended
             nbytes = (work.context_tokens + n) * self._kv_per_token + n * self._qo_per_token
             out["attention"] = self.num_layers * self._ops.attention(flops, nbytes)
+        if self.moe is not None:
+            out.update(self.moe.breakdown(n))
         if self.engine_host is not None and self.engine_host.overlap:
             gpu = sum(v for k, v in out.items() if k != "host")
             out["host"] = max(0.0, out["host"] - gpu)
@@ -206,6 +230,8 @@ class StepPricer:
                 gpu += self._allreduce[m]
             nbytes = (work.context_tokens + n) * self._kv_per_token + n * self._qo_per_token
             gpu += self.num_layers * self._ops.attention(work.attended * self._attn_flops_per_attended, nbytes)
+            if self.moe is not None:
+                gpu += self.moe.seconds(n)
         if work.swap_out_blocks or work.swap_in_blocks or work.copy_blocks:
             gpu += (work.swap_out_blocks + work.swap_in_blocks) * self._block / self._host_link
             gpu += 2 * work.copy_blocks * self._block / self._hbm

@@ -53,6 +53,10 @@ class AutoTime(TimeModel):
         return self.chosen.swap_bytes_per_s()
 
     @property
+    def moe_label(self) -> str | None:
+        return self.chosen.moe_label
+
+    @property
     def label(self) -> str:
         """``auto -> op_profile (h100/llama2_70b tables, Vidur)`` (or ``..., servelab profile-ops``: who
         measured them) or ``auto -> calibrated_roofline (<why>)``."""

@@ -31,5 +31,10 @@ class PricedTime(TimeModel):
         """The engine timing features' figures (``sim.cuda_graphs``, ``sim.all_reduce``) for ``summary.json``."""
         return self.pricer.timing_summary()
 
+    @property
+    def moe_label(self) -> str | None:
+        """How a MoE model's experts are priced (the banner's MoE row); None for a dense model."""
+        return self.pricer.moe.label() if self.pricer.moe is not None else None
+
     def swap_bytes_per_s(self) -> float:
         return self.context.hardware.host_link_gb_s * 1e9

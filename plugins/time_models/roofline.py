@@ -13,6 +13,10 @@ Per step, on one rank of ``tp`` (every rank does the same work in parallel):
   ring cost ``2 (tp - 1) / tp x bytes / (link x link_efficiency) + link latency``.
 - swap copies: bytes over the host link; block copies: read + write over HBM.
 - a fixed ``step_overhead_ms`` (scheduling, launches, sampling on the host).
+- a mixture-of-experts model: the routed experts a step's tokens touch, each ``max(flops, bytes)``
+  (its weights read once, its tokens' compute), the slowest expert-parallel group per layer, and the
+  EP all-to-all (:mod:`servelab.sim.moe_pricer`); the rest of a MoE layer (attention, router, shared
+  experts) with the linear layers above.
 
 The embedding table is looked up, not read: it costs nothing here. Quantisation changes bytes, not
 FLOPs: ``model.quantization=int8`` reads the decoder linears at 1 byte per weight (plus a float32
@@ -24,7 +28,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from servelab.plugin_api import INT8_SCALE_BYTES, TimeModel, TimeModelContext
+from servelab.time_model_api import MoePricer, routing_for
 
 
 @dataclass
@@ -62,6 +69,15 @@ class RooflineTime(TimeModel):
         else:
             layer_bytes = (self._layer_params * context.linear_weight_bytes
                            + s.num_layers * s.layer_linear_rows / tp * INT8_SCALE_BYTES)
+        self._moe = None
+        allreduces = config.allreduces_per_layer * s.num_layers
+        if s.is_moe:  # the routed experts are priced per step from those touched (MoePricer), the rest here
+            expert_params = s.num_moe_layers * s.num_experts * 3 * s.hidden_size * s.moe_intermediate_size / tp
+            layer_bytes *= 1 - expert_params / self._layer_params
+            self._layer_params -= expert_params
+            self._moe = self._moe_pricer(config, context)
+            if self._moe.all_to_all is not None:  # the combine returns a MoE layer's output, not an all-reduce
+                allreduces -= s.num_moe_layers
         self._weight_read = layer_bytes + self._head_params * context.weight_dtype_bytes
         h, inter = s.hidden_size, s.intermediate_size
         per_layer_io = (h + (s.q_dim + 2 * s.kv_dim) / tp) + (s.q_dim / tp + h) + (h + 2 * inter / tp) + (inter / tp + h)
@@ -74,7 +90,7 @@ class RooflineTime(TimeModel):
         if tp > 1:
             link = hw.link_bandwidth_gb_s * 1e9 * config.link_efficiency
             self._ring_s_per_byte = 2 * (tp - 1) / tp / link
-            self._allreduces = config.allreduces_per_layer * s.num_layers
+            self._allreduces = allreduces
             self._allreduce_latency = hw.link_latency_us * 1e-6
         else:
             self._ring_s_per_byte = self._allreduces = self._allreduce_latency = 0
@@ -82,6 +98,31 @@ class RooflineTime(TimeModel):
         self._host = hw.host_link_gb_s * 1e9
         self._block = context.bytes_per_block
         self._overhead = config.step_overhead_ms * 1e-3
+
+    def _moe_pricer(self, config: RooflineConfig, context: TimeModelContext) -> MoePricer:
+        """Each touched expert: ``max(2 x tokens x 3 x hidden x width / flops, (its weights + its tokens'
+        activations) / HBM)`` on a rank holding ``width = moe_intermediate_size / (tp / ep)`` of it."""
+        s, act = context.shape, config.activation_dtype_bytes
+        width = s.moe_intermediate_size / (context.tensor_parallel_size // context.expert_parallel_size)
+        params = 3 * s.hidden_size * width
+        weight = params * (context.linear_weight_bytes or context.weight_dtype_bytes)
+        io = (2 * s.hidden_size + 3 * width) * act
+        flops, hbm = self._flops, self._hbm
+
+        def experts(counts: np.ndarray) -> np.ndarray:
+            return np.where(counts > 0, np.maximum(2 * counts * params / flops, (weight + counts * io) / hbm), 0.0)
+
+        return MoePricer(s, context.hardware, context.tensor_parallel_size, context.expert_parallel_size,
+                         routing_for(context), experts, 0.0, act, "the roofline", context.moe_ep_exchange)
+
+    @property
+    def moe_label(self) -> str | None:
+        return self._moe.label() if self._moe is not None else None
+
+    def moe_summary(self) -> dict:
+        """For ``summary.json`` (a MoE model): its routing and experts touched (no ``timing_summary``:
+        this model does not price the engine timing features)."""
+        return self._moe.summary() if self._moe is not None else {}
 
     def breakdown(self, work) -> dict[str, float]:
         """Seconds per component (linear, attention, communication, swap, copy, overhead)."""
@@ -94,10 +135,13 @@ class RooflineTime(TimeModel):
         comm = 0.0
         if self._allreduces and work.num_tokens:
             comm = self._allreduces * (work.num_tokens * self._hidden_bytes * self._ring_s_per_byte + self._allreduce_latency)
-        return {"linear": linear, "attention": attention, "communication": comm,
-                "swap": work.swap_blocks * self._block / self._host,
-                "copy": 2 * work.copy_blocks * self._block / self._hbm,
-                "overhead": self._overhead}
+        out = {"linear": linear, "attention": attention, "communication": comm,
+               "swap": work.swap_blocks * self._block / self._host,
+               "copy": 2 * work.copy_blocks * self._block / self._hbm,
+               "overhead": self._overhead}
+        if self._moe is not None:
+            out.update(self._moe.breakdown(work.num_tokens))
+        return out
 
     def predict(self, work) -> float:
         # breakdown() inlined: this runs once per simulated step
@@ -111,6 +155,8 @@ class RooflineTime(TimeModel):
                 t += self._allreduces * (n * self._hidden_bytes * self._ring_s_per_byte + self._allreduce_latency)
             attn_bytes = (work.context_tokens + n) * self._kv_per_token + n * self._qo_per_token
             t += max(work.attended * self._attn_flops_per_attended / self._flops, attn_bytes / self._hbm)
+            if self._moe is not None:
+                t += self._moe.seconds(n)
         if work.swap_out_blocks or work.swap_in_blocks or work.copy_blocks:
             t += (work.swap_out_blocks + work.swap_in_blocks) * self._block / self._host
             t += 2 * work.copy_blocks * self._block / self._hbm
