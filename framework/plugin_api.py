@@ -59,6 +59,7 @@ from servelab.core.interfaces import (BlockAllocator, BlockEventSubscriber, Cach
                                       PreemptionDecision, PreemptionPolicy, ReplicaView, Router, RouterError,
                                       ScheduledSeq, SchedulePlan, Scheduler, SpeculativeDrafter, TimeModel)
 from servelab.core.kinds import KINDS, KindSpec, register_kind
+from servelab.core.block_hash import block_digest, block_hashes, root_digest
 from servelab.core.kv_connector import NO_TRANSFER, KVConnector, KVTransferTime
 from servelab.core.kv_connector_plugin import KVConnectorPlugin
 from servelab.core.kv_tiers import KVTierPolicy, TierBlock, TierSpec
@@ -77,7 +78,8 @@ __all__ = [
     "PreemptionPolicy", "PreemptionContext", "SpeculativeDrafter", "DrafterContext", "TimeModel",
     "TimeModelContext", "LengthPredictor", "PredictorContext", "Evictor", "EvictorContext", "CachedBlock",
     "Router", "RouterContext", "ReplicaView", "Executor", "ExecutorContext", "KVConnector",
-    "KVTransferTime", "NO_TRANSFER", "BlockEventSubscriber", "KVConnectorPlugin", "KVConnectorContext", "KVClusterLink",
+    "KVTransferTime", "NO_TRANSFER", "BlockEventSubscriber", "block_digest", "block_hashes", "root_digest",
+    "KVConnectorPlugin", "KVConnectorContext", "KVClusterLink",
     "KVTierPolicy", "KVTierPolicyContext", "TierSpec", "TierBlock", "TierView",
     # the data they exchange
     "Request", "SamplingParams", "Sequence", "Status", "SchedulePlan", "ScheduledSeq", "PreemptionDecision",

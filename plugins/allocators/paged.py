@@ -27,9 +27,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from servelab.core.block_hash import block_digest, block_hashes, root_digest  # noqa: F401 - block_digest: re-exported
-from servelab.plugin_api import (BlockAllocator, CachedBlock, EvictorContext, EvictorError, Sequence,
-                                 StepCostModel)
+from servelab.plugin_api import (BlockAllocator, CachedBlock, EvictorContext, EvictorError, Sequence,  # noqa: F401
+                                 StepCostModel, block_digest, block_hashes, root_digest)  # block_digest: re-exported
 from servelab.plugins.evictors.lru import LruEvictor
 
 
