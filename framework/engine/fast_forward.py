@@ -136,6 +136,7 @@ class _Span:
         allocator, token = engine.allocator, self.token
         count_quiet, apply, price, record = allocator.count_quiet_decodes, engine.apply, engine.price, engine.record
         no_plan, no_output = SchedulePlan(), StepOutput([], 0.0)  # a quiet step preempts and moves nothing
+        events_plan, events_output = SchedulePlan(), StepOutput([], 0.0)  # refilled each step (apply keeps neither)
         active = len(seqs)
         context = sum(seq.num_tokens for seq in seqs)  # each decode attends to its whole context
         step = 0
@@ -170,8 +171,9 @@ class _Span:
             ends.append(stamp)
             left_tokens = 0
             if due:  # their tokens and finishes, in plan order
-                plan = SchedulePlan([ScheduledSeq(seqs[i], 1, seqs[i].num_computed_tokens) for i in due])
-                apply(plan, StepOutput([token] * len(due), 0.0), end, stamp=stamp)
+                events_plan.scheduled = [ScheduledSeq(seqs[i], 1, seqs[i].num_computed_tokens) for i in due]
+                events_output.sampled = [token] * len(due)
+                apply(events_plan, events_output, end, stamp=stamp)
                 for i in due:
                     seq = seqs[i]
                     synced[i] = step + 1
