@@ -121,14 +121,14 @@ def test_the_logger_does_not_make_the_engine_build_per_step_details(fake_wandb, 
     from servelab.engine import engine as engine_mod
 
     seen = []
-    record = engine_mod.Engine._record
+    record = engine_mod.Engine.record
 
     def spy(self, *args, **kwargs):
         rec = record(self, *args, **kwargs)
         seen.append(bool(rec.queues or rec.scheduled))
         return rec
 
-    monkeypatch.setattr(engine_mod.Engine, "_record", spy)
+    monkeypatch.setattr(engine_mod.Engine, "record", spy)
     cfg = compose(["backend=sim", "hardware=h100", "model=llama3_8b", "workload.num_requests=8"], progress=False)
     run_job(cfg, tmp_path)
     assert seen and not any(seen)

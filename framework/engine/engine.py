@@ -1,11 +1,17 @@
 """The engine: continuous (iteration-level) batching around one unified step.
 
-``step()`` is schedule -> execute -> apply, one way down::
+``step()`` composes the engine's public step phases, one way down (nano-vllm's step, with a clock)::
 
-    plan  = scheduler.schedule(now)                  # policies decide; blocks are allocated
-    work  = step_work(plan)                          # the step as numbers (time models price it)
-    out   = executor.execute(build_batch(plan, tables, ...))   # or executor.execute_work(work)
-    clock.end_step(work); apply(plan, out)
+    plan   = engine.schedule(start)                  # the policies decide; blocks are allocated
+    work   = step_work(plan)                         # the step as numbers (time models price it)
+    output = engine.execute(plan, work)              # executor.execute(batch), or execute_work(work)
+    end    = engine.price(work)                      # the clock ends the step (virtual: the time model's price)
+    engine.apply(plan, output, end)                  # tokens, computed counts, finishes
+    return engine.record(plan, work, start, end)     # the totals, the policies' cost model, step listeners
+
+A multi-step window (:mod:`servelab.engine.multi_step`) and a fast-forward span
+(:mod:`servelab.engine.fast_forward`) drive the same phases: there is one :meth:`Engine.apply`, and
+nothing but it and the allocator writes ``seq.num_computed_tokens`` (``tests/test_step_phases.py``).
 
 With a KV connector (:mod:`servelab.core.kv_connector`) a step starts by taking its finished sends
 (kept blocks are freed) and loads (the scheduler may run those sequences), the connector's worker
@@ -21,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Iterable, TypeVar
 
 from servelab.core.cost_model import StepCostModel, StepFeatures
 from servelab.core.executor import Executor, StepOutput
@@ -155,7 +161,7 @@ class Engine:
             seq.reject(reason, self.now())
             self._ended(seq)
         else:
-            self._call_plugin("scheduler", lambda: self.scheduler.add(seq))
+            self.call_plugin("scheduler", lambda: self.scheduler.add(seq))
         return seq
 
     def rejection_reason(self, request: Request) -> str | None:
@@ -190,7 +196,7 @@ class Engine:
             raise ValueError(f"duplicate request id {seq.id!r}")
         self.sequences[seq.id] = seq
         self._quiet_plan = None
-        self._call_plugin("scheduler", lambda: self.scheduler.add(seq))
+        self.call_plugin("scheduler", lambda: self.scheduler.add(seq))
 
     def poll_connector(self) -> None:
         """Take the connector's finished sends (free the blocks kept for them) and loads (the
@@ -203,7 +209,7 @@ class Engine:
             self.allocator.free(self._sending.pop(request_id))
         for request_id in received:
             seq = self.sequences[request_id]
-            self._call_plugin("scheduler", lambda: self.scheduler.on_kv_loaded(seq))  # called at once: no late binding
+            self.call_plugin("scheduler", lambda: self.scheduler.on_kv_loaded(seq))  # called at once: no late binding
 
     def has_unfinished(self) -> bool:
         return self.scheduler.num_unfinished() > 0
@@ -227,7 +233,7 @@ class Engine:
             return False
         self._quiet_plan = None
         before = self.scheduler.num_unfinished()
-        self._call_plugin("scheduler", lambda: self.scheduler.abort(seq))
+        self.call_plugin("scheduler", lambda: self.scheduler.abort(seq))
         if self.scheduler.num_unfinished() != before - 1:
             raise PluginFailure(f"scheduler plugin {type(self.scheduler).name!r} still holds aborted request "
                                 f"{request_id!r} ({seq.status.value}): its abort()/remove() must forget a sequence "
@@ -237,44 +243,25 @@ class Engine:
 
     # ---- the step -----------------------------------------------------------------------
     def step(self) -> StepRecord | None:
-        """One iteration: schedule -> execute -> apply. Returns None if nothing could run. With
-        ``num_scheduler_steps`` N > 1 a decode-only plan opens a window of up to N decode steps
-        run without the scheduler, its tokens delivered at its end
-        (:mod:`servelab.engine.multi_step`); the last step's record is returned."""
+        """One iteration, composed of the step phases below: schedule -> execute -> price -> apply
+        (-> draft) -> record. Returns the step's record, or None if nothing could run. With
+        ``num_scheduler_steps`` N > 1 a decode-only plan opens a window of up to N decode steps run
+        without the scheduler, its tokens delivered at its end (:mod:`servelab.engine.multi_step`);
+        the last step's record is returned."""
         start = self.now()
-        if self.connector is not None:
-            self.poll_connector()
-        plan = self._call_plugin("scheduler", lambda: self.scheduler.schedule(start))
+        plan = self.schedule(start)
         if plan.is_empty:
             return None
         if self.timeline is not None and self.timeline.due == 1:  # this step's row will be kept
             self._waiting = self.scheduler.num_unfinished() - len(plan.scheduled)
         if self.limits.num_scheduler_steps > 1 and self.drafter is None and starts_window(plan):
-            self._quiet_plan = None  # fast-forward is off with multi-step (_can_fast_forward)
             return run_window(self, plan, start, self.limits.num_scheduler_steps)
-        work = step_work(plan)  # before _apply: it reads the sequences as the plan saw them
-        self._quiet_plan = plan if self.fast_forward_enabled and may_precede_span(plan, work) else None
-        output = self._execute(plan, work)
-        self.end_step(work)  # a virtual clock advances by the time model's prediction (and the KV loads)
-        finished_at = self.now()
-        stamp = finished_at if self.frontend is None else self.frontend.deliver(finished_at, len(output.sampled))
-        grew = self._apply(plan, output.sampled, finished_at, output.accepted, stamp=stamp)
-        if self.connector is not None:
-            self.connector.save_kv()  # sends of the sequences that just ended and were kept
-        end = finished_at
-        if self.drafter is not None and grew:  # the next step's drafts are part of this step's time
-            draft = self._call_plugin("drafter", lambda: self._draft(grew))
-            self.clock.end_draft(draft)  # a virtual clock advances by the time model's price of drafting
-            end = self.now()
-        record = self._record(plan, work, start, end, output.model_s, output.comm_s)
-        record.draft_s = end - finished_at
-        self.last_step_s = end - start
-        if output.accepted is not None:
-            record.draft_tokens = sum(len(e.draft_token_ids) for e in plan.scheduled)
-            record.accepted_tokens = sum(output.accepted)
-        for listener in self.step_listeners:
-            listener(record)
-        return record
+        work = step_work(plan)  # before apply: it reads the sequences as the plan saw them
+        output = self.execute(plan, work)
+        computed = self.price(work)
+        grew = self.apply(plan, output, computed, stamp=self.deliver(computed, len(output.sampled)))
+        end = self.draft(grew, computed)  # the next step's drafts are part of this step's time
+        return self.record(plan, work, start, end, output, draft_s=end - computed)
 
     def fast_forward(self, until: float = float("inf"), on_step_start: Callable[[], None] | None = None,
                      stop_after_end: bool = False) -> int:
@@ -303,25 +290,26 @@ class Engine:
                 and type(self.allocator).quiet_decode_tokens is not BlockAllocator.quiet_decode_tokens
                 and not any(getattr(f, "reads_step_details", True) for f in self.step_listeners))
 
-    def end_step(self, work: StepWork) -> None:
-        """The step ``work`` describes ran: the clock moves by it, then by what the connector's
-        KV loads added to it (:func:`~servelab.engine.clock.price_kv_transfer`)."""
-        connector = self.connector
-        if connector is None:
-            self.clock.end_step(work)
-            return
-        start = self.clock.now()
-        self.clock.end_step(work)
-        transfer = connector.get_step_transfer_time()
-        if transfer.load_s:
-            added, hidden = price_kv_transfer(self.clock, self.clock.now() - start, transfer)
-            connector.transfer_priced(added, hidden)
+    # ---- the step phases: step() composes them, and so do multi_step and fast_forward ------
+    def schedule(self, now: float) -> SchedulePlan:
+        """Decide the step: take the connector's finished transfers (:meth:`poll_connector`), then
+        ask the scheduler for its plan at ``now`` (engine seconds). The scheduler allocates the
+        plan's blocks and preempts; nothing else is asked. A plan that preempted and moved nothing
+        is kept as the one a fast-forward span may follow (:meth:`fast_forward`)."""
+        if self.connector is not None:
+            self.poll_connector()
+        plan = self.call_plugin("scheduler", lambda: self.scheduler.schedule(now))
+        if not plan.is_empty:
+            self._quiet_plan = plan if self.fast_forward_enabled and may_precede_span(plan) else None
+        return plan
 
-    def _execute(self, plan: SchedulePlan, work: StepWork) -> StepOutput:
-        """Hand the step down: the features alone to an executor without tensors, else the batch
-        with the block tables read here (the executor never asks the allocator)."""
+    def execute(self, plan: SchedulePlan, work: StepWork) -> StepOutput:
+        """Compute the step (``work`` is ``step_work(plan)``): the connector's worker side first
+        moves in the loads the forward pass reads; then an executor without tensors gets the
+        features alone, any other the batch, with the block tables read here (the executor never
+        asks the allocator). Changes no sequence: :meth:`apply` does that with the output."""
         connector = self.connector
-        if connector is not None:  # its worker side: loads land before the forward pass reads them
+        if connector is not None:
             connector.start_load_kv()
             connector.wait_for_load()
         if not self.executor.needs_batch:
@@ -330,16 +318,60 @@ class Engine:
         tables = [block_table(e.seq.id) for e in plan.scheduled]
         return self.executor.execute(build_batch(plan, tables, self.limits.block_size, self.seed))
 
-    def _apply(self, plan: SchedulePlan, sampled: list[int], now: float, accepted: list[int] | None = None,
-               ended: list[tuple[Sequence, str]] | None = None, stamp: float | None = None) -> list[Sequence]:
-        """Append each sampled sequence's new tokens and finish those that are done; returns the
-        sequences that got tokens and still run (the next step's decode candidates). With
-        ``ended`` (a multi-step window, plain decodes only) a sequence that is done is put there
-        with its reason instead, to be finished when the window delivers. Tokens are stamped
-        ``stamp`` (when the client gets them: :mod:`servelab.engine.frontend`), default ``now``."""
+    def price(self, work: StepWork) -> float:
+        """End the step computing ``work`` on the clock and return when it ended (engine seconds):
+        a virtual clock advances by its time model's price of ``work``, then by what the connector's
+        KV loads added to it (:func:`~servelab.engine.clock.price_kv_transfer`, the same for every
+        connector and clock); a wall clock has run."""
+        clock, connector = self.clock, self.connector
+        if connector is None:
+            clock.end_step(work)
+            return self.now()
+        start = clock.now()
+        clock.end_step(work)
+        transfer = connector.get_step_transfer_time()
+        if transfer.load_s:
+            added, hidden = price_kv_transfer(clock, clock.now() - start, transfer)
+            connector.transfer_priced(added, hidden)
+        return self.now()
+
+    def deliver(self, at: float, num_tokens: int) -> float:
+        """When the client gets ``num_tokens`` tokens computed at ``at``: then, or when the front end
+        (``frontend=...``, :mod:`servelab.engine.frontend`) delivers them, as one output batch."""
+        return at if self.frontend is None else self.frontend.deliver(at, num_tokens)
+
+    def apply(self, plan: SchedulePlan, output: StepOutput, now: float, *, stamp: float | None = None,
+              ended: list[tuple[Sequence, str]] | None = None,
+              quiet: Iterable[tuple[Sequence, list[float]]] = ()) -> list[Sequence]:
+        """Write what a step computed into its sequences, in this order:
+
+        - ``quiet`` (a fast-forward span bringing sequences up to date,
+          :mod:`servelab.engine.fast_forward`): each ``(seq, stamps)`` ran ``len(stamps)`` quiet
+          decode steps, each giving it the executor's placeholder token, stamped as listed; the
+          allocator settles their slots in bulk (``settle_quiet_decodes``); none of them ends it;
+        - each entry of ``plan``, in plan order: its tokens count as computed and the allocator
+          hears of it (``on_tokens_computed``); an entry that reached its sequence's last token
+          appends the token ``output`` sampled for it (a verify entry: its accepted drafts and the
+          target's token; the slots of the rest are released), stamped ``stamp`` (when the client
+          gets it, :meth:`deliver`; default ``now``); a sequence that is done (a stop token, its
+          length) is finished at ``now`` (:meth:`finish`), or, with ``ended`` (a multi-step window:
+          plain decodes only), put there with its reason for the caller to finish;
+        - then, without ``ended``, the connector starts sending the blocks of the sequences it kept.
+
+        This is the one writer of ``seq.num_computed_tokens`` besides the allocator (KV that
+        appears or goes without being computed here: ``BlockAllocator.start_sequence`` and its two
+        siblings). Returns, when a drafter runs, the sequences that got tokens and still run (the
+        next step drafts for them); else an empty list."""
+        if quiet:
+            token, settle = self.executor.placeholder_token, self.allocator.settle_quiet_decodes
+            assert token is not None  # a span runs only on an executor with placeholder tokens
+            for seq, stamps in quiet:
+                seq.num_computed_tokens += len(stamps)
+                seq.append_repeated(token, stamps)
+                settle(seq, len(stamps))
         stamp = now if stamp is None else stamp
-        tokens = iter(sampled)
-        counts = iter(accepted) if accepted is not None else None
+        tokens = iter(output.sampled)
+        counts = iter(output.accepted) if output.accepted is not None else None
         on_tokens_computed = self.allocator.on_tokens_computed
         drafting = self.drafter is not None
         grew: list[Sequence] = []
@@ -347,7 +379,9 @@ class Engine:
             seq = entry.seq
             if entry.draft_token_ids:
                 assert counts is not None  # a step that verified drafts reports what it accepted
-                self._apply_verified(entry, next(counts), tokens, now, stamp)
+                num_accepted = self._count_verified(entry, next(counts))
+                seq.num_computed_tokens = entry.start + 1 + num_accepted  # the last token + accepted drafts
+                self._keep_verified(seq, [next(tokens) for _ in range(num_accepted + 1)], now, stamp)
                 if seq.status is Status.RUNNING:
                     grew.append(seq)
                 continue
@@ -363,17 +397,16 @@ class Engine:
             if reason and ended is not None:
                 ended.append((seq, reason))
             elif reason:
-                self._finish(seq, reason, now)
+                self.finish(seq, reason, now)
             elif drafting:
                 grew.append(seq)
+        if self.connector is not None and ended is None:
+            self.connector.save_kv()  # sends of the sequences that just ended and were kept
         return grew
 
-    def _apply_verified(self, entry: ScheduledSeq, num_accepted: int, tokens: Iterator[int], now: float,
-                        stamp: float) -> None:
-        """A verify entry: keep the accepted drafts and the target's token; roll the rest back
-        (the KV of rejected drafts is never read: the slots are released, or overwritten later)."""
+    def _count_verified(self, entry: ScheduledSeq, num_accepted: int) -> int:
+        """A verify entry's acceptance, counted on its sequence and told to the drafter; returns it."""
         seq, drafts = entry.seq, entry.draft_token_ids
-        new = [next(tokens) for _ in range(num_accepted + 1)]
         seq.num_draft_tokens += len(drafts)
         seq.num_accepted_tokens += num_accepted
         seq.num_verify_steps += 1
@@ -386,19 +419,95 @@ class Engine:
             kept[i] += i < num_accepted
         if self.drafter is not None:
             self.drafter.on_verified(seq, len(drafts), num_accepted)
-        seq.num_computed_tokens = entry.start + 1 + num_accepted  # the last token + accepted drafts
+        return num_accepted
+
+    def _keep_verified(self, seq: Sequence, new: list[int], now: float, stamp: float) -> None:
+        """After a verify entry (``seq.num_computed_tokens`` counts the kept tokens): release the
+        slots of rejected drafts (their KV is never read: released, or overwritten later), append
+        the accepted drafts and the target's token, finish at the first that ends ``seq``."""
         self.allocator.release_slots(seq, seq.num_computed_tokens)
         for token in new:
             seq.append_token(token, stamp)
             reason = self._finish_reason(seq, token)
             if reason:
-                self._finish(seq, reason, now)
+                self.finish(seq, reason, now)
                 return
         self.allocator.on_tokens_computed(seq)  # hashes cover verified tokens only
 
-    def _finish(self, seq: Sequence, reason: str, now: float) -> None:
+    def finish(self, seq: Sequence, reason: str, now: float) -> None:
+        """End ``seq`` (it ran; ``reason``: ``"stop"`` or ``"length"``) at ``now``: the scheduler
+        forgets it, its blocks are freed (or kept while the connector sends them), the drafter
+        forgets it, the end listeners are told."""
         self.scheduler.remove(seq)
         self._retire(seq, reason, now)
+
+    def draft(self, seqs: list[Sequence], now: float) -> float:
+        """With a drafter, after :meth:`apply`: propose the next step's drafts for ``seqs`` (those
+        that got tokens and still run), keep what is valid, and price drafting on the clock (a
+        virtual clock advances by the time model's price). Returns when the step ended: ``now``
+        when nothing was drafted."""
+        if self.drafter is None or not seqs:
+            return now
+        work = self.call_plugin("drafter", lambda: self._propose(seqs))
+        self.clock.end_draft(work)
+        return self.now()
+
+    def record(self, plan: SchedulePlan | None, work: StepWork, start: float, end: float,
+               output: StepOutput | None = None, draft_s: float = 0.0) -> StepRecord | None:
+        """Count a step that ran from ``start`` to ``end`` (engine seconds; ``draft_s`` of it
+        drafting): the policies' cost model observes it, the totals take it, the step listeners
+        get its record, which is kept while ``keep_steps`` and returned. ``plan`` None: a quiet
+        decode step of a fast-forward span (it preempted and moved nothing); when nobody reads
+        records only the sums are kept (what the record would add, bit for bit) and None is
+        returned, and it leaves :attr:`last_step_s` (the last planned step's duration) alone."""
+        # drafts are computed like prompt tokens: the policies' cost model sees them as such
+        self.cost_model.observe(StepFeatures(work.prefill_tokens + work.draft_tokens, work.decode_seqs, work.attended),
+                                end - start)
+        allocator, listeners, timeline = self.allocator, self.step_listeners, self.timeline
+        waiting = self._waiting
+        if plan is None:
+            waiting = 0  # every sequence the scheduler holds runs in a span
+            if not listeners and not self.keep_steps:
+                kv_used = allocator.num_used_blocks() / max(1, allocator.num_blocks)
+                self.totals.add_decode_step(end, end - start, work.num_seqs, kv_used, allocator.usage_stats())
+                if timeline is not None:
+                    timeline.due -= 1
+                    if not timeline.due:
+                        timeline.add(end, end - start, work.num_seqs, 0, work.num_tokens, 0, kv_used)
+                return None
+            plan = SchedulePlan()  # the record's lists are its own
+        else:
+            self.last_step_s = end - start
+        # with no reader (a long simulated run keeps only totals) the per-entry fields are skipped;
+        # a listener marked ``reads_step_details = False`` (the W&B logger's) does not need them
+        detailed = self.keep_steps or any(getattr(f, "reads_step_details", True) for f in listeners)
+        accepted = output.accepted if output is not None else None  # a step that verified drafts: its counts
+        record = StepRecord(
+            step=self.totals.num_steps, time_s=end, duration_s=end - start,
+            model_s=output.model_s if output is not None else 0.0,
+            num_seqs=work.num_seqs, num_tokens=work.num_tokens, prefill_tokens=work.prefill_tokens,
+            decode_seqs=work.decode_seqs, kv_utilization=allocator.num_used_blocks() / max(1, allocator.num_blocks),
+            queues=self.scheduler.queue_lengths() if detailed else {},
+            comm_s=output.comm_s if output is not None else 0.0, preempted=plan.preempted,
+            extra=allocator.usage_stats(), swap_out_blocks=len(plan.swap_out), swap_in_blocks=len(plan.swap_in),
+            scheduled=[(e.seq.id, e.num_tokens) for e in plan.scheduled] if detailed else [],
+            scheduler=self.scheduler.step_stats() if detailed else {}, work=work, draft_s=draft_s,
+            draft_tokens=sum(len(e.draft_token_ids) for e in plan.scheduled) if accepted is not None else 0,
+            accepted_tokens=sum(accepted) if accepted is not None else 0,
+        )
+        self.totals.add(record)
+        if timeline is not None:
+            if plan.preempted:
+                timeline.preempted(len(plan.preempted))
+            timeline.due -= 1
+            if not timeline.due:
+                timeline.add(end, end - start, work.num_seqs, waiting, work.num_tokens, work.prefill_tokens,
+                             record.kv_utilization)
+        if self.keep_steps:
+            self.steps.append(record)
+        for listener in listeners:
+            listener(record)
+        return record
 
     def _retire(self, seq: Sequence, reason: str, now: float) -> None:
         """``seq`` has left the scheduler: end it (``reason``), free its blocks, drop drafter state,
@@ -414,7 +523,7 @@ class Engine:
             self.drafter.forget(seq)
         self._ended(seq)
 
-    def _draft(self, seqs: list[Sequence]) -> DraftWork:
+    def _propose(self, seqs: list[Sequence]) -> DraftWork:
         """Ask the drafter for the next step's drafts of ``seqs``; keep what is valid; say what
         drafting did (for the clock)."""
         assert self.drafter is not None  # called only when a drafter runs
@@ -467,37 +576,9 @@ class Engine:
             return "length"
         return None
 
-    def _record(self, plan: SchedulePlan, work: StepWork, start: float, end: float, model_s: float,
-                comm_s: float = 0.0) -> StepRecord:
-        # drafts are computed like prompt tokens: the policies' cost model sees them as such
-        self.cost_model.observe(StepFeatures(work.prefill_tokens + work.draft_tokens, work.decode_seqs, work.attended),
-                                end - start)
-        # with no reader (a long simulated run keeps only totals) the per-entry fields are skipped;
-        # a listener marked ``reads_step_details = False`` (the W&B logger's) does not need them
-        detailed = self.keep_steps or any(getattr(f, "reads_step_details", True) for f in self.step_listeners)
-        record = StepRecord(
-            step=self.totals.num_steps, time_s=end, duration_s=end - start, model_s=model_s,
-            num_seqs=work.num_seqs, num_tokens=work.num_tokens, prefill_tokens=work.prefill_tokens,
-            decode_seqs=work.decode_seqs, kv_utilization=self.allocator.num_used_blocks() / max(1, self.allocator.num_blocks),
-            queues=self.scheduler.queue_lengths() if detailed else {}, comm_s=comm_s, preempted=plan.preempted,
-            extra=self.allocator.usage_stats(), swap_out_blocks=len(plan.swap_out), swap_in_blocks=len(plan.swap_in),
-            scheduled=[(e.seq.id, e.num_tokens) for e in plan.scheduled] if detailed else [],
-            scheduler=self.scheduler.step_stats() if detailed else {}, work=work,
-        )
-        self.totals.add(record)
-        timeline = self.timeline
-        if timeline is not None:
-            if plan.preempted:
-                timeline.preempted(len(plan.preempted))
-            timeline.due -= 1
-            if not timeline.due:
-                timeline.add(end, end - start, work.num_seqs, self._waiting, work.num_tokens, work.prefill_tokens,
-                             record.kv_utilization)
-        if self.keep_steps:
-            self.steps.append(record)
-        return record
-
-    def _call_plugin(self, role: str, fn: Callable[[], _T]) -> _T:
+    def call_plugin(self, role: str, fn: Callable[[], _T]) -> _T:
+        """``fn()``, a call into the ``role`` plugin (an attribute of the engine: ``"scheduler"``);
+        a failure is re-raised as :class:`PluginFailure` naming the plugin and the step."""
         try:
             return fn()
         except (LengthPredictorError, EvictorError) as exc:  # already names its plugin and the request/block

@@ -13,12 +13,14 @@ with no drafter, no KV connector and nobody reading per-step details. Then:
 - a sequence's next *event* is the first span step that is not quiet for it: the allocator must
   act (a new block, a full block to hash) or the sequence finishes there.
 
-Each span step is priced by the clock's time model from the step's features (which change only
-by the context growing and finished sequences leaving), is recorded as the step-by-step path
-records it (totals, the policies' cost model, step listeners), and handles only that step's
-events, in plan order: their allocations before the step, as ``schedule()`` makes them, then
-their tokens and finishes after it, as ``Engine._apply`` does. Every other sequence gets its
-tokens in bulk when it next has an event or the span ends (the allocator is told the counts).
+A span drives the engine's step phases as :meth:`Engine.step` does, without ``schedule`` and
+``execute``: each span step is priced (``Engine.price``: the clock's time model, from the step's
+features, which change only by the context growing and finished sequences leaving) and recorded
+(``Engine.record``: totals, the policies' cost model, step listeners), and handles only that step's
+events, in plan order: their allocations before the step, as ``schedule()`` makes them, then their
+tokens and finishes after it, through ``Engine.apply``. Every other sequence gets its tokens in bulk,
+through the same apply (its ``quiet`` pairs), when it next has an event or the span ends (the
+allocator is told the counts).
 
 A span stops before a step that would start at or after ``until`` (the next arrival: the driver
 adds it before that step), when the scheduler's declared steps or time run out, before a step
@@ -30,10 +32,10 @@ when a request ends), also after a step in which a sequence finished.
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterable
 
-from servelab.core.cost_model import StepFeatures
-from servelab.core.interfaces import NextDecision, SchedulePlan
+from servelab.core.executor import StepOutput
+from servelab.core.interfaces import NextDecision, ScheduledSeq, SchedulePlan
 from servelab.core.request import Sequence, Status
 from servelab.core.step_work import StepWork
 
@@ -48,17 +50,16 @@ INF = float("inf")
 MIN_SPAN_STEPS = 1
 
 
-def may_precede_span(plan: SchedulePlan, work: StepWork) -> bool:
-    """Whether a span may follow ``plan``: it verified no drafts and preempted and moved nothing
-    (whether its sequences all decode next is checked after it ran)."""
-    return not work.draft_tokens and not plan.preempted and not plan.swap_out and not plan.swap_in \
-        and not plan.copy_blocks
+def may_precede_span(plan: SchedulePlan) -> bool:
+    """Whether a span may follow ``plan``: it preempted and moved nothing (it verified no drafts
+    either: no span runs with a drafter; whether its sequences all decode next is checked after it ran)."""
+    return not plan.preempted and not plan.swap_out and not plan.swap_in and not plan.copy_blocks
 
 
 def next_decision(engine: Engine, now: float) -> NextDecision:
     """The scheduler's answer, checked (a malformed one names the plugin)."""
     scheduler = engine.scheduler
-    answer = engine._call_plugin("scheduler", lambda: scheduler.next_decision(now))
+    answer = engine.call_plugin("scheduler", lambda: scheduler.next_decision(now))
     steps, at_s = answer if isinstance(answer, tuple) and len(answer) == 2 else (None, None)
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0 or not isinstance(at_s, (int, float)):
         raise TypeError(f"scheduler plugin {type(scheduler).name!r}: next_decision() returned {answer!r}; "
@@ -114,25 +115,28 @@ class _Span:
         left = min(seq.request.max_tokens - len(seq.output_token_ids), self.engine.limits.max_model_len - seq.num_tokens)
         return step + (quiet if quiet < left else left - 1)
 
-    def _sync(self, i: int, step: int) -> None:
-        """Give ``seqs[i]`` the tokens of the quiet span steps before ``step``."""
-        done = self.synced[i]
-        if step > done:
-            seq, n = self.seqs[i], step - done
-            seq.num_computed_tokens += n
-            seq.append_repeated(self.token, self.ends[done:step])
-            self.engine.allocator.settle_quiet_decodes(seq, n)
-            self.synced[i] = step
+    def _lag(self, indices: Iterable[int], step: int) -> list[tuple[Sequence, list[float]]]:
+        """What ``seqs[i]`` (each of ``indices``) has not been given of the quiet span steps before
+        ``step``, as :meth:`Engine.apply`'s ``quiet`` pairs (the sequence, those steps' stamps);
+        from here on they count as given."""
+        seqs, synced, ends = self.seqs, self.synced, self.ends
+        lag = []
+        for i in indices:
+            done = synced[i]
+            if step > done:
+                lag.append((seqs[i], ends[done:step]))
+                synced[i] = step
+        return lag
 
     def run(self, max_steps: int, limit: float, on_step_start: Callable[[], None] | None,
             stop_after_end: bool = False) -> int:
+        """Run up to ``max_steps`` span steps, none starting at or after ``limit``, through the
+        engine's step phases (``price``, ``apply``, ``record``); returns how many ran."""
         engine, seqs, events, ends, synced = self.engine, self.seqs, self.events, self.ends, self.synced
-        allocator, clock, token, totals = engine.allocator, engine.clock, self.token, engine.totals
-        frontend, timeline = engine.frontend, engine.timeline
-        engine._waiting = 0  # every sequence the scheduler holds runs in the span
-        count_quiet, step_listeners, observe = allocator.count_quiet_decodes, engine.step_listeners, engine.cost_model.observe
-        num_blocks = max(1, allocator.num_blocks)
-        no_plan = SchedulePlan()  # a quiet step preempts and moves nothing
+        allocator, token = engine.allocator, self.token
+        count_quiet, apply, price, record = allocator.count_quiet_decodes, engine.apply, engine.price, engine.record
+        no_plan, no_output = SchedulePlan(), StepOutput([], 0.0)  # a quiet step preempts and moves nothing
+        events_plan, events_output = SchedulePlan(), StepOutput([], 0.0)  # refilled each step (apply keeps neither)
         active = len(seqs)
         context = sum(seq.num_tokens for seq in seqs)  # each decode attends to its whole context
         step = 0
@@ -149,51 +153,41 @@ class _Span:
                 break
             if on_step_start is not None:
                 on_step_start()
-            for i in due:  # their allocations, in plan order, as schedule() makes them
-                self._sync(i, step)
-                if not allocator.allocate_slots(seqs[i], 1):
-                    raise RuntimeError(f"allocator plugin {type(allocator).name!r} refused one decode slot for "
-                                       f"{seqs[i].id!r} with {allocator.num_free_blocks()} free blocks: its "
-                                       "quiet_decode_tokens() contract says such a step takes at most one block")
+            if due:  # their allocations, in plan order, as schedule() makes them, once they are up to date
+                lag = self._lag(due, step)
+                if lag:
+                    apply(no_plan, no_output, start, quiet=lag)
+                for i in due:
+                    if not allocator.allocate_slots(seqs[i], 1):
+                        raise RuntimeError(f"allocator plugin {type(allocator).name!r} refused one decode slot for "
+                                           f"{seqs[i].id!r} with {allocator.num_free_blocks()} free blocks: its "
+                                           "quiet_decode_tokens() contract says such a step takes at most one block")
             n = active
             if n > len(due):
                 count_quiet(n - len(due))
             work = StepWork(n, n, 0, n, n, context, context)
-            clock.end_step(work)
-            end = engine.now()
-            stamp = end if frontend is None else frontend.deliver(end, n)  # when the client gets the tokens
+            end = price(work)
+            stamp = engine.deliver(end, n)  # when the client gets the step's tokens
             ends.append(stamp)
             left_tokens = 0
-            for i in due:  # their tokens and finishes, in plan order, as Engine._apply does
-                seq = seqs[i]
-                seq.num_computed_tokens += 1
-                allocator.on_tokens_computed(seq)
-                seq.append_token(token, stamp)
-                synced[i] = step + 1
-                reason = engine._finish_reason(seq, token)
-                if reason:
-                    engine._finish(seq, reason, end)
-                    active -= 1
-                    left_tokens += seq.num_tokens
-                else:
-                    heapq.heappush(events, (self._next_event(seq, step + 1), i))
+            if due:  # their tokens and finishes, in plan order
+                events_plan.scheduled = [ScheduledSeq(seqs[i], 1, seqs[i].num_computed_tokens) for i in due]
+                events_output.sampled = [token] * len(due)
+                apply(events_plan, events_output, end, stamp=stamp)
+                for i in due:
+                    seq = seqs[i]
+                    synced[i] = step + 1
+                    if seq.status is Status.RUNNING:
+                        heapq.heappush(events, (self._next_event(seq, step + 1), i))
+                    else:
+                        active -= 1
+                        left_tokens += seq.num_tokens
             context += n - left_tokens
-            if step_listeners:
-                record = engine._record(no_plan, work, start, end, 0.0, 0.0)
-                for listener in step_listeners:
-                    listener(record)
-            else:  # Engine._record's sums without its record
-                observe(StepFeatures(0, n, work.attended), end - start)
-                kv_used = allocator.num_used_blocks() / num_blocks
-                totals.add_decode_step(end, end - start, n, kv_used, allocator.usage_stats())
-                if timeline is not None:
-                    timeline.due -= 1
-                    if not timeline.due:  # nothing waits in a span
-                        timeline.add(end, end - start, n, 0, n, 0, kv_used)
+            record(None, work, start, end)
             step += 1
             if stop_after_end and left_tokens:
                 break
-        for i, seq in enumerate(seqs):
-            if seq.status is Status.RUNNING:
-                self._sync(i, step)
+        lag = self._lag((i for i, seq in enumerate(seqs) if seq.status is Status.RUNNING), step)
+        if lag:
+            apply(no_plan, no_output, engine.now(), quiet=lag)
         return step

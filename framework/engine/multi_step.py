@@ -40,7 +40,8 @@ def starts_window(plan: SchedulePlan) -> bool:
 
 def run_window(engine: Engine, plan: SchedulePlan, start: float, num_steps: int) -> StepRecord:
     """Run ``plan`` (decode-only, just scheduled at ``start``) and up to ``num_steps - 1`` more decode
-    steps of its sequences; deliver the window's tokens at its end. Returns the last step's record."""
+    steps of its sequences through the engine's step phases; deliver the window's tokens at its end.
+    Returns the last step's record."""
     window: dict[str, tuple[Sequence, int]] = {}  # id -> (seq, output tokens before the window)
     ended: list[tuple[Sequence, str]] = []  # finished inside the window, ended at its end
     record = None
@@ -54,26 +55,22 @@ def run_window(engine: Engine, plan: SchedulePlan, start: float, num_steps: int)
         for e in plan.scheduled:
             window.setdefault(e.seq.id, (e.seq, e.seq.num_output_tokens))
         work = step_work(plan)
-        output = engine._execute(plan, work)
-        engine.end_step(work)
-        end = engine.now()
-        engine._apply(plan, output.sampled, end, ended=ended)  # finishes wait for the window's end
-        record = engine._record(plan, work, start, end, output.model_s, output.comm_s)
-        engine.last_step_s = end - start
-        for listener in engine.step_listeners:
-            listener(record)
+        output = engine.execute(plan, work)
+        end = engine.price(work)
+        engine.apply(plan, output, end, ended=ended)  # finishes wait for the window's end
+        record = engine.record(plan, work, start, end, output)
     assert record is not None  # the first step always runs
     delivered = engine.now()
     new_tokens = sum(len(seq.token_times) - before for seq, before in window.values())
-    stamp = delivered if engine.frontend is None else engine.frontend.deliver(delivered, new_tokens)
+    stamp = engine.deliver(delivered, new_tokens)
     for seq, before in window.values():
         times = seq.token_times
         for i in range(before, len(times)):
             times[i] = stamp
     for seq, reason in ended:
-        engine._finish(seq, reason, delivered)
+        engine.finish(seq, reason, delivered)
     if engine.connector is not None:
-        engine.connector.save_kv()
+        engine.connector.save_kv()  # sends of the sequences that ended in the window and were kept
     return record
 
 
