@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 
 import pytest
 
 from conftest import REPO, compose
-from hf_reference import hf_greedy
+from hf_reference import random_checkpoints_with_greedy
 from servelab.api import LLM
 from servelab.exec.model.random_checkpoint import write_random_checkpoint
 from servelab.core.model_spec import CheckpointError, load_spec
@@ -32,15 +31,7 @@ FAMILIES = {
 
 @pytest.fixture(scope="module")
 def family_checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("families")
-    rng = random.Random(3)
-    prompts = [[rng.randrange(256) for _ in range(rng.randint(2, 70))] for _ in range(6)]
-    max_tokens = [rng.randint(2, 10) for _ in prompts]
-    out = {}
-    for name, (arch, extra) in FAMILIES.items():
-        path = write_random_checkpoint(root / name, arch, seed=5, **{**BASE, **extra})
-        out[name] = (path, hf_greedy(path, prompts, max_tokens))
-    return out, prompts, max_tokens
+    return random_checkpoints_with_greedy(tmp_path_factory.mktemp("families"), FAMILIES, BASE, 6)
 
 
 def _overrides(path, backend="torch", block_size=16):

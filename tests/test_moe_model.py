@@ -6,15 +6,14 @@ transformers' generate; expert parallelism (2 gloo ranks, experts split) and pip
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 import yaml
 
 from conftest import compose
-from hf_reference import hf_greedy
+from hf_reference import random_checkpoints_with_greedy
 from servelab.api import LLM
-from servelab.exec.model.random_checkpoint import moe_config_kwargs, write_random_checkpoint
+from servelab.exec.model.random_checkpoint import moe_config_kwargs
 from servelab.run.session import run_job
 
 BASE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
@@ -32,15 +31,7 @@ RUN = ("workload=synthetic", "block_size=8", "max_num_seqs=4", "max_num_batched_
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("moe")
-    rng = random.Random(3)
-    prompts = [[rng.randrange(256) for _ in range(rng.randint(2, 70))] for _ in range(5)]
-    max_tokens = [rng.randint(2, 10) for _ in prompts]
-    out = {}
-    for name, (arch, extra) in ARCHS.items():
-        path = write_random_checkpoint(root / name, arch, seed=5, **{**BASE, **extra})
-        out[name] = (path, hf_greedy(path, prompts, max_tokens))
-    return out, prompts, max_tokens
+    return random_checkpoints_with_greedy(tmp_path_factory.mktemp("moe"), ARCHS, BASE, 5)
 
 
 @pytest.mark.parametrize("name", list(ARCHS))
