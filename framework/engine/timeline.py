@@ -16,6 +16,7 @@ from array import array
 from typing import Any
 
 #: rows held at most per engine (a figure is about 1,000 pixels wide; 16,384 rows keep its detail)
+FILE = "timeline.npz"  # beside summary.json: written by servelab.results.writer, read by servelab.results.page
 MAX_ROWS = 16_384
 #: the columns, in the order of :meth:`StepTimeline.add`'s arguments (times: float64; counts: int64; KV: float32)
 COLUMNS = ("time_s", "duration_s", "running", "waiting", "tokens", "prefill_tokens", "kv_used", "preemptions")

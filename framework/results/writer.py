@@ -22,6 +22,7 @@ from tqdm.std import tqdm as std_tqdm
 from servelab.config.checkpoint import recorded_config
 from servelab.core.interfaces import EngineLimits
 from servelab.engine.engine import Engine, StepRecord
+from servelab.engine.timeline import FILE as TIMELINE_FILE
 from servelab.results.metrics import RequestStats, request_record
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,6 @@ class RunResult:
                     fh.write(json.dumps(asdict(s)) + "\n")
 
 
-TIMELINE_FILE = "timeline.npz"
 
 
 def write_timeline(path: Path, timelines: list[dict]) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 import yaml
 
 from servelab.core.errors import ServelabError
-from servelab.results.writer import TIMELINE_FILE
+from servelab.engine.timeline import FILE as TIMELINE_FILE
 
 LATENCIES = ("ttft_ms", "tpot_ms", "e2e_ms")
 
