@@ -21,8 +21,8 @@ until the receiver claims blocks) is announced by the connector when the sequenc
 claims blocks for all its tokens in arrival order as soon as the pool takes them (back-pressure on
 the sender), loads in its own state (``kv_waiting``, then ``kv_loading``: vLLM's
 ``WAITING_FOR_REMOTE_KVS``) taking no seat and no budget, and once it landed (:meth:`on_kv_loaded`)
-joins the waiting queue, where the policy orders it like anyone else; holding its blocks, it never
-waits behind a head of line that cannot get blocks, nor behind a swapped sequence. Admission never touches the pool to find out
+runs first, in landing order, as seats and budget allow: it holds blocks for all its tokens, so
+waiting behind the policy's queue would keep that KV idle and could deadlock the pool. Admission never touches the pool to find out
 whether a request fits: :meth:`BlockAllocator.can_allocate` answers without side effects.
 
 With chunked prefill off, ``EngineLimits.non_chunked_schedule`` picks the order of the phases:
@@ -126,7 +126,7 @@ class QueueScheduler(Scheduler):
         self.connector = getattr(self.context, "connector", None)
         self.kv_waiting: deque[Sequence] = deque()
         self.kv_loading: dict[str, tuple[Sequence, int]] = {}
-        self.kv_held: set[str] = set()
+        self.kv_held: dict[str, Sequence] = {}  # landed sequences waiting for a seat, in landing order
         self._prefill_left = self._prefill_cap = 0  # prefill tokens this step may (still) take
         self._drafts_left = 0  # draft tokens this step may (still) verify
 
@@ -200,8 +200,8 @@ class QueueScheduler(Scheduler):
     def on_kv_loaded(self, seq: Sequence) -> None:
         _, n = self.kv_loading.pop(seq.id)
         self.allocator.mark_loaded(seq, n)
-        self.kv_held.add(seq.id)
-        self.waiting.push(seq)  # the policy seats it, in its order
+        self.kv_held[seq.id] = seq
+        self.waiting.push(seq)  # seated first, in landing order (_seat_held); the policy orders the rest
 
     def remove(self, seq: Sequence) -> None:
         if seq in self.running:
@@ -218,7 +218,7 @@ class QueueScheduler(Scheduler):
             del self.kv_loading[seq.id]  # the engine frees its blocks; the connector's answer is ignored
         elif seq.status is Status.WAITING and any(s is seq for s in self.waiting):
             self.waiting.remove(seq)
-            self.kv_held.discard(seq.id)  # the engine frees its blocks
+            self.kv_held.pop(seq.id, None)  # the engine frees its blocks
         self.remove(seq)
 
     def num_unfinished(self) -> int:
@@ -256,8 +256,8 @@ class QueueScheduler(Scheduler):
         budget = self._schedule_running(plan, scheduled, self.limits.max_num_batched_tokens)
         if not plan.preempted:
             self._swap_in(plan)
-        if self.swapped and self.kv_held:  # nobody is admitted past a swapped sequence, but a landed one
-            budget = self._seat_held(plan, scheduled, budget, now)  # holds its blocks: it cannot block a swap-in
+        if self.kv_held:  # landed sequences hold blocks for every token: they run first, in landing order,
+            budget = self._seat_held(plan, scheduled, budget, now)  # so idle KV never waits behind the queue
         if not self.swapped and not prefill_first:
             self._admit(plan, scheduled, budget, now)
         return plan
@@ -442,16 +442,15 @@ class QueueScheduler(Scheduler):
         self.on_admit(seq, now)
 
     def _seat_landed(self, seq: Sequence, n: int, plan: SchedulePlan, scheduled: list[Sequence], now: float) -> None:
-        self.kv_held.discard(seq.id)
+        self.kv_held.pop(seq.id, None)
         if not self.allocator.allocate_slots(seq, n):  # covered by the load's allocation
             raise RuntimeError(f"sequence {seq.id!r} landed without blocks for its next {n} tokens")
         self._seat(seq, n, plan, scheduled, now)
 
     def _seat_held(self, plan: SchedulePlan, scheduled: list[Sequence], budget: int, now: float) -> int:
-        """The head of line cannot get blocks, or a swapped sequence holds admission back: landed
-        sequences, which hold theirs, run past it (in queue order, while seats and budget allow);
-        waiting behind it could deadlock the pool."""
-        for seq in [s for s in self.waiting if s.id in self.kv_held]:
+        """Landed sequences (asynchronous loads, holding blocks for every token) run before anyone
+        is admitted, in landing order, while seats and budget allow."""
+        for seq in list(self.kv_held.values()):
             if budget <= 0 or len(self.running) >= self.limits.max_num_seqs:
                 break
             n = self._chunk(seq, budget)
