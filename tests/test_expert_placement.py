@@ -59,7 +59,16 @@ def test_a_replicated_experts_tokens_split_evenly_and_all_run():
             return np.array([[[0, 0, 1], [0, 2, 3]]])
 
     placed = PlacedExperts(Fixed(None, c), c, H100, 1.0)
-    assert placed.tokens_per_slot(np.array([[10, 5, 1, 0]])).tolist() == [[[4, 3, 5], [3, 1, 0]]]
+    counts = np.array([[10, 5, 1, 0]])
+    slots = placed.tokens_per_slot(counts)
+    expert0 = [slots[0, 0, 0], slots[0, 0, 1], slots[0, 1, 0]]
+    assert sorted(expert0) == [3, 3, 4] and slots[0, 0, 2] == 5 and slots[0, 1, 1:].tolist() == [1, 0]
+    taken = np.zeros(3)
+    for _ in range(3):  # the leftover token rotates: over three steps each replica takes it once
+        placed.after_step(counts)
+        s = placed.tokens_per_slot(counts)
+        taken += [s[0, 0, 0], s[0, 0, 1], s[0, 1, 0]]
+    assert taken.tolist() == [10, 10, 10]
 
 
 def test_a_replan_moves_only_the_replicas_a_rank_lacks_and_prices_them_on_the_intra_node_link():
@@ -99,7 +108,8 @@ def test_eplb_under_skew_lowers_the_imbalance_reserves_its_replicas_and_prices_i
     linear = summary()
     eplb = summary("expert_placement=eplb", "expert_placement.num_redundant_experts=16",
                    "expert_placement.step_interval=50", "expert_placement.window_size=25")
-    assert "moe_expert_placement" not in linear  # the default's summary keeps its keys
+    assert linear["moe_expert_placement"] == "linear"  # stated under EP
+    assert eplb["moe_token_weighted_group_imbalance"] < linear["moe_token_weighted_group_imbalance"]
     assert eplb["moe_placement_replans"] >= 2 and eplb["moe_replica_move_s"] > 0
     assert eplb["moe_mean_group_imbalance"] < linear["moe_mean_group_imbalance"]
     assert eplb["sim_kv_pool_bytes_per_rank"] < linear["sim_kv_pool_bytes_per_rank"]  # 2 replicas a rank, 48 layers

@@ -55,7 +55,7 @@ def check_expert_placement(run: "KitRun") -> "Failure | None":
         layouts += 1
     overrides = (*RUN, f"seed={run.seed}", f"expert_placement={run.name}", *run.extra)
     try:
-        first, again = _run(overrides), _run(overrides)
+        first, again = _run(overrides, run.registry), _run(overrides, run.registry)
     except Exception as exc:  # noqa: BLE001 - a placement's error is the finding
         return Failure("every expert placed", f"{type(exc).__name__}: {exc} (run: {' '.join(overrides)})")
     if first[0] != first[1]:
@@ -108,12 +108,14 @@ def _check_layout(cls, config, ep: int, seed: int, Failure) -> "Failure | None":
     return None
 
 
-def _run(overrides: tuple[str, ...]) -> tuple[int, int, str]:
+def _run(overrides: tuple[str, ...], registry) -> tuple[int, int, str]:
     """(requests, finished, the run's MoE and latency figures as JSON)."""
     from servelab.api import compose  # noqa: PLC0415
+    from servelab.assemble.stack import build_stack  # noqa: PLC0415
     from servelab.run.session import run_job  # noqa: PLC0415
 
+    cfg = compose(list(overrides))
     with tempfile.TemporaryDirectory() as out:
-        s = run_job(compose(list(overrides)), out).summary
+        s = run_job(cfg, out, stack=build_stack(cfg, registry)).summary
     figures = {k: v for k, v in s.items() if k.startswith("moe") or k in ("tpot_ms", "ttft_ms", "duration_s")}
     return s["num_requests"], s["num_finished"], json.dumps(figures, sort_keys=True, default=str)

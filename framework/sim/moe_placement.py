@@ -2,10 +2,13 @@
 of the plan (:mod:`servelab.core.expert_placement`), the load measured for re-plans, and the expert
 weights a re-plan moves priced over the intra-node link.
 
-- **Tokens per slot**: an expert's tokens split evenly over its replicas (replica ``k`` of ``r`` gets
-  ``c // r`` plus one of the ``c % r`` left over when ``k < c % r``), as SGLang's and vLLM's EPLB
-  dispatch spreads an expert's tokens over its physical copies. Without replicas a slot's tokens are
-  its expert's: under ``linear`` exactly the array the pricer had before placements existed.
+- **Tokens per slot**: an expert's tokens split evenly over its replicas (each of ``r`` gets ``c // r``,
+  and ``c % r`` of them one more), as SGLang's and vLLM's EPLB dispatch spreads an expert's tokens over
+  its physical copies. Which replicas take the leftover tokens rotates step by step, each expert from
+  an offset of its own (seeded): with few tokens per step (decode) a fixed choice would send every hot
+  expert's tokens to the same replica, the imbalance replicas exist to remove. Without replicas a
+  slot's tokens are its expert's: under ``linear`` exactly the array the pricer had before placements
+  existed.
 - **Measured load**: the tokens per expert of the last ``load_window_steps`` steps before each re-plan
   (every step since the previous plan when 0 or longer than the interval).
 - **Moving weights**: a re-plan moves, to each rank, the replicas it did not hold in that layer before
@@ -58,7 +61,8 @@ class PlacedExperts:
         first = np.concatenate([np.ones((c.num_moe_layers, 1), bool), sorted_ids[:, 1:] != sorted_ids[:, :-1]], 1)
         run_start = np.maximum.accumulate(np.where(first, np.arange(flat.shape[1]), 0), axis=1)
         np.put_along_axis(seen, order, np.arange(flat.shape[1]) - run_start, axis=1)
-        self._replica_index = seen
+        offset = np.random.default_rng([c.seed, 4]).integers(0, 1 << 30, (c.num_moe_layers, c.num_experts))
+        self._replica_index = seen + offset[rows, flat]  # rotated by the step count in tokens_per_slot
         self._flat = flat
         self.replicated = bool((self._replicas > 1).any())
 
@@ -66,7 +70,8 @@ class PlacedExperts:
         """``[layers, ep, slots]`` tokens each slot's expert copy runs, from ``[layers, experts]`` counts."""
         c = np.take_along_axis(counts, self._flat, axis=1)
         if self.replicated:
-            c = c // self._replicas + (self._replica_index < c % self._replicas)
+            turn = (self._replica_index + self.steps) % self._replicas
+            c = c // self._replicas + (turn < c % self._replicas)
         return c.reshape(self.plan.shape)
 
     def after_step(self, counts: np.ndarray) -> float:

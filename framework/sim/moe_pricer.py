@@ -93,7 +93,9 @@ class MoePricer:
         """``placement``: the run's ``expert_placement`` plugin (None: linear, placed once);
         ``weight_bytes`` per stored expert weight (what a re-plan's moves carry)."""
         self.shape, self.tp, self.ep, self.routing, self.priced_by = shape, tp, ep, routing, priced_by
-        self._states_placement = placement is not None and getattr(placement, "name", "") != "linear"
+        # the placement's figures in the summary and banner: under EP, or a placement other than the default
+        # (a default run without EP keeps the keys it had before placements existed)
+        self._states_placement = placement is not None and (ep > 1 or getattr(placement, "name", "") != "linear")
         self.placed = None if placement is None else PlacedExperts(
             placement, placement.context, hardware,
             3 * shape.hidden_size * shape.moe_intermediate_size / (tp // ep) * weight_bytes)
@@ -109,6 +111,8 @@ class MoePricer:
         self.touched_sum = 0.0  # experts touched per MoE layer, summed over steps
         self.imbalance_sum = 0.0  # the most loaded group's tokens / the mean group's, summed over steps
         self.imbalance_max = 0.0
+        self.imbalance_token_sum = 0.0  # imbalance x the step's tokens, summed (a token-weighted mean)
+        self.tokens = 0
 
     def _parts(self, counts: np.ndarray) -> tuple[float, float, float, float]:
         """(experts s, all-to-all s, mean experts touched per layer, imbalance) of one step's counts."""
@@ -135,6 +139,8 @@ class MoePricer:
         self.touched_sum += touched
         self.imbalance_sum += imbalance
         self.imbalance_max = max(self.imbalance_max, imbalance)
+        self.imbalance_token_sum += imbalance * n
+        self.tokens += n
         moves = self.placed.after_step(counts) if self.placed is not None else 0.0
         return experts + comm + moves
 
@@ -153,12 +159,12 @@ class MoePricer:
                 f"routing {self.routing.describe()}; each step's touched experts priced by {self.priced_by}")
         if self.all_to_all:
             text += f"; EP {self.ep} all-to-all from {self.all_to_all.figure}"
+        elif self.ep > 1:
+            text += f"; EP {self.ep} exchange: the MoE layer's all-reduce (sim.moe.ep_exchange=all_reduce)"
         if self.placed is not None and self._states_placement:
             p = self.placed
             text += f"; expert_placement={p.name} ({p.context.slots_per_rank} slots per rank" + \
                 (f", re-planned every {p.every} steps)" if p.every else ")")
-        elif self.ep > 1:
-            text += f"; EP {self.ep} exchange: the MoE layer's all-reduce (sim.moe.ep_exchange=all_reduce)"
         return text
 
     def summary(self) -> dict:
@@ -167,8 +173,9 @@ class MoePricer:
         if self.steps:
             out.update(moe_mean_experts_touched=self.touched_sum / self.steps,
                        moe_mean_group_imbalance=self.imbalance_sum / self.steps)
-            if self._states_placement:  # (the default's summary keeps the keys it had before placements)
-                out["moe_max_group_imbalance"] = self.imbalance_max
+            if self._states_placement:
+                out.update(moe_max_group_imbalance=self.imbalance_max,
+                           moe_token_weighted_group_imbalance=self.imbalance_token_sum / self.tokens)
         if self.placed is not None and self._states_placement:
             out.update(self.placed.summary())
         if self.all_to_all:
