@@ -121,6 +121,11 @@ def test_redundant_experts_that_do_not_divide_over_the_ranks_are_one_line_naming
         build_stack(compose(*MOE, "expert_placement=eplb", "expert_placement.num_redundant_experts=3"))
 
 
+def test_a_real_backend_refuses_a_placement_it_cannot_run():
+    with pytest.raises(ConfigError, match="expert_placement=eplb is priced by the simulator only"):
+        build_stack(compose("model=tiny_moe", "expert_placement=eplb"))
+
+
 def test_a_dense_model_builds_with_any_placement():
     stack = build_stack(compose("backend=sim", "model=llama3_8b", "expert_placement=eplb"))
     assert stack.plugins["expert_placement"].context.num_experts == 0

@@ -132,6 +132,8 @@ def executor_context(cfg: DictConfig, registry: Registry | None = None, draft_mo
     default ``backend=sim``) the simulator's shape, hardware and memory plan; the host swap pool either way."""
     num_swap_blocks, swap_space_gb = _swap_pool(cfg, registry)
     ep, pp = parallel_sizes(cfg)
+    if not (cfg.backend.name == "sim" if sim is None else sim):
+        check_placement_backend(cfg)
     common = dict(model_name=cfg.model.name, tensor_parallel_size=cfg.tensor_parallel_size,
                   num_kv_blocks=cfg.num_kv_blocks, num_swap_blocks=num_swap_blocks, swap_space_gb=swap_space_gb,
                   expert_parallel_size=ep, pipeline_parallel_size=pp)
@@ -202,10 +204,24 @@ def redundant_expert_bytes(cfg: DictConfig, shape: ModelShape, registry: Registr
     return extra // ep * shape.num_moe_layers * per_expert
 
 
-def placement_context(shape: ModelShape, cfg: DictConfig, registry: Registry | None = None) -> ExpertPlacementContext:
+def check_placement_backend(cfg: DictConfig, is_moe: bool | None = None) -> None:
+    """A placement other than ``linear`` on a real backend is one line: only the simulator prices it.
+    ``is_moe``: the model's shape says so (None: the config's ``model.num_experts``)."""
+    node = cfg.get("expert_placement")
+    moe = bool(cfg.model.get("num_experts")) if is_moe is None else is_moe
+    if node is not None and node.name != "linear" and moe:
+        raise ConfigError(f"expert_placement={node.name} is priced by the simulator only (backend=sim); "
+                          f"backend={cfg.backend.name}'s expert parallelism places experts linearly")
+
+
+def placement_context(shape: ModelShape, cfg: DictConfig, registry: Registry | None = None,
+                      simulated: bool = True) -> ExpertPlacementContext:
     """What ``expert_placement=<name>`` is built with: the model's experts and MoE layers, the ranks and
-    the slots each holds (replicas included)."""
+    the slots each holds (replicas included). ``simulated``: the executor is the simulator's (else only
+    ``linear`` is accepted)."""
     ep = cfg.get("expert_parallel_size", 1)
+    if not simulated:
+        check_placement_backend(cfg, shape.is_moe)
     slots = (shape.num_experts + redundant_experts(cfg, shape, registry)) // ep if shape.is_moe else 0
     return ExpertPlacementContext(num_experts=shape.num_experts if shape.is_moe else 0,
                                   num_moe_layers=shape.num_moe_layers if shape.is_moe else 0,

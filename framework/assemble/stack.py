@@ -128,7 +128,8 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
     if memory is not None:  # the swap pool is the host memory's blocks
         available["num_swap_blocks"] = memory.num_blocks
     prebuilt = {TimeModelContext: time_model_context(cfg, executor, memory.link_gb_s if memory is not None else None),
-                ExpertPlacementContext: placement_context(executor.shape, cfg, registry),
+                ExpertPlacementContext: placement_context(executor.shape, cfg, registry,
+                                                          simulated=not executor.computes_tokens),
                 PredictorContext: PredictorContext(
                     model_name=cfg.model.name, model_path=None if cfg.model.path is None else str(cfg.model.path),
                     vocab_size=executor.spec.vocab_size, max_model_len=max_model_len, seed=cfg.seed)}
