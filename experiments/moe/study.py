@@ -138,8 +138,11 @@ def findings(res: dict) -> list[str]:
         "the window's noisy load reshuffles the packing. A migration-aware re-plan would move far fewer. Its 16 "
         f"replicas cost {linear['kv_pool_gb'] - eplb['kv_pool_gb']:.2f} GB of KV pool per rank.",
         f"Decode-heavy load (30 req/s), EP 8, skew {SKEW}: EPLB with 16 redundant experts gives TPOT p99 "
-        f"{dec_linear['tpot_p99_ms']:.2f} -> {dec_eplb['tpot_p99_ms']:.2f} ms: decode experts are weight-bound, so "
-        "splitting a hot expert over replicas reads more weights while the token balance barely matters.",
+        f"{dec_linear['tpot_p99_ms']:.2f} -> {dec_eplb['tpot_p99_ms']:.2f} ms although the token-weighted imbalance "
+        f"falls {dec_linear['imbalance_tokens']:.3f} -> {dec_eplb['imbalance_tokens']:.3f}: decode experts are "
+        "weight-bound, so a hot expert split over replicas is read once per replica, while the token balance barely "
+        f"matters; and each of the {dec_eplb['replans']} re-plans stalls a step "
+        f"{dec_eplb['move_s'] / max(dec_eplb['replans'], 1) * 1e3:.0f} ms.",
         f"DeepSeek-V3's latent KV holds {mla['kv_blocks']:,} blocks per rank against {mha['kv_blocks']:,} with "
         f"ordinary attention ({mla['kv_blocks'] / mha['kv_blocks']:.1f}x; the KV bytes alone 10.7x, the rest is the "
         "larger attention weights of the MHA variant); on "
