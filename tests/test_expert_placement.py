@@ -164,4 +164,4 @@ def test_new_plugin_writes_a_placement_that_passes_the_layout_checks(tmp_path, m
 def test_check_plugin_passes_eplb():
     from servelab.testing import check_plugin
 
-    assert check_plugin("expert_placement=eplb").ok
+    assert check_plugin("expert_placement", "eplb").ok
