@@ -53,6 +53,7 @@ from servelab.core.contexts import (AllocatorContext, DrafterContext, EvictorCon
 from servelab.core.cost_model import StepCostModel, StepFeatures
 from servelab.core.errors import ConfigError
 from servelab.core.executor import Executor, StepOutput
+from servelab.core.expert_placement import ExpertPlacement, ExpertPlacementContext, linear_plan
 from servelab.core.hookspecs import hookimpl
 from servelab.core.interfaces import (BlockAllocator, BlockEventSubscriber, CachedBlock, Drafts, EngineLimits, Evictor, EvictorError,
                                       EVERY_STEP, UNTIL_ARRIVAL, LengthPredictor, NextDecision, NoConfig, Plugin,
@@ -81,6 +82,7 @@ __all__ = [
     "KVTransferTime", "NO_TRANSFER", "BlockEventSubscriber", "block_digest", "block_hashes", "root_digest",
     "KVConnectorPlugin", "KVConnectorContext", "KVClusterLink",
     "KVTierPolicy", "KVTierPolicyContext", "TierSpec", "TierBlock", "TierView",
+    "ExpertPlacement", "ExpertPlacementContext", "linear_plan",
     # the data they exchange
     "Request", "SamplingParams", "Sequence", "Status", "SchedulePlan", "ScheduledSeq", "PreemptionDecision",
     "Drafts", "EngineLimits", "NextDecision", "EVERY_STEP", "UNTIL_ARRIVAL", "StepWork", "DraftWork", "StepBatch", "StepOutput", "NoConfig", "StepCostModel",

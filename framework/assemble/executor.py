@@ -12,6 +12,7 @@ from servelab.engine.drafting import MAX_DRAFT_TOKENS, scratch_blocks_per_seq
 from servelab.core.errors import ConfigError
 from servelab.core.contexts import ExecutorContext
 from servelab.core.executor import Executor
+from servelab.core.expert_placement import ExpertPlacementContext
 from servelab.core.kinds import KINDS, instantiate
 from servelab.exec.worker_config import WorkerConfig
 from servelab.exec.model.random_checkpoint import cached_random_checkpoint, moe_config_kwargs
@@ -131,6 +132,8 @@ def executor_context(cfg: DictConfig, registry: Registry | None = None, draft_mo
     default ``backend=sim``) the simulator's shape, hardware and memory plan; the host swap pool either way."""
     num_swap_blocks, swap_space_gb = _swap_pool(cfg, registry)
     ep, pp = parallel_sizes(cfg)
+    if not (cfg.backend.name == "sim" if sim is None else sim):
+        check_placement_backend(cfg)
     common = dict(model_name=cfg.model.name, tensor_parallel_size=cfg.tensor_parallel_size,
                   num_kv_blocks=cfg.num_kv_blocks, num_swap_blocks=num_swap_blocks, swap_space_gb=swap_space_gb,
                   expert_parallel_size=ep, pipeline_parallel_size=pp)
@@ -142,7 +145,8 @@ def executor_context(cfg: DictConfig, registry: Registry | None = None, draft_mo
         sizes = storage_bytes(cfg)
         memory = plan_memory(shape, hardware, cfg.tensor_parallel_size, sizes.weight, sizes.kv, cfg.block_size,
                              cfg.backend.gpu_memory_utilization, cfg.backend.activation_reserve_gb,
-                             sizes.linear, sizes.kv_scale, ep=ep)
+                             sizes.linear, sizes.kv_scale, ep=ep,
+                             redundant_expert_bytes=redundant_expert_bytes(cfg, shape, registry))
         return ExecutorContext(**common, shape=shape, hardware=hardware, memory=memory)
     wcfg = worker_config(cfg, registry)
     if draft_model_path is not None:
@@ -171,6 +175,57 @@ def build_executor(cfg: DictConfig, draft_model_path: str | None = None, registr
 
         torch.set_num_threads(cfg.backend.num_threads)
     return instantiate(spec, cls, plugin_config(cfg[spec.group]), executor_context(cfg, registry, draft_model_path))
+
+
+def redundant_experts(cfg: DictConfig, shape: ModelShape, registry: Registry | None = None) -> int:
+    """Expert replicas beyond one per expert that ``expert_placement=<name>`` holds, over all ranks (0 for a
+    dense model); a count that does not divide over the ranks is one line naming the key."""
+    node = cfg.get("expert_placement")
+    if node is None or not shape.is_moe:
+        return 0
+    cls = (registry or default_registry()).get("expert_placement", node.name)
+    extra = int(cls.redundant_experts(plugin_config(node)))
+    ep = cfg.get("expert_parallel_size", 1)
+    if extra < 0 or extra % ep:
+        raise ConfigError(f"expert_placement={node.name}: {extra} redundant experts must be a multiple of "
+                          f"expert_parallel_size={ep} (every rank holds the same slots)")
+    return extra
+
+
+def redundant_expert_bytes(cfg: DictConfig, shape: ModelShape, registry: Registry | None = None) -> float:
+    """The weights one rank holds for its share of the placement's redundant experts, every MoE layer
+    (each a ``moe_intermediate_size / (tp / ep)`` shard of gate, up and down)."""
+    extra = redundant_experts(cfg, shape, registry)
+    if not extra:
+        return 0.0
+    ep, tp = cfg.get("expert_parallel_size", 1), cfg.tensor_parallel_size
+    sizes = storage_bytes(cfg)
+    per_expert = 3 * shape.hidden_size * shape.moe_intermediate_size / (tp // ep) * (sizes.linear or sizes.weight)
+    return extra // ep * shape.num_moe_layers * per_expert
+
+
+def check_placement_backend(cfg: DictConfig, is_moe: bool | None = None) -> None:
+    """A placement other than ``linear`` on a real backend is one line: only the simulator prices it.
+    ``is_moe``: the model's shape says so (None: the config's ``model.num_experts``)."""
+    node = cfg.get("expert_placement")
+    moe = bool(cfg.model.get("num_experts")) if is_moe is None else is_moe
+    if node is not None and node.name != "linear" and moe:
+        raise ConfigError(f"expert_placement={node.name} is priced by the simulator only (backend=sim); "
+                          f"backend={cfg.backend.name}'s expert parallelism places experts linearly")
+
+
+def placement_context(shape: ModelShape, cfg: DictConfig, registry: Registry | None = None,
+                      simulated: bool = True) -> ExpertPlacementContext:
+    """What ``expert_placement=<name>`` is built with: the model's experts and MoE layers, the ranks and
+    the slots each holds (replicas included). ``simulated``: the executor is the simulator's (else only
+    ``linear`` is accepted)."""
+    ep = cfg.get("expert_parallel_size", 1)
+    if not simulated:
+        check_placement_backend(cfg, shape.is_moe)
+    slots = (shape.num_experts + redundant_experts(cfg, shape, registry)) // ep if shape.is_moe else 0
+    return ExpertPlacementContext(num_experts=shape.num_experts if shape.is_moe else 0,
+                                  num_moe_layers=shape.num_moe_layers if shape.is_moe else 0,
+                                  expert_parallel_size=ep, slots_per_rank=slots, seed=cfg.seed)
 
 
 def storage_bytes(cfg: DictConfig) -> StorageBytes:

@@ -17,6 +17,7 @@ from servelab.engine.engine import Engine
 from servelab.engine.frontend import DelayedArrivals, FrontEnd
 from servelab.core.contexts import EngineClock, KVClusterLink, KVConnectorContext, PredictorContext, TimeModelContext
 from servelab.core.executor import Executor
+from servelab.core.expert_placement import ExpertPlacementContext
 from servelab.core.interfaces import EngineLimits, TimeModel
 from servelab.core.kinds import KindSpec, build_context, build_order, instantiate
 from servelab.core.registry import Registry, default_registry
@@ -30,7 +31,8 @@ from servelab.kv.tiers.view import StoreView
 from servelab.assemble.block_size import resolve_block_size
 from servelab.workloads.arrivals import arrival_source, is_closed_loop
 from servelab.assemble.executor import (build_executor, build_sim_executor, executor_context, hardware_profile,  # noqa: F401
-                                        model_path, model_shape, plugin_config, storage_bytes, worker_config)
+                                        model_path, model_shape, placement_context, plugin_config, storage_bytes,
+                                        worker_config)
 from servelab.assemble.validate import (check_block_size, check_engine_timing, check_packaged_model,  # noqa: F401
                                         check_required, clock_kind, explicit_block_size, option_value, validate)
 
@@ -126,12 +128,16 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
     if memory is not None:  # the swap pool is the host memory's blocks
         available["num_swap_blocks"] = memory.num_blocks
     prebuilt = {TimeModelContext: time_model_context(cfg, executor, memory.link_gb_s if memory is not None else None),
+                ExpertPlacementContext: placement_context(executor.shape, cfg, registry,
+                                                          simulated=not executor.computes_tokens),
                 PredictorContext: PredictorContext(
                     model_name=cfg.model.name, model_path=None if cfg.model.path is None else str(cfg.model.path),
                     vocab_size=executor.spec.vocab_size, max_model_len=max_model_len, seed=cfg.seed)}
     plugins: dict = {}
     for kind in kinds:
         context = prebuilt.get(kind.context) or build_context(kind, available)
+        if kind.context in prebuilt:  # a prebuilt context's fields that name a plugin built before it
+            context = _with_plugins(context, plugins)
         if kind.name == "kv_connector":  # none, one, or several composed: servelab.kv.connectors
             assert isinstance(context, KVConnectorContext)
             plugins[kind.name] = build_kv_connector(cfg, registry, context, wants_tiers, given=connector)
@@ -171,6 +177,12 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
     return Stack(engine, executor, limits, plugins["time_model"], clock_mode,
                  {"chosen": auto.chosen, "reason": auto.reason} if auto else None, plugins,
                  engine_summary(cfg.engine) if "engine" in cfg else None)
+
+
+def _with_plugins(context, plugins: dict):
+    """``context`` with each field named after a plugin built so far set to that plugin."""
+    return dataclasses.replace(context, **{f.name: plugins[f.name] for f in dataclasses.fields(context)
+                                           if f.name in plugins})
 
 
 def _disk_dir(cfg: DictConfig) -> str | None:

@@ -227,6 +227,8 @@ class TimeModelContext:
     moe_seed: int = 0
     moe_routing_trace: str | None = None  # replay each token's experts from this file instead
     moe_ep_exchange: str = "all_to_all"  # EP's token exchange: all_to_all (DeepEP) | all_reduce (the real engine's)
+    # expert_placement=<name>: which rank holds each expert (servelab.core.expert_placement; None: linear)
+    expert_placement: Any = None
 
     @property
     def kv_bytes_per_token(self) -> float:

@@ -23,6 +23,7 @@ from servelab.core.contexts import (LEGACY_CONTEXT, AllocatorContext, DrafterCon
                                     TimeModelContext)
 from servelab.core.errors import ConfigError
 from servelab.core.executor import Executor
+from servelab.core.expert_placement import ExpertPlacement, ExpertPlacementContext
 from servelab.core.interfaces import (BlockAllocator, Evictor, LengthPredictor, Plugin, PreemptionPolicy, Router,
                                       Scheduler, SpeculativeDrafter, TimeModel)
 from servelab.core.kv_connector_plugin import KVConnectorPlugin
@@ -134,6 +135,10 @@ BUILTIN_KINDS = (
     KindSpec("executor", Executor, "servelab_register_executors", ExecutorContext, "torch",
              "what runs the steps: the model in this process, over N ranks, or the simulator",
              scope="executor", group="backend"),
+    KindSpec("expert_placement", ExpertPlacement, "servelab_register_expert_placements", ExpertPlacementContext,
+             "linear", "which rank holds each MoE expert, replicas of hot ones, re-planned from measured load",
+             checks=("servelab.kit.conformance_expert_placement:check_expert_placement",),
+             template="servelab.kit.expert_placement_template:TEMPLATE", guide="docs/write-an-expert-placement.md"),
 )
 
 #: kind name -> spec, in registration order (the built-ins first).

@@ -40,20 +40,22 @@ class SimMemory:
 def plan_memory(shape: ModelShape, hardware: HardwareProfile, tp: int, weight_dtype_bytes: float,
                 kv_dtype_bytes: float, block_size: int, gpu_memory_utilization: float,
                 activation_reserve_gb: float, linear_weight_bytes: float | None = None,
-                kv_scale_bytes: float = 0.0, ep: int = 1, pp: int = 1) -> SimMemory:
+                kv_scale_bytes: float = 0.0, ep: int = 1, pp: int = 1, redundant_expert_bytes: float = 0.0) -> SimMemory:
     """The KV pool one rank can hold; raises :class:`ConfigError` when the weights do not fit.
 
     ``linear_weight_bytes`` / ``kv_scale_bytes``: quantised decoder linears and KV cache
     (:class:`servelab.core.shapes.StorageBytes`). ``ep``: a MoE layer's experts split that many ways
     over the ``tp`` ranks (the same bytes per rank). ``pp`` stages: each rank holds its stage's weights
     and KV; one allocator's blocks hold on every stage, so the pool is the fewest any stage can hold
-    (the plan reports that stage's figures)."""
+    (the plan reports that stage's figures). ``redundant_expert_bytes``: one rank's replicas of hot experts
+    beyond its share (``expert_placement=eplb``), held on top of its weights."""
     shape.check_parallel(tp, ep, pp)
     usable = hardware.memory_bytes * gpu_memory_utilization
     reserve = activation_reserve_gb * 1e9
     plans = []
     for index, layers in enumerate(shape.stage_layers(pp)):
-        weights = shape.weight_bytes_per_rank(weight_dtype_bytes, tp, linear_weight_bytes, pp, index)
+        weights = shape.weight_bytes_per_rank(weight_dtype_bytes, tp, linear_weight_bytes, pp, index) + \
+            redundant_expert_bytes
         per_block = shape.kv_bytes_per_token(kv_dtype_bytes, tp, kv_scale_bytes, len(layers)) * block_size
         kv = usable - weights - reserve
         if kv < per_block:

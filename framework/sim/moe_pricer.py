@@ -2,8 +2,10 @@
 
 Per MoE layer of a step, from :class:`servelab.sim.moe_routing.ExpertRouting`'s tokens per expert:
 
-- **Experts** (``expert_parallel_size = ep`` groups of ``tp / ep`` ranks; expert ``e`` on group
-  ``e // (num_experts / ep)``, vLLM's and SGLang's linear placement). A rank runs its group's touched
+- **Experts** (``expert_parallel_size = ep`` groups of ``tp / ep`` ranks; the slots of each group as the
+  ``expert_placement`` plugin places them, :mod:`servelab.sim.moe_placement`: by default expert ``e`` on
+  group ``e // (num_experts / ep)``, vLLM's and SGLang's linear placement; a replicated expert's tokens
+  split over its copies, and a re-plan's moved weights priced on the step that re-plans). A rank runs its group's touched
   experts as one grouped kernel (one launch floor per layer, vLLM's ``fused_moe``), each touched expert
   ``gate_up`` and ``down`` GEMMs of its own tokens against its ``moe_intermediate_size / (tp / ep)``
   shard: its weights read once, its compute from its tokens (the per-expert price is the time model's
@@ -32,6 +34,7 @@ import numpy as np
 
 from servelab.core.errors import ConfigError
 from servelab.core.shapes import HardwareProfile, ModelShape
+from servelab.sim.moe_placement import PlacedExperts
 from servelab.sim.moe_routing import ExpertRouting
 
 EP_EXCHANGES = ("all_to_all", "all_reduce")
@@ -86,8 +89,16 @@ class MoePricer:
 
     def __init__(self, shape: ModelShape, hardware: HardwareProfile, tp: int, ep: int, routing: ExpertRouting,
                  expert_fn: ExpertFn, layer_floor_s: float, act_bytes: float, priced_by: str,
-                 exchange: str = "all_to_all") -> None:
+                 exchange: str = "all_to_all", placement=None, weight_bytes: float = 2.0) -> None:
+        """``placement``: the run's ``expert_placement`` plugin (None: linear, placed once);
+        ``weight_bytes`` per stored expert weight (what a re-plan's moves carry)."""
         self.shape, self.tp, self.ep, self.routing, self.priced_by = shape, tp, ep, routing, priced_by
+        # the placement's figures in the summary and banner: under EP, or a placement other than the default
+        # (a default run without EP keeps the keys it had before placements existed)
+        self._states_placement = placement is not None and (ep > 1 or getattr(placement, "name", "") != "linear")
+        self.placed = None if placement is None else PlacedExperts(
+            placement, placement.context, hardware,
+            3 * shape.hidden_size * shape.moe_intermediate_size / (tp // ep) * weight_bytes)
         self._expert_fn, self._floor = expert_fn, layer_floor_s
         self._groups = ep
         self._token_bytes = shape.hidden_size * act_bytes
@@ -99,11 +110,15 @@ class MoePricer:
         self.steps = 0
         self.touched_sum = 0.0  # experts touched per MoE layer, summed over steps
         self.imbalance_sum = 0.0  # the most loaded group's tokens / the mean group's, summed over steps
+        self.imbalance_max = 0.0
+        self.imbalance_token_sum = 0.0  # imbalance x the step's tokens, summed (a token-weighted mean)
+        self.tokens = 0
 
     def _parts(self, counts: np.ndarray) -> tuple[float, float, float, float]:
         """(experts s, all-to-all s, mean experts touched per layer, imbalance) of one step's counts."""
-        per_rank = counts.reshape(counts.shape[0], self._groups, -1)  # [layers, groups, experts per group]
-        seconds = self._expert_fn(per_rank.reshape(counts.shape)).reshape(per_rank.shape).sum(axis=2)
+        per_rank = counts.reshape(counts.shape[0], self._groups, -1) if self.placed is None else \
+            self.placed.tokens_per_slot(counts)  # [layers, groups, slots per group]
+        seconds = self._expert_fn(per_rank.reshape(counts.shape[0], -1)).reshape(per_rank.shape).sum(axis=2)
         touched_groups = (per_rank > 0).any(axis=2)
         experts = float((seconds + self._floor * touched_groups).max(axis=1).sum())
         received = per_rank.sum(axis=2)
@@ -118,11 +133,16 @@ class MoePricer:
         :meth:`summary`)."""
         if not n:
             return 0.0
-        experts, comm, touched, imbalance = self._parts(self.routing.counts(n))
+        counts = self.routing.counts(n)
+        experts, comm, touched, imbalance = self._parts(counts)
         self.steps += 1
         self.touched_sum += touched
         self.imbalance_sum += imbalance
-        return experts + comm
+        self.imbalance_max = max(self.imbalance_max, imbalance)
+        self.imbalance_token_sum += imbalance * n
+        self.tokens += n
+        moves = self.placed.after_step(counts) if self.placed is not None else 0.0
+        return experts + comm + moves
 
     def breakdown(self, n: int) -> dict[str, float]:
         """``experts`` and ``all_to_all`` seconds of a step of ``n`` tokens, from a routing drawn on a
@@ -141,6 +161,10 @@ class MoePricer:
             text += f"; EP {self.ep} all-to-all from {self.all_to_all.figure}"
         elif self.ep > 1:
             text += f"; EP {self.ep} exchange: the MoE layer's all-reduce (sim.moe.ep_exchange=all_reduce)"
+        if self.placed is not None and self._states_placement:
+            p = self.placed
+            text += f"; expert_placement={p.name} ({p.context.slots_per_rank} slots per rank" + \
+                (f", re-planned every {p.every} steps)" if p.every else ")")
         return text
 
     def summary(self) -> dict:
@@ -149,6 +173,11 @@ class MoePricer:
         if self.steps:
             out.update(moe_mean_experts_touched=self.touched_sum / self.steps,
                        moe_mean_group_imbalance=self.imbalance_sum / self.steps)
+            if self._states_placement:
+                out.update(moe_max_group_imbalance=self.imbalance_max,
+                           moe_token_weighted_group_imbalance=self.imbalance_token_sum / self.tokens)
+        if self.placed is not None and self._states_placement:
+            out.update(self.placed.summary())
         if self.all_to_all:
             out["moe_all_to_all"] = self.all_to_all.figure
         return out
@@ -182,7 +211,7 @@ def gpu_ops_moe(context, ops, act_bytes: float, weight_bytes: float) -> tuple[Mo
     layer_floor = 2 * floor + ops.cal.tokenwise_floor_us * 1e-6
     return MoePricer(s, context.hardware, tp, ep, routing, experts, layer_floor, act_bytes,
                      "the calibrated roofline's GEMMs (no op table measures MoE experts)",
-                     context.moe_ep_exchange), dense_part
+                     context.moe_ep_exchange, context.expert_placement, weight_bytes), dense_part
 
 
 def routing_for(context) -> ExpertRouting:

@@ -113,7 +113,8 @@ class RooflineTime(TimeModel):
             return np.where(counts > 0, np.maximum(2 * counts * params / flops, (weight + counts * io) / hbm), 0.0)
 
         return MoePricer(s, context.hardware, context.tensor_parallel_size, context.expert_parallel_size,
-                         routing_for(context), experts, 0.0, act, "the roofline", context.moe_ep_exchange)
+                         routing_for(context), experts, 0.0, act, "the roofline", context.moe_ep_exchange,
+                         context.expert_placement, context.linear_weight_bytes or context.weight_dtype_bytes)
 
     @property
     def moe_label(self) -> str | None:
