@@ -55,6 +55,7 @@ from servelab.kit.conformance_evictor import (LADDER_BLOCK_SIZE, SCRIPT_BLOCKS, 
                                               real_model_case, victim_problem)
 from servelab.kit.kv_connector_contracts import KV_CONNECTOR_CONTRACTS
 from servelab.kit.kv_tier_contracts import KV_TIER_CONTRACTS
+from servelab.kit.migration_contracts import MIGRATION_CONTRACTS
 from servelab.kit.conformance_router import (ROUTER_CONTRACTS, SIM_CLUSTER_REQUESTS, SIM_CLUSTERS, context_of,
                                              router_scenario, scenario_problem, spread_problem, spread_scenario)
 from servelab.kit.conformance_slo_mix import SLO_MIX_SEEDS, slo_mix_scenario
@@ -93,6 +94,7 @@ CONTRACTS = {
     **ROUTER_CONTRACTS,
     **KV_TIER_CONTRACTS,
     **KV_CONNECTOR_CONTRACTS,
+    **MIGRATION_CONTRACTS,
 }
 REAL_MODEL = ("model=tiny", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=1",
               "model.num_attention_heads=2", "model.num_key_value_heads=1", "max_model_len=128")
