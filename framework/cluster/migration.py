@@ -213,6 +213,7 @@ class MigrationDriver:
         source = m.source
         self.links.endpoints[source.index].release(moved.id)
         source.engine.poll_connector()
+        source.engine.forget(moved.id)  # it may come back later
         if source.stalled:
             source.wake(self.cluster.replicas[target_index].engine.now())
 
