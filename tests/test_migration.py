@@ -203,3 +203,16 @@ def test_migration_with_prefill_decode_pools_is_refused():
                   logger="none", progress=False)
     with pytest.raises(ConfigError, match="colocated replicas"):
         build_cluster(cfg)
+
+
+def test_an_interrupted_run_lists_a_request_whose_last_copy_is_on_the_link_once():
+    cluster = cluster_of("migration_policy=drain", "cluster.migration_interval_s=0.2")
+    cluster.migration.policy = Scripted([("r0", 1)])
+
+    def interrupted(m, t):
+        raise RuntimeError("interrupted")
+    cluster.migration._land = interrupted
+    with pytest.raises(RuntimeError, match="interrupted"):
+        cluster.run(requests(2))
+    live = [s for s in cluster.live_sequences() if s.id == "r0"]
+    assert len(live) == 1 and not live[0].is_finished and live[0].num_output_tokens > 0
