@@ -19,6 +19,8 @@ Eager and light: importing it loads no torch, Hydra or OmegaConf (``tests/test_p
   cluster's replica); :class:`KVTierPolicy` /
   :class:`KVTierPolicyContext` (with the :class:`TierSpec` s and :class:`TierBlock` s it decides on, and the
   :class:`TierView` it reads the tiers' occupancy and the GPU's reuse counts from);
+  :class:`MigrationPolicy` / :class:`MigrationPolicyContext` (with the :class:`ReplicaLoad` s and
+  :class:`RequestLoad` s it reads and the :class:`Migrate` decisions it returns);
 - the data they exchange: :class:`Request`, :class:`SamplingParams`, :class:`Sequence`,
   :class:`Status`, :class:`SchedulePlan`, :class:`ScheduledSeq`, :class:`PreemptionDecision`,
   :class:`Drafts`, :class:`EngineLimits`, :class:`NextDecision` (with :data:`EVERY_STEP`,
@@ -48,7 +50,7 @@ from typing import NoReturn
 
 from servelab.core.batch import StepBatch
 from servelab.core.contexts import (AllocatorContext, DrafterContext, EvictorContext, ExecutorContext,
-                                    KVClusterLink, KVConnectorContext, KVTierPolicyContext, PredictorContext, PreemptionContext, RouterContext, SchedulerContext,
+                                    KVClusterLink, KVConnectorContext, KVTierPolicyContext, MigrationPolicyContext, PredictorContext, PreemptionContext, RouterContext, SchedulerContext,
                                     TimeModelContext)
 from servelab.core.cost_model import StepCostModel, StepFeatures
 from servelab.core.errors import ConfigError
@@ -64,6 +66,7 @@ from servelab.core.block_hash import block_digest, block_hashes, root_digest
 from servelab.core.kv_connector import NO_TRANSFER, KVConnector, KVTransferTime
 from servelab.core.kv_connector_plugin import KVConnectorPlugin
 from servelab.core.kv_tiers import KVTierPolicy, TierBlock, TierSpec
+from servelab.core.migration_policy import Migrate, MigrationPolicy, ReplicaLoad, RequestLoad
 from servelab.core.tier_view import TierView
 from servelab.core.packaged import PACKAGED_CHECKPOINTS
 from servelab.core.request import Request, SamplingParams, Sequence, Status
@@ -83,6 +86,7 @@ __all__ = [
     "KVConnectorPlugin", "KVConnectorContext", "KVClusterLink",
     "KVTierPolicy", "KVTierPolicyContext", "TierSpec", "TierBlock", "TierView",
     "ExpertPlacement", "ExpertPlacementContext", "linear_plan",
+    "MigrationPolicy", "MigrationPolicyContext", "ReplicaLoad", "RequestLoad", "Migrate",
     # the data they exchange
     "Request", "SamplingParams", "Sequence", "Status", "SchedulePlan", "ScheduledSeq", "PreemptionDecision",
     "Drafts", "EngineLimits", "NextDecision", "EVERY_STEP", "UNTIL_ARRIVAL", "StepWork", "DraftWork", "StepBatch", "StepOutput", "NoConfig", "StepCostModel",

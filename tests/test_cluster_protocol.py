@@ -91,6 +91,31 @@ def test_the_hand_off_moves_the_request_at_its_first_token_and_keeps_the_record(
     assert (p.prompt_tokens, p.output_tokens) == (30, 1) and not cluster.placements
 
 
+def test_a_migration_is_the_hand_offs_move_at_a_later_token_and_counts_each_token_where_it_was_made():
+    cluster = protocol("mixed", "mixed", "mixed")
+    request = Request("m", (1,) * 20, 10)
+    source, _ = cluster.arrive(request, 0.0)
+    seq = Sequence(request, arrival_s=0.0)
+    for token in range(4):  # 4 tokens on the source, then it moves, twice
+        seq.append_token(token, 1.0)
+    first = cluster.replicas[(source.index + 1) % 3]
+    moved = cluster.migrate(seq, first)
+    placement = cluster.placements["m"]
+    assert (placement.replica, placement.phase, placement.came_from) == (first.index, "mixed", (source.index,))
+    assert placement.seq is moved and placement.arrived_outputs == 4 and moved.output_token_ids == [0, 1, 2, 3]
+    assert (source.num_outstanding, source.prompt_tokens, source.output_tokens) == (0, 20, 4)
+    moved.append_token(9, 2.0)
+    back = cluster.migrate(moved, source)  # back where it started
+    assert cluster.placements["m"].came_from == (source.index, first.index)
+    for token in range(5):
+        back.append_token(token, 3.0)
+    back.finish("length", 3.0)
+    cluster.ended(source, back)
+    assert (first.prompt_tokens, first.output_tokens, source.output_tokens) == (0, 1, 9)
+    assert sum(r.output_tokens for r in cluster.replicas) == 10 and not cluster.placements
+    assert all(r.num_outstanding == 0 for r in cluster.replicas)
+
+
 def test_a_request_that_stops_at_its_first_token_or_cannot_fit_a_decode_replica_ends_as_its_record():
     cluster = protocol("prefill", "decode")
     short = Request("s", (1,) * 10, 1)

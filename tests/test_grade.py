@@ -90,7 +90,7 @@ def test_a_router_is_graded_on_a_busy_cluster_against_every_builtin_router(tmp_p
 
 @pytest.mark.parametrize("args, message", [
     (["drafter=ngram"], "grade: kind 'drafter' cannot be graded; kinds: scheduler, allocator, preemption, evictor, "
-                        r"kv_tier_policy, router \(drafters, time models and length predictors change no simulated schedule worth "
+                        r"kv_tier_policy, router, migration_policy \(drafters, time models and length predictors change no simulated schedule worth "
                         r"scoring: docs/plugins.md\)$"),
     (["scheduler"], "expected <kind>=<name>"),
     (["scheduler=nope"], "unknown scheduler 'nope'"),

@@ -9,11 +9,13 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 import servelab.conf
 
+from servelab.cluster.migration import MigrationDriver, MigrationSettings
 from servelab.cluster.simulated import Cluster
+from servelab.kv.migrate_sim import MigrationLinks
 from servelab.kv.pd.sim import PDTransfers
 from servelab.cluster.replica import Replica
 from servelab.kv.link import kv_link
-from servelab.cluster.router import build_router
+from servelab.cluster.router import build_migration_policy, build_router
 from servelab.core.contexts import KVClusterLink
 from servelab.core.errors import ConfigError
 from servelab.core.registry import Registry, default_registry
@@ -68,8 +70,36 @@ def validate_cluster(cfg: DictConfig) -> None:
                 raise ConfigError(f"pipeline_parallel_size={cfg.pipeline_parallel_size} with cluster.prefill_replicas/"
                                   "decode_replicas: a prefill/decode engine process moves its KV from one worker's "
                                   "pool, so real prefill/decode runs pipeline_parallel_size=1")
+    _validate_migration(cfg)
     check_shared_tiers(cfg)
     clock_kind(cfg)  # the clock, backend and time model agree (wall: engine processes; virtual: one loop)
+
+
+def _validate_migration(cfg: DictConfig) -> None:
+    """The ``cluster.migration_*`` and draining keys, each mistake one line naming the key."""
+    c = cfg.cluster
+    if c.migration_interval_s <= 0:
+        raise ConfigError(f"cluster.migration_interval_s={c.migration_interval_s} must be > 0")
+    if c.migration_stop_blocks < 0:
+        raise ConfigError(f"cluster.migration_stop_blocks={c.migration_stop_blocks} must be >= 0")
+    if c.migration_max_stages < 0:
+        raise ConfigError(f"cluster.migration_max_stages={c.migration_max_stages} must be >= 0")
+    replicas = c.replicas if c.prefill_replicas is None else c.prefill_replicas + c.decode_replicas
+    bad = [i for i in c.draining if not 0 <= i < replicas]
+    if bad:
+        raise ConfigError(f"cluster.draining={list(c.draining)}: {bad} not replica indices (0..{replicas - 1})")
+    node = cfg.get("migration_policy")
+    if node is None or node.name == "none":
+        if c.draining:
+            raise ConfigError(f"cluster.draining={list(c.draining)} empties replicas by migrating their requests: "
+                              "choose a migration_policy that moves them (drain, llumnix)")
+        return
+    if c.prefill_replicas is not None:
+        raise ConfigError(f"migration_policy={node.name} moves requests between colocated replicas "
+                          "(cluster.replicas=<n>); with prefill/decode pools keep migration_policy=none")
+    if cfg.backend.name != "sim":
+        raise ConfigError(f"migration_policy={node.name} runs on the simulator's cluster (backend=sim); engine "
+                          "processes do not migrate yet: keep migration_policy=none")
 
 
 def cluster_pools(cfg: DictConfig) -> list[tuple[str, int, DictConfig]]:
@@ -122,6 +152,9 @@ def build_cluster(cfg: DictConfig, requests=None, registry: Registry | None = No
     stacks: list[Stack] = []
     replicas: list[Replica] = []
     transfers = PDTransfers() if c.prefill_replicas is not None else None  # kv_connector=pd_sim's books
+    policy = build_migration_policy(cfg, sum(count for _, count, _ in pools), registry)
+    moves = MigrationLinks({}, 0.0) if type(policy).moves_requests else None  # kv_connector=migrate_sim's books
+    transport, hand_off = (transfers, "pd_sim") if transfers is not None else (moves, "migrate_sim" if moves else "")
     shared_tiers = SharedTiers.of(cfg)  # one book per shared KV tier, for every replica
     gpu = 0
     try:
@@ -133,8 +166,7 @@ def build_cluster(cfg: DictConfig, requests=None, registry: Registry | None = No
             for _ in range(count):
                 if gpu % c.gpus_per_node + tp > c.gpus_per_node:  # it would straddle two nodes: next node
                     gpu += c.gpus_per_node - gpu % c.gpus_per_node
-                link = KVClusterLink(len(replicas), role, transfers, "pd_sim" if transfers is not None else "",
-                                     shared_tiers)
+                link = KVClusterLink(len(replicas), role, transport, hand_off, shared_tiers)
                 stack = build_stack(pcfg, registry, requests=requests, cluster=link)
                 stacks.append(stack)
                 replicas.append(Replica(len(replicas), stack.engine, pcfg.hardware.name, gpu, role=role,
@@ -147,12 +179,26 @@ def build_cluster(cfg: DictConfig, requests=None, registry: Registry | None = No
             kv_bytes, layers = kv_bytes_per_token(prefill_cfg, shape), shape.num_layers
             links = _links(cfg, replicas, HardwareProfile.from_config(prefill_cfg.hardware),
                            HardwareProfile.from_config(decode_cfg.hardware))
+        if moves is not None:
+            shape = model_shape(cfg)
+            moves.kv_bytes_per_token = kv_bytes_per_token(cfg, shape)
+            moves.links = _all_links(cfg, replicas, HardwareProfile.from_config(cfg.hardware))
         router = build_router(cfg, [r.view(True) for r in replicas], registry)
     except BaseException:
         for stack in stacks:
             stack.executor.shutdown()
         raise
-    return Cluster(replicas, router, links, kv_bytes, layers, c.overlap_kv_transfer, transfers), stacks
+    cluster = Cluster(replicas, router, links, kv_bytes, layers, c.overlap_kv_transfer, transfers)
+    if moves is not None:
+        cluster.migration = MigrationDriver(cluster, policy, moves, migration_settings(cfg))
+    return cluster, stacks
+
+
+def migration_settings(cfg: DictConfig) -> MigrationSettings:
+    """The ``cluster.migration_*``, ``draining`` and ``drain_from_s`` keys (checked by :func:`validate_cluster`)."""
+    c = cfg.cluster
+    return MigrationSettings(c.migration_interval_s, c.migration_precopy, c.migration_stop_blocks,
+                             c.migration_max_stages, tuple(c.draining), c.drain_from_s)
 
 
 def check_kv_compatible(prefill: DictConfig, decode: DictConfig) -> ModelShape:
@@ -176,6 +222,16 @@ def kv_bytes_per_token(cfg: DictConfig, shape: ModelShape) -> float:
     """One token's K and V over every layer and KV head (quantised values plus their scales)."""
     sizes = storage_bytes(cfg)
     return shape.kv_bytes_per_token(sizes.kv, 1, sizes.kv_scale)
+
+
+def _all_links(cfg: DictConfig, replicas: list[Replica], hardware: HardwareProfile):
+    """The link between every two replicas of one pool (a migration's copies cross it)."""
+    mode = getattr(cfg.cluster.kv_link, "value", cfg.cluster.kv_link)
+    per_node = cfg.cluster.gpus_per_node
+    return {(a.index, b.index): kv_link(hardware, hardware, a.gpu_offset // per_node == b.gpu_offset // per_node
+                                        if mode == "auto" else mode == "intra_node",
+                                        min(a.tensor_parallel_size, b.tensor_parallel_size))
+            for a in replicas for b in replicas if a is not b}
 
 
 def _links(cfg: DictConfig, replicas: list[Replica], prefill_hw: HardwareProfile, decode_hw: HardwareProfile):

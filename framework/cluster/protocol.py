@@ -12,7 +12,8 @@ HTTP request) and tells the protocol what happened; the protocol decides and kee
 - **the prefill->decode hand-off**: a request whose prompt and first token a prefill replica
   computed moves to a decode replica the router picks, as its continued sequence
   (:meth:`ClusterProtocol.hand_off`): a move of the request to another replica at its first token
-  (:meth:`ClusterProtocol.move`, which a migration can use at any later token);
+  (:meth:`ClusterProtocol.move`); a live migration (:meth:`ClusterProtocol.migrate`) is the same
+  move at a later token, to the replica a migration policy chose;
 - **the router's bookkeeping**: per replica, what the router placed there and saw end and the
   figures ``per_replica`` reports (:class:`RouterCounts`); per request, where it is and in which
   phase (:class:`Placement`);
@@ -62,11 +63,12 @@ class RouterCounts:
         self.ended += 1
         self.ended_tokens += request.prompt_len + request.max_tokens
 
-    def count_end(self, request: Request, seq: Sequence, handed_on: bool = False) -> None:
-        """``request`` ended here as ``seq``: the router's count, and the figures. ``handed_on``: its
-        prompt was computed (and counted) on another replica, whose first token ``seq`` carries."""
+    def count_end(self, request: Request, seq: Sequence, handed_on: bool = False, arrived_outputs: int = 0) -> None:
+        """``request`` ended here (or left, migrating) as ``seq``: the router's count, and the figures.
+        ``handed_on``: its prompt was computed (and counted) on another replica; ``arrived_outputs``:
+        the output tokens ``seq`` carried when it came here (a hand-off's first token, a migration's)."""
         self.end(request)
-        self.output_tokens += seq.num_output_tokens - (1 if handed_on else 0)
+        self.output_tokens += seq.num_output_tokens - arrived_outputs
         if not handed_on:
             self.prompt_tokens += request.prompt_len
             self.cached_prompt_tokens += seq.num_cached_prompt_tokens
@@ -174,7 +176,7 @@ def checked_route(router: Router, request: Request, views: list[ReplicaView], t:
 @dataclass
 class Placement:
     """Where a request is: its replica and its phase (:data:`PHASES`), the request as it arrived,
-    the replicas it was on before (a hand-off, later a migration, appends), and ``seq``: its
+    the replicas it was on before (a hand-off or a migration appends), and ``seq``: its
     sequence as the cluster last gave it to a replica (a moved request's continuation; the engine
     processes' parent keeps one per request), None while only a replica's engine holds it."""
 
@@ -183,6 +185,7 @@ class Placement:
     phase: str
     came_from: tuple[int, ...] = ()
     seq: Sequence | None = None
+    arrived_outputs: int = 0  # the output tokens it carried when it came to its replica
 
     @property
     def handed_on(self) -> bool:
@@ -215,6 +218,7 @@ class ClusterProtocol(Generic[R]):
         if bool(self.prefill) != bool(self.decode) or (self.mixed and self.prefill):
             raise ValueError("a cluster is either all mixed replicas or prefill and decode pools")
         self.placements: dict[str, Placement] = {}  # request id -> where it is, until it ends for good
+        self.draining: set[int] = set()  # replicas offered to the router as full (they are emptied: migration)
         self.decode_max_model_len = min((d.context_length() for d in self.decode), default=0)
 
     @property
@@ -259,7 +263,7 @@ class ClusterProtocol(Generic[R]):
         decode replica can hold it (that replica rejects it, saying why). With no replica able to
         hold it the pool's first gets it, and rejects it."""
         if not self.disaggregated:
-            r = self.route(request, self.mixed, t) or self.mixed[0]
+            r = self.route(request, self.mixed, t, exclude=self.draining) or self.mixed[0]
             self.place(r, request)
             return r, request
         if not any(d.can_hold(request) for d in self.decode):
@@ -299,14 +303,32 @@ class ClusterProtocol(Generic[R]):
         """Move the request that ``seq`` carries so far to the replica of ``pool`` the router picks at
         ``t``: placed there, recorded (it came from its replica), and its continuation returned."""
         placement = self.placements[seq.id]
-        request = placement.request
-        target = self.route(request, pool, t)
+        target = self.route(placement.request, pool, t)
         if target is None:  # the arrival checked that one can: kept for custom pools
-            raise RuntimeError(f"no {phase} replica can hold request {request.id!r}")
-        moved = continued(seq, request)
-        self.place(target, request, phase)
+            raise RuntimeError(f"no {phase} replica can hold request {placement.request.id!r}")
+        return target, self._moved(placement, seq, target, phase)
+
+    def _moved(self, placement: Placement, seq: Sequence, target: R, phase: str) -> Sequence:
+        """The request of ``placement``, carried so far by ``seq``, is now on ``target`` (in ``phase``):
+        placed there, recorded, its continuation returned (what the hand-off and a migration share)."""
+        moved = continued(seq, placement.request)
+        self.place(target, placement.request, phase)
         placement.seq = moved
-        return target, moved
+        placement.arrived_outputs = seq.num_output_tokens
+        return moved
+
+    def migrate(self, seq: Sequence, target: R) -> Sequence:
+        """Live migration: the request running as ``seq`` on its replica (stopped there, its KV copied)
+        continues on ``target``, which a migration policy chose: it leaves its replica as a hand-off
+        leaves its prefill replica (counted there with the outputs made there, told to the router) and
+        is moved (:meth:`move`'s bookkeeping, at a later token). Returns the continuation the driver
+        gives ``target``, its KV through the replicas' KV connectors."""
+        placement = self.placements[seq.id]
+        source = self.replicas[placement.replica]
+        source.count_end(placement.request, seq, handed_on=placement.handed_on,
+                         arrived_outputs=placement.arrived_outputs)
+        self.finished(placement.request, source.index)
+        return self._moved(placement, seq, target, placement.phase)
 
     def prompt_received(self, d: R, request: Request, cached_tokens: int) -> None:
         """``request``'s prompt KV reached ``d`` (``cached_tokens`` of it were cached there already)."""
@@ -317,7 +339,7 @@ class ClusterProtocol(Generic[R]):
         """``seq`` ended for good on ``r`` (a mixed or decode replica): counted there; its record. The
         driver tells the router (:meth:`finished`) in its own order."""
         placement = self.placements.pop(seq.id)
-        r.count_end(seq.request, seq, handed_on=placement.handed_on)
+        r.count_end(seq.request, seq, handed_on=placement.handed_on, arrived_outputs=placement.arrived_outputs)
         return seq
 
 

@@ -1,5 +1,5 @@
-"""The router plugin of a cluster, built through the kinds table like every plugin: once per cluster,
-by each of the protocol's drivers (:mod:`servelab.cluster.protocol`)."""
+"""The cluster's plugins, built through the kinds table like every plugin: once per cluster, by each of
+the protocol's drivers (:mod:`servelab.cluster.protocol`): the router, and the migration policy."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from servelab.assemble.executor import plugin_config
 from servelab.core.errors import ConfigError
 from servelab.core.interfaces import ReplicaView, Router
 from servelab.core.kinds import KINDS, build_context, instantiate
+from servelab.core.migration_policy import MigrationPolicy
 from servelab.core.registry import Registry, default_registry
 
 
@@ -24,5 +25,21 @@ def build_router(cfg: DictConfig, views: Sequence[ReplicaView], registry: Regist
     context = build_context(spec, {"replicas": tuple(views), "seed": cfg.seed})
     try:
         return instantiate(spec, cls, plugin_config(cfg[spec.group]), context)
+    except ValueError as exc:
+        raise ConfigError(f"{spec.group}={name}: {exc}") from None
+
+
+def build_migration_policy(cfg: DictConfig, num_replicas: int, registry: Registry | None = None) -> MigrationPolicy:
+    """The plugin ``migration_policy=<name>`` selects, for ``num_replicas`` replicas asked every
+    ``cluster.migration_interval_s``; a constructor refusing its config is one line naming the option."""
+    spec = KINDS["migration_policy"]
+    node = cfg.get(spec.group)
+    name = node.name if node is not None else spec.default
+    cls = (registry or default_registry()).get(spec.name, name)
+    context = build_context(spec, {"num_replicas": num_replicas, "interval_s": cfg.cluster.migration_interval_s,
+                                   "seed": cfg.seed})
+    config = plugin_config(node) if node is not None else cls.Config()
+    try:
+        return instantiate(spec, cls, config, context)
     except ValueError as exc:
         raise ConfigError(f"{spec.group}={name}: {exc}") from None

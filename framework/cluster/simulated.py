@@ -26,6 +26,7 @@ import heapq
 import itertools
 from typing import Callable, Iterable
 
+from servelab.cluster.migration import MigrationDriver
 from servelab.cluster.protocol import ClusterProtocol
 # their home before the protocol (old imports, tests, the conformance kit): re-exported
 from servelab.cluster.protocol import checked_route as checked_route, continued as continued
@@ -74,6 +75,7 @@ class Cluster:
         self.kv.on_started = self._transfer_started
         self.kv.on_landed = self._landed
         self.request_listeners: list[Callable[[Sequence], None]] = []
+        self.migration: MigrationDriver | None = None  # live migration (servelab.cluster.migration), if a policy moves
         self.num_ended = 0
         self._spans = True  # sim.fast_forward's spans (off under closed-loop arrivals: run)
         self._events: list[tuple[float, int, Callable[[], None]]] = []
@@ -197,12 +199,16 @@ class Cluster:
 
     # ---- placement: the protocol decides, the loop wakes the replica and hands the request over --
     def _arrive(self, request: Request, t: float) -> None:
+        if self.migration is not None:
+            self.migration.arrived(t)
         r, asked = self.protocol.arrive(request, t)
         r.wake(t)
         r.engine.add_request(asked, t)
 
     # ---- a request ends on a replica ------------------------------------------------------
     def _on_engine_end(self, r: Replica, seq: Sequence) -> None:
+        if self.migration is not None and self.migration.stopped(r, seq):
+            return  # stopped for a migration's last copy: it goes on on another replica
         if r.role == "prefill":
             self._prefilled(r, seq)
             return
@@ -261,5 +267,8 @@ class Cluster:
                     continue
                 live.append(continued(seq, placements[seq.id].request) if r.role == "prefill" else seq)
         seen = {s.id for s in live}
-        live.extend(p.seq for p in placements.values() if p.seq is not None and p.seq.id not in seen)
+        live.extend(p.seq for p in placements.values()
+                    if p.seq is not None and p.seq.id not in seen and not p.seq.is_finished)
+        if self.migration is not None:  # stopped on their source, their last copy not landed
+            live.extend(continued(s, placements[s.id].request) for s in self.migration.in_flight())
         return live

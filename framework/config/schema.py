@@ -195,7 +195,8 @@ class ClusterConfig:
     """More than one engine (docs/cluster.md). ``replicas``: N identical engines behind ``router=``;
     ``prefill_replicas`` / ``decode_replicas``: prefill/decode disaggregation instead (both or neither),
     each pool shaped by ``prefill`` / ``decode``, the KV of each prompt moved over ``kv_link``, its
-    transfer streamed layer by layer during the prefill when ``overlap_kv_transfer``."""
+    transfer streamed layer by layer during the prefill when ``overlap_kv_transfer``. ``migration_*``,
+    ``draining`` and ``drain_from_s``: live migration between colocated replicas (``migration_policy=``)."""
 
     replicas: int = 1
     prefill_replicas: Optional[int] = None
@@ -205,6 +206,18 @@ class ClusterConfig:
     gpus_per_node: int = 8
     kv_link: KVLink = KVLink.auto
     overlap_kv_transfer: bool = True
+    # live migration (migration_policy=..., docs/cluster.md "Live migration"): how often the policy is
+    # asked; pre-copy stages while the request decodes (false: one stop-and-copy of all its KV); the
+    # stop-and-copy starts once a stage has at most migration_stop_blocks new blocks to copy, or after
+    # migration_max_stages pre-copy stages
+    migration_interval_s: float = 1.0
+    migration_precopy: bool = True
+    migration_stop_blocks: int = 1
+    migration_max_stages: int = 8
+    # replicas that drain (take no new request; a migration policy moves their running ones away) from
+    # drain_from_s on
+    draining: List[int] = field(default_factory=list)
+    drain_from_s: float = 0.0
 
 
 @dataclass

@@ -255,6 +255,16 @@ class RouterContext:
 
 
 @dataclass(frozen=True)
+class MigrationPolicyContext:
+    """What a migration policy is built for: the cluster's ``num_replicas``, how often the cluster
+    asks it (``interval_s``, ``cluster.migration_interval_s``) and the run's seed."""
+
+    num_replicas: int
+    interval_s: float = 1.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
 class ExecutorContext:
     """What an executor is built for (``backend=<name>``): everything about the model, the pool and
     the parallelism that the run decided, as plain values.

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from servelab.core.contexts import (LEGACY_CONTEXT, AllocatorContext, DrafterContext, EvictorContext, ExecutorContext,
-                                    KVConnectorContext, KVTierPolicyContext, PredictorContext, PreemptionContext, RouterContext, SchedulerContext,
+                                    KVConnectorContext, KVTierPolicyContext, MigrationPolicyContext, PredictorContext, PreemptionContext, RouterContext, SchedulerContext,
                                     TimeModelContext)
 from servelab.core.errors import ConfigError
 from servelab.core.executor import Executor
@@ -28,11 +28,12 @@ from servelab.core.interfaces import (BlockAllocator, Evictor, LengthPredictor, 
                                       Scheduler, SpeculativeDrafter, TimeModel)
 from servelab.core.kv_connector_plugin import KVConnectorPlugin
 from servelab.core.kv_tiers import KVTierPolicy
+from servelab.core.migration_policy import MigrationPolicy
 
 log = logging.getLogger(__name__)
 
 #: Where a kind's plugin is built: once per engine by the stack, once per run for the executor
-#: (first: it sizes the KV pool), or once per cluster (routers).
+#: (first: it sizes the KV pool), or once per cluster (routers, migration policies).
 SCOPES = ("executor", "engine", "cluster")
 
 
@@ -132,6 +133,12 @@ BUILTIN_KINDS = (
     KindSpec("router", Router, "servelab_register_routers", RouterContext, "round_robin",
              "which replica of a cluster serves each request (cluster.replicas > 1)", scope="cluster",
              checks=("router", "servelab.cli.route_conformance:stage_behind_route"), template="router", guide="docs/write-a-router.md", grade_reference="round_robin"),
+    KindSpec("migration_policy", MigrationPolicy, "servelab_register_migration_policies", MigrationPolicyContext,
+             "none", "which running requests of a cluster move live to another replica, KV and all "
+             "(cluster.replicas > 1)", scope="cluster",
+             checks=("servelab.kit.conformance_migration:check_migration_policy",),
+             template="servelab.kit.migration_policy_template:TEMPLATE", guide="docs/write-a-migration-policy.md",
+             grade_reference="none"),
     KindSpec("executor", Executor, "servelab_register_executors", ExecutorContext, "torch",
              "what runs the steps: the model in this process, over N ranks, or the simulator",
              scope="executor", group="backend"),

@@ -211,6 +211,16 @@ class Engine:
             seq = self.sequences[request_id]
             self.call_plugin("scheduler", lambda: self.scheduler.on_kv_loaded(seq))  # called at once: no late binding
 
+    def forget(self, request_id: str) -> None:
+        """Drop the record of an ended sequence whose blocks are free, so that ``request_id`` may be
+        added again (a request that migrated away and comes back: :mod:`servelab.cluster.migration`).
+        A live sequence, or one whose blocks the connector still reads, is a ValueError."""
+        seq = self.sequences.get(request_id)
+        if (seq is not None and not seq.is_finished) or request_id in self._sending:
+            raise ValueError(f"request {request_id!r} is live here or its KV is still being sent: not forgotten")
+        self.sequences.pop(request_id, None)
+        self._forgotten.discard(request_id)
+
     def has_unfinished(self) -> bool:
         return self.scheduler.num_unfinished() > 0
 

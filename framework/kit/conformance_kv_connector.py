@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 BLOCK_SIZE, GPU_BLOCKS, FIRST_WAVE = 4, 48, 4
 SIM = ("backend=sim", "model=tiny_code")
-CLUSTER_CHOSEN = ("pd_sim", "pd_local", "pd_process")
+CLUSTER_CHOSEN = ("pd_sim", "pd_local", "pd_process", "migrate_sim")
 # what a built-in needs beside it to have anything to do (a third party's connector needs nothing): the
 # tiers hold prefix-cache blocks, so a GPU pool the second wave does not fit makes them serve it
 COMPANIONS = {"tiers": ("kv_tiers=host", "kv_tier_policy=write_through", "num_kv_blocks=16"),

@@ -4,7 +4,8 @@ Each is a seeded list of requests plus the engine settings it runs under, on the
 (``backend=sim``, the roofline time model, the virtual clock): the same numbers on every
 machine, a few hundred milliseconds a run. Changing one changes every grade: add, don't edit.
 A workload grades the kinds it names (``kinds``): an evictor is graded only where a prefix cache
-thrashes, a router only on a cluster (``cluster_chat``), the other kinds only where they were graded
+thrashes, a router only on a cluster (``cluster_chat``), a migration policy on a cluster whose loads drift
+apart (``cluster_drift``), the other kinds only where they were graded
 before evictors came.
 """
 
@@ -15,8 +16,8 @@ from typing import Callable
 
 from servelab.core.kinds import KINDS
 from servelab.core.request import Request
-from servelab.workloads.grade import (VOCAB, chat_burst, cluster_chat, fairness_flood, long_prompts,  # noqa: F401
-                                      prefix_thrash, tight_pool)
+from servelab.workloads.grade import (VOCAB, chat_burst, cluster_chat, cluster_drift,  # noqa: F401
+                                      fairness_flood, long_prompts, prefix_thrash, tight_pool)
 
 # Priced on a catalogue model and GPU: no weights, no device, the same on every machine.
 SIM = ("backend=sim", "model=llama3_8b", "hardware=h100", "seed=0", "max_num_seqs=32")
@@ -52,6 +53,9 @@ WORKLOADS = (
     GradeWorkload("tier_chat", "prefix_thrash's traffic over a 3,072-block GPU pool, a 1 GiB host tier and a disk",
                   ("max_model_len=8192", "allocator.prefix_caching=true", "num_kv_blocks=3072", "kv_tiers=host_disk",
                    "kv_tiers.tiers.0.capacity_gib=1"), prefix_thrash, kinds=("kv_tier_policy",)),
+    GradeWorkload("cluster_drift", "heavy-tailed answers through 4 replicas of 600 KV blocks, placed round robin",
+                  ("max_model_len=8192", "cluster.replicas=4", "num_kv_blocks=600", "router=round_robin",
+                   "cluster.migration_interval_s=0.25"), cluster_drift, kinds=("migration_policy",)),
 )
 
 

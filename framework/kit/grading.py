@@ -15,7 +15,9 @@ score is the geometric mean of its prefix-cache hit rate and its goodput, each r
 is graded on a cluster (``cluster_chat``: 4 busy replicas, multi-turn chat sharing system prompts)
 against ``round_robin`` and the other built-in routers: its score is the geometric mean of its goodput
 relative to round_robin's and round_robin's TTFT p99 relative to its own (a lower tail scores higher);
-the table shows the prefix-cache hit rate, what placing for cache hits buys. A KV tier policy is
+the table shows the prefix-cache hit rate, what placing for cache hits buys. A migration policy is
+graded on ``cluster_drift`` (heavy-tailed answers through 4 replicas with small KV pools, placed round
+robin) against ``none`` by the router's rule: goodput and TTFT p99, each relative to none's. A KV tier policy is
 graded on ``tier_chat`` (``prefix_thrash``'s traffic above a host tier and a disk) against
 ``write_back``: the geometric mean of its goodput relative to write_back's, write_back's TTFT mean and
 prefill tokens computed relative to its own (what loading instead of computing buys; not the TTFT p99,
@@ -109,6 +111,7 @@ class ScoreRule:
 #: against 0.74 s), so a p99 term paid a policy for storing less.
 SCORE_RULES = {"evictor": ScoreRule((HIT_RATE, GOODPUT), PREFIX_HIT),
                "router": ScoreRule((GOODPUT, TTFT_P99), PREFIX_HIT),
+               "migration_policy": ScoreRule((GOODPUT, TTFT_P99)),
                "kv_tier_policy": ScoreRule((GOODPUT, TTFT_MEAN, PREFILL), TIER_HIT)}
 
 

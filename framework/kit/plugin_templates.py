@@ -434,4 +434,8 @@ def generated_test(kind: str) -> Template:
     spec = KINDS.get(kind)
     if spec is not None and not spec.checks and kind != "time_model":
         return REGISTERED_TEST
+    if kind == "migration_policy":
+        from servelab.kit.migration_policy_template import TEST  # noqa: PLC0415 - it imports this module
+
+        return TEST
     return {"time_model": TIME_MODEL_TEST, "router": ROUTER_TEST}.get(kind, KIT_TEST)

@@ -1,6 +1,7 @@
 """How the built-in ``kv_connector`` plugins are built from ``(config, context)``: ``tiers`` (the
-store below the GPU, :mod:`servelab.kv.tiers`) and the prefill/decode hand-off (``pd_sim``,
-``pd_local``, ``pd_process``: :mod:`servelab.kv.pd`). The classes that select them by name are
+store below the GPU, :mod:`servelab.kv.tiers`) the prefill/decode hand-off (``pd_sim``,
+``pd_local``, ``pd_process``: :mod:`servelab.kv.pd`) and live migration (``migrate_sim``:
+:mod:`servelab.kv.migrate_sim`). The classes that select them by name are
 ``servelab.plugins.kv_connectors``'s; each names its function here.
 
 A hand-off connector is chosen by the cluster (its :class:`~servelab.core.contexts.KVClusterLink`
@@ -15,6 +16,7 @@ from typing import Any
 from servelab.core.contexts import KVConnectorContext
 from servelab.core.errors import ConfigError
 from servelab.core.kv_connector import KVConnector
+from servelab.kv.migrate_sim import MigrationLinks
 from servelab.kv.pd.sim import PDTransfers
 from servelab.kv.tiers.shared import SharedTieredKVConnector
 from servelab.kv.tiers.store import TieredKVConnector
@@ -64,6 +66,15 @@ def _link(context: KVConnectorContext, name: str, transport: type, where: str) -
 def pd_sim(config: Any, context: KVConnectorContext) -> KVConnector:
     link = _link(context, "pd_sim", PDTransfers, "of a simulated cluster (backend=sim)")
     return link.transport.endpoint(link.index, link.role)
+
+
+def migrate_sim(config: Any, context: KVConnectorContext) -> KVConnector:
+    link = context.cluster
+    if link is None or not isinstance(link.transport, MigrationLinks):
+        raise ConfigError("kv_connector=migrate_sim moves a running request's KV between replicas of a simulated "
+                          "cluster; the cluster chooses it (cluster.replicas=<n> with a migration_policy that moves "
+                          "requests), it is not selected on its own")
+    return link.transport.endpoint(link.index)
 
 
 def pd_local(config: Any, context: KVConnectorContext) -> KVConnector:

@@ -13,6 +13,7 @@ from servelab.results.cluster_figures import ReplicaCounts, load_imbalance, repl
 from servelab.engine.step_totals import StepTotals
 from servelab.kv.tiers.cluster_figures import cluster_tier_figures, replica_tier_hit_rate
 from servelab.results.metrics import summarize
+from servelab.results.migration_figures import MigrationSums
 from servelab.results.replica_report import ReplicaReport
 from servelab.results.writer import RequestWriter, RunResult
 from servelab.workloads.arrivals import workload_concurrency
@@ -29,10 +30,13 @@ class KVTransferSums:
 
 
 def cluster_summary(cfg: DictConfig, replicas: Sequence[ReplicaCounts], reports: list[ReplicaReport],
-                    kv: KVTransferSums, status: str, writer: RequestWriter, weights) -> RunResult:
+                    kv: KVTransferSums, status: str, writer: RequestWriter, weights,
+                    migrations: MigrationSums | None = None) -> RunResult:
     """``summary.json`` for the whole cluster (today's keys, every replica folded in), plus
     ``per_replica``, the router, and the KV transfers; from per-replica data only, so the simulator's
-    cluster and the wall-clock cluster of processes write the same keys. ``writer``: closed."""
+    cluster and the wall-clock cluster of processes write the same keys. ``writer``: closed.
+    ``migrations``: the live migrations of a cluster whose migration policy moves requests (their
+    keys are written only then: a run with ``migration_policy=none`` writes today's summary)."""
     totals = StepTotals.merged(p.totals for p in reports)
     requests = writer.stats
     leaks = [p.leaked_blocks for p in reports]
@@ -82,6 +86,8 @@ def cluster_summary(cfg: DictConfig, replicas: Sequence[ReplicaCounts], reports:
     tiers = cluster_tier_figures([p.kv_tiers for p in reports], summary.get("num_finished") or 0,
                                  summary.get("ttft_ms") or {}, summary.get("queue_ms") or {})
     summary.update(tiers)
+    if migrations is not None:
+        summary.update({"migration_policy": cfg.migration_policy.name, **migrations.figures()})
     return RunResult(None, summary, [s for p in reports for s in p.steps], writer.path, [p.timeline for p in reports])
 
 

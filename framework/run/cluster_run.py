@@ -77,4 +77,6 @@ def collect_cluster_results(cfg: DictConfig, cluster: Cluster, stacks: list[Stac
     writer.close()
     live = bool(cluster.live_sequences())
     reports = [ReplicaReport.of(stack, live) for stack in stacks]
-    return cluster_summary(cfg, cluster.replicas, reports, cluster.kv_transfer_sums(), status, writer, weights)
+    migrations = cluster.migration.sums if cluster.migration is not None else None
+    return cluster_summary(cfg, cluster.replicas, reports, cluster.kv_transfer_sums(), status, writer, weights,
+                           migrations)

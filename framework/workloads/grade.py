@@ -132,9 +132,27 @@ def cluster_chat() -> list[Request]:
     return sorted(out, key=lambda r: r.arrival_time)
 
 
+def cluster_drift() -> list[Request]:
+    """Heavy-tailed answers through 4 replicas with small KV pools, for migration policies. 320 requests
+    at 14/s (Poisson), prompts 128-1024 tokens, outputs lognormal (median 96, sigma 1.3, 16-3000 tokens;
+    the length is unknown to a router, so loads placed evenly drift apart), one in ten of priority -1
+    (urgent; the rest 0). TTFT 1 s, TPOT 100 ms."""
+    rng = np.random.default_rng(7)
+    starts = np.cumsum(rng.exponential(1 / 14.0, size=320))
+    out = []
+    for k, start in enumerate(starts):
+        prompt = tuple(int(t) for t in rng.integers(1, VOCAB, size=int(rng.integers(128, 1025))))
+        output = int(np.clip(rng.lognormal(np.log(96), 1.3), 16, 3000))
+        priority = -1 if rng.random() < 0.1 else 0
+        out.append(Request(f"d{k}", prompt, output, arrival_time=float(start), priority=priority,
+                           ttft_slo_ms=1000.0, tpot_slo_ms=100.0))
+    return out
+
+
 #: ``workload.grade=<name>`` -> the generator (what each grade workload's ``requests`` is).
 GRADE_REQUESTS: dict[str, Callable[[], list[Request]]] = {
-    f.__name__: f for f in (chat_burst, long_prompts, tight_pool, fairness_flood, prefix_thrash, cluster_chat)}
+    f.__name__: f for f in (chat_burst, long_prompts, tight_pool, fairness_flood, prefix_thrash, cluster_chat,
+                            cluster_drift)}
 
 
 def grade_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:

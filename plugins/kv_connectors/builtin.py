@@ -1,5 +1,5 @@
-"""``kv_connector=none``, ``tiers`` and the prefill/decode hand-off (``pd_sim``, ``pd_local``,
-``pd_process``).
+"""``kv_connector=none``, ``tiers``, the prefill/decode hand-off (``pd_sim``, ``pd_local``,
+``pd_process``) and live migration (``migrate_sim``).
 
 Each but ``none`` is built by a function of :mod:`servelab.kv.builtins` from ``(config, context)``:
 they hold real bytes (torch) or a cluster's books, which live in ``servelab.kv``; registering them
@@ -45,6 +45,15 @@ class PDSimConnector(_Built):
 
     name = "pd_sim"
     target = "servelab.kv.builtins:pd_sim"
+
+
+class MigrateSimConnector(_Built):
+    """``kv_connector=migrate_sim``: a simulated cluster's live migration of running requests, priced
+    over its links (a cluster with ``cluster.replicas=N`` and a ``migration_policy`` that moves
+    requests chooses it)."""
+
+    name = "migrate_sim"
+    target = "servelab.kv.builtins:migrate_sim"
 
 
 class PDLocalConnector(_Built):
