@@ -93,6 +93,9 @@ SCHEDULERS = ["fcfs", "priority", "sjf length_predictor=oracle", "mlfq", "vtc", 
               "slo_aware slo.tpot_ms=20"]
 EXTRAS = [(), ("preemption=swap", "backend.num_swap_blocks=150"), ("allocator=contiguous",), ("max_num_seqs=6",),
           ("allocator.prefix_caching=true", "evictor=lfu"), ("block_size=8",), ("max_num_batched_tokens=256",)]
+#: a third of the random stacks run on a colocated cluster: its replicas' spans pause at arrivals routed elsewhere
+ROUTERS = ["round_robin", "least_outstanding", "least_outstanding router.by=tokens", "power_of_two", "prefix_affinity",
+           "session"]
 
 
 def random_stack(rng: random.Random) -> tuple[str, ...]:
@@ -103,6 +106,8 @@ def random_stack(rng: random.Random) -> tuple[str, ...]:
                  f"workload.output_len.max={rng.choice([16, 128, 400])}", f"seed={rng.randrange(1000)}"]
     if rng.random() < 0.5:
         overrides.append(f"num_kv_blocks={rng.choice([60, 120, 400])}")
+    if rng.random() < 1 / 3:
+        overrides += [f"cluster.replicas={rng.choice([2, 3, 4])}", f"router={rng.choice(ROUTERS)}"]
     if "allocator=contiguous" in overrides:
         overrides = [o for o in overrides if not o.startswith("num_kv_blocks")] + ["num_kv_blocks=2000"]
     return BASE + tuple(" ".join(overrides).split())
@@ -110,8 +115,9 @@ def random_stack(rng: random.Random) -> tuple[str, ...]:
 
 def _property(cases: int, seed: int) -> None:
     rng = random.Random(seed)
-    for _ in range(cases):
-        overrides = random_stack(rng)
+    stacks = [random_stack(rng) for _ in range(cases)]
+    assert any("cluster.replicas" in o for s in stacks for o in s)  # the draw covers clusters
+    for overrides in stacks:
         difference, _, _ = run_both_ways(overrides, default_registry())
         assert difference is None, f"{' '.join(overrides)}: {difference}"
 

@@ -123,15 +123,13 @@ class Cluster:
         for r in self.replicas:
             r.engine.reset_clock()
         reported = 0
+        # when each replica's next step starts (INF: idle or stalled), kept up to date by _steps_after
+        next_step = [self._next_step_of(r) for r in self.replicas]
         try:
             while True:
                 t_event = self._events[0][0] if self._events else INF
-                stepper, t_step = None, INF
-                for r in self.replicas:
-                    if r.busy:
-                        t = r.engine.now()
-                        if t < t_step:
-                            stepper, t_step = r, t
+                t_step = min(next_step)
+                stepper = self.replicas[next_step.index(t_step)] if t_step < INF else None  # ties: the lower index
                 if hears_ends:  # the clients hear of every end so far before their next send is asked for
                     self._now_doing(min((t_event, 0, 0), (t_step, 2, stepper.index if stepper else 0)))
                 t_arrival = source.next_time()
@@ -140,19 +138,25 @@ class Cluster:
                         break
                     self._now_doing((t_event, 0, 0))
                     heapq.heappop(self._events)[2]()
+                    moved = None
                 elif t_arrival <= t_step:
                     due = source.pop_due(t_arrival)
                     assert due is not None  # t_arrival is finite
                     self._now_doing((due[1], 1, 0))
                     self._arrive(*due)
+                    moved = None
                 else:
                     assert stepper is not None  # t_step is finite
                     self._now_doing((t_step, 2, stepper.index))
                     self._step(stepper, min(t_arrival, t_event))
+                    moved = stepper if stepper.role == "mixed" else None
+                self._steps_after(next_step, moved)
                 if on_progress and self.num_ended > reported:
                     on_progress(self.num_ended - reported)
                     reported = self.num_ended
         finally:  # ends held for the loop's order are told, also when a replica or the router raised
+            for r in self.replicas:
+                r.engine.settle_span()  # a paused span's sequences (a run that raised) are written as they are
             self._now_doing((INF, 0, 0))
             self.request_listeners.remove(source.on_end)
         if not source.exhausted and not any(r.engine.has_unfinished() for r in self.replicas):
@@ -165,18 +169,32 @@ class Cluster:
                                f"{r.engine.scheduler.queue_lengths()}, KV transfers waiting for blocks: "
                                f"{self.kv.waiting_for(r.index)})")
 
+    @staticmethod
+    def _next_step_of(r: Replica) -> float:
+        return r.engine.now() if r.busy else INF
+
+    def _steps_after(self, next_step: list[float], moved: Replica | None) -> None:
+        """Bring ``next_step`` up to date after the loop did one thing: a colocated replica's own step
+        (``moved``) changes only that replica; an arrival, an event (a landing, a hand-off: any timed
+        action) or a prefill/decode replica's step (its ends start transfers) may change any."""
+        if moved is not None:
+            next_step[moved.index] = self._next_step_of(moved)
+        else:
+            next_step[:] = [self._next_step_of(r) for r in self.replicas]
+
     def _step(self, r: Replica, until: float = INF) -> None:
         """One step of ``r``, then (``sim.fast_forward``) the quiet steps of ``r`` that start
         before ``until``, the cluster's next arrival or event: nothing else reaches ``r`` before.
         When nothing reached ``r`` since its last span stopped, the span goes on instead."""
         mark = functools.partial(self._mark_step_start, r)
-        if self._spans and r.engine.fast_forward(until, mark):  # a span cut short by an arrival that went elsewhere goes on
+        # resumable: a span paused at an arrival that went elsewhere goes on at no cost per sequence
+        if self._spans and r.engine.fast_forward(until, mark, resumable=True):
             return
         mark()
         if r.engine.step() is None:
             r.stalled = True  # nothing could run: wait for an arrival, a landing or freed blocks
         elif self._spans:
-            r.engine.fast_forward(until, mark)
+            r.engine.fast_forward(until, mark, resumable=True)
 
     def _mark_step_start(self, r: Replica) -> None:
         self.kv.now = r.engine.now()  # a transfer the step's scheduler starts is allocated now

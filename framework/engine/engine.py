@@ -38,7 +38,7 @@ from servelab.core.request import Request, Sequence, Status
 from servelab.core.step_work import DraftWork, StepWork
 from servelab.engine.batch import build_batch, step_work
 from servelab.engine.clock import Clock, WallClock, price_kv_transfer
-from servelab.engine.fast_forward import fast_forward, may_precede_span
+from servelab.engine.fast_forward import Span, fast_forward, may_precede_span
 from servelab.engine.frontend import FrontEnd
 from servelab.engine.multi_step import run_window, starts_window
 from servelab.engine.step_totals import StepTotals
@@ -128,6 +128,7 @@ class Engine:
         self.fast_forward_enabled = False
         self.frontend: FrontEnd | None = None  # frontend=...: token timestamps as the client gets them
         self._quiet_plan: SchedulePlan | None = None
+        self._span: Span | None = None  # a span paused at an arrival that went elsewhere (fast_forward(resumable=True))
         self.num_fast_forwarded = 0  # steps run by fast_forward (of totals.num_steps)
         self.last_step_s = 0.0  # the duration of the last step on this engine's clock
 
@@ -154,6 +155,7 @@ class Engine:
         if request.id in self.sequences or request.id in self._forgotten:
             raise ValueError(f"duplicate request id {request.id!r}")
         seq = Sequence(request, arrival_s=request.arrival_time if arrival_s is None else arrival_s)
+        self.settle_span()
         self.sequences[request.id] = seq
         self._quiet_plan = None
         reason = self._rejection_reason(request)
@@ -194,6 +196,7 @@ class Engine:
         can run here (:meth:`rejection_reason`)."""
         if seq.id in self.sequences or seq.id in self._forgotten:
             raise ValueError(f"duplicate request id {seq.id!r}")
+        self.settle_span()
         self.sequences[seq.id] = seq
         self._quiet_plan = None
         self.call_plugin("scheduler", lambda: self.scheduler.add(seq))
@@ -241,6 +244,7 @@ class Engine:
         seq = self.sequences.get(request_id)
         if seq is None or seq.is_finished:
             return False
+        self.settle_span()
         self._quiet_plan = None
         before = self.scheduler.num_unfinished()
         self.call_plugin("scheduler", lambda: self.scheduler.abort(seq))
@@ -274,7 +278,7 @@ class Engine:
         return self.record(plan, work, start, end, output, draft_s=end - computed)
 
     def fast_forward(self, until: float = float("inf"), on_step_start: Callable[[], None] | None = None,
-                     stop_after_end: bool = False) -> int:
+                     stop_after_end: bool = False, resumable: bool = False) -> int:
         """Run, at once, the quiet decode steps that may follow the step just taken and start
         before ``until`` (engine seconds: the next arrival), exactly as :meth:`step` would run them
         (:mod:`servelab.engine.fast_forward`); returns how many (0 when fast-forward is off, a
@@ -284,13 +288,31 @@ class Engine:
         ``stop_after_end``: stop after a step in which a request ended (a closed-loop client's next
         arrival becomes known only then).
         It may be called again without a step in between while nothing reached this engine: it goes
-        on from where it stopped (a request added or aborted since makes it decline)."""
+        on from where it stopped (a request added or aborted since makes it decline). With
+        ``resumable`` (a cluster: the arrival at ``until`` may go to another replica) a span that
+        stopped at ``until`` is paused, its running sequences not yet given the tokens of its quiet
+        steps: the next call goes on with it at no cost per sequence, and anything that reaches
+        the engine (a step, a request added or ended) first brings them up to date
+        (:meth:`settle_span`; call it before reading them from outside)."""
         plan = self._quiet_plan  # kept: a span cut short by an arrival elsewhere may go on (a cluster)
         if plan is None or not self._can_fast_forward():
             return 0
-        steps = fast_forward(self, plan, until, on_step_start, stop_after_end)
+        span, self._span = self._span, None
+        steps = span.go_on(until, on_step_start, stop_after_end, resumable) if span is not None else 0
+        if not steps:
+            if span is not None:
+                span.settle()
+            steps, span = fast_forward(self, plan, until, on_step_start, stop_after_end, resumable)
+        self._span = span if span is not None and span.paused else None
         self.num_fast_forwarded += steps
         return steps
+
+    def settle_span(self) -> None:
+        """Give the running sequences the tokens of a paused span's steps (:meth:`fast_forward`
+        with ``resumable``): they are then as the step-by-step path leaves them."""
+        span, self._span = self._span, None
+        if span is not None:
+            span.settle()
 
     def _can_fast_forward(self) -> bool:
         token = self.executor.placeholder_token
@@ -306,6 +328,7 @@ class Engine:
         ask the scheduler for its plan at ``now`` (engine seconds). The scheduler allocates the
         plan's blocks and preempts; nothing else is asked. A plan that preempted and moved nothing
         is kept as the one a fast-forward span may follow (:meth:`fast_forward`)."""
+        self.settle_span()
         if self.connector is not None:
             self.poll_connector()
         plan = self.call_plugin("scheduler", lambda: self.scheduler.schedule(now))

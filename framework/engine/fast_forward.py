@@ -27,6 +27,13 @@ adds it before that step), when the scheduler's declared steps or time run out, 
 whose allocations could outnumber the free blocks (the step-by-step path then preempts), or
 when no sequence is left; with ``stop_after_end`` (closed-loop arrivals, which become known only
 when a request ends), also after a step in which a sequence finished.
+
+A *resumable* span (a cluster's replica: the arrival at ``until`` may be routed elsewhere) that
+stopped only at ``until`` is paused instead of ended: its sequences keep their lag, and the next
+``Engine.fast_forward`` goes on with it (:meth:`Span.go_on`), so an arrival costs a replica it
+does not reach nothing per sequence. Anything that reaches the engine first brings the sequences
+up to date (``Engine.settle_span``). Only the slot counts and token lists lag; the scheduler's
+queues and the allocator's blocks, which a router's gauges read, are exact at every span step.
 """
 
 from __future__ import annotations
@@ -45,8 +52,9 @@ if TYPE_CHECKING:
 INF = float("inf")
 #: A span is tried only when about this many steps (each as long as the last) fit before the next
 #: arrival: a shorter one costs more (passes over every sequence) than the steps it skips. Declining
-#: never changes a result; on the 8-replica trace case (every arrival ends every replica's span)
-#: 1 measured best: 37 s against 48 s with 3 and 49 s step by step.
+#: never changes a result; on the 8-replica trace case, when every arrival ended every replica's
+#: span, 1 measured best: 37 s against 48 s with 3 and 49 s step by step. A resumable span is
+#: always tried: an arrival elsewhere only pauses it.
 MIN_SPAN_STEPS = 1
 
 
@@ -68,32 +76,44 @@ def next_decision(engine: Engine, now: float) -> NextDecision:
 
 
 def fast_forward(engine: Engine, plan: SchedulePlan, until: float,
-                 on_step_start: Callable[[], None] | None = None, stop_after_end: bool = False) -> int:
+                 on_step_start: Callable[[], None] | None = None, stop_after_end: bool = False,
+                 resumable: bool = False) -> tuple[int, Span | None]:
     """Run the quiet steps that may follow ``plan`` (the step just taken, decodes only) and come
     before ``until`` (with ``stop_after_end``: up to the first step in which a sequence finished);
-    returns how many were run (0: none could be)."""
+    returns how many were run (0: none could be) and, with ``resumable``, the span when it stopped
+    only because its next step starts at or after ``until``: its sequences are not yet brought up to
+    date (:meth:`Span.go_on` goes on from there, :meth:`Span.settle` brings them up to date)."""
     seqs = [e.seq for e in plan.scheduled if e.seq.status is Status.RUNNING]
     if not seqs or len(seqs) != engine.scheduler.num_unfinished():
-        return 0  # someone waits (or is swapped, or loading): the scheduler decides every step
+        return 0, None  # someone waits (or is swapped, or loading): the scheduler decides every step
     for seq in seqs:
         if seq.num_tokens - seq.num_computed_tokens != 1 or seq.num_computed_tokens < seq.request.prompt_len:
-            return 0  # a prompt chunk is still to come
+            return 0, None  # a prompt chunk is still to come
     now = engine.now()
-    if now + MIN_SPAN_STEPS * engine.last_step_s >= until:
-        return 0  # no room for a span worth its set-up
+    if not resumable and now + MIN_SPAN_STEPS * engine.last_step_s >= until:
+        return 0, None  # no room for a span worth its set-up (a resumable one may outlast ``until``)
     steps, at_s = next_decision(engine, now)
-    limit = min(until, at_s)
-    if steps == 0 or now >= limit:
-        return 0
-    return _Span(engine, seqs).run(steps, limit, on_step_start, stop_after_end)
+    if steps == 0 or now >= min(until, at_s):
+        return 0, None
+    span = Span(engine, seqs, steps, at_s)
+    ran = span.go_on(until, on_step_start, stop_after_end, resumable)
+    return ran, span if span.paused else None
 
 
-class _Span:
-    """The sequences of one span (in plan order) and how far each has been brought up to date."""
+class Span:
+    """The sequences of one span (in plan order), how far each has been brought up to date, and
+    what the scheduler declared (``max_steps`` steps, none starting at or after ``at_s``)."""
 
-    def __init__(self, engine: Engine, seqs: list[Sequence]) -> None:
+    def __init__(self, engine: Engine, seqs: list[Sequence], max_steps: int, at_s: float) -> None:
         self.engine = engine
         self.seqs = seqs
+        self.max_steps = max_steps
+        self.at_s = at_s
+        self.step = 0  # span steps run so far
+        self.active = len(seqs)  # sequences still running
+        self.context = sum(seq.num_tokens for seq in seqs)  # each decode attends to its whole context
+        #: stopped only at ``until`` with its sequences not brought up to date (go_on may go on)
+        self.paused = False
         token = engine.executor.placeholder_token
         assert token is not None  # Engine._can_fast_forward checked
         self.token: int = token
@@ -128,21 +148,26 @@ class _Span:
                 synced[i] = step
         return lag
 
-    def run(self, max_steps: int, limit: float, on_step_start: Callable[[], None] | None,
-            stop_after_end: bool = False) -> int:
-        """Run up to ``max_steps`` span steps, none starting at or after ``limit``, through the
-        engine's step phases (``price``, ``apply``, ``record``); returns how many ran."""
+    def go_on(self, until: float, on_step_start: Callable[[], None] | None, stop_after_end: bool = False,
+              resumable: bool = False) -> int:
+        """Run span steps, none starting at or after ``until`` or the declared ``at_s``, up to the
+        declared ``max_steps``, through the engine's step phases (``price``, ``apply``, ``record``);
+        returns how many ran. It then brings every sequence up to date (:meth:`settle`), unless
+        ``resumable`` and it stopped only at ``until``: it is then ``paused``, and a later call
+        (nothing having reached the engine since) goes on from there."""
         engine, seqs, events, ends, synced = self.engine, self.seqs, self.events, self.ends, self.synced
         allocator, token = engine.allocator, self.token
         count_quiet, apply, price, record = allocator.count_quiet_decodes, engine.apply, engine.price, engine.record
         no_plan, no_output = SchedulePlan(), StepOutput([], 0.0)  # a quiet step preempts and moves nothing
         events_plan, events_output = SchedulePlan(), StepOutput([], 0.0)  # refilled each step (apply keeps neither)
-        active = len(seqs)
-        context = sum(seq.num_tokens for seq in seqs)  # each decode attends to its whole context
-        step = 0
+        active, context, step, max_steps, at_s = self.active, self.context, self.step, self.max_steps, self.at_s
+        limit = min(until, at_s)
+        first = step
+        paused = False
         while step < max_steps and active:
             start = engine.now()
             if start >= limit:
+                paused = resumable and start < at_s
                 break
             due: list[int] = []
             while events and events[0][0] == step:
@@ -187,7 +212,14 @@ class _Span:
             step += 1
             if stop_after_end and left_tokens:
                 break
-        lag = self._lag((i for i, seq in enumerate(seqs) if seq.status is Status.RUNNING), step)
+        self.active, self.context, self.step, self.paused = active, context, step, paused
+        if not paused:
+            self.settle()
+        return step - first
+
+    def settle(self) -> None:
+        """Bring every running sequence up to date with the span steps run so far."""
+        self.paused = False
+        lag = self._lag((i for i, seq in enumerate(self.seqs) if seq.status is Status.RUNNING), self.step)
         if lag:
-            apply(no_plan, no_output, engine.now(), quiet=lag)
-        return step
+            self.engine.apply(SchedulePlan(), StepOutput([], 0.0), self.engine.now(), quiet=lag)
