@@ -68,7 +68,8 @@ def test_a_decode_step_costs_the_slowest_ranks_attention_plus_every_ranks_expert
 
 
 def test_the_banner_row_says_attention_is_data_parallel():
-    assert "attention data-parallel over 8 ranks" in build_stack(compose(*EP8, DP)).time_model.moe_label
+    label = build_stack(compose(*EP8, DP)).time_model.moe_label
+    assert "attention data-parallel over 8 ranks" in label and "10.3 GB per rank" in label
 
 
 @pytest.mark.parametrize(("overrides", "match"), [

@@ -101,6 +101,7 @@ class MoePricer:
             3 * shape.hidden_size * shape.moe_intermediate_size / (tp // ep) * weight_bytes)
         self._expert_fn, self._floor = expert_fn, layer_floor_s
         self.dp_attention = False  # set by the step pricer under data_parallel_attention (the banner says so)
+        self.dp_weight_bytes_per_rank = 0.0
         self._groups = ep
         self._token_bytes = shape.hidden_size * act_bytes
         if exchange not in EP_EXCHANGES:
@@ -163,8 +164,10 @@ class MoePricer:
         elif self.ep > 1:
             text += f"; EP {self.ep} exchange: the MoE layer's all-reduce (sim.moe.ep_exchange=all_reduce)"
         if self.dp_attention:
-            text += (f"; attention data-parallel over {self.tp} ranks (each its own sequences; a step costs its "
-                     "slowest rank's share, the experts see every rank's tokens)")
+            text += (f"; attention data-parallel over {self.tp} ranks (each its own sequences and KV: the KV pool row "
+                     f"is all {self.tp} ranks' pools; every weight but the routed experts replicated, "
+                     f"{self.dp_weight_bytes_per_rank / 1e9:.1f} GB per rank; a step costs its slowest rank's share, "
+                     "the experts see every rank's tokens)")
         if self.placed is not None and self._states_placement:
             p = self.placed
             text += f"; expert_placement={p.name} ({p.context.slots_per_rank} slots per rank" + \

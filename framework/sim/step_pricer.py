@@ -89,6 +89,7 @@ class StepPricer:
             self.moe, moe_dense = gpu_ops_moe(context, ops, act_bytes,
                                               context.linear_weight_bytes or context.weight_dtype_bytes)
             self.moe.dp_attention = self.dp_ranks > 1
+            self.moe.dp_weight_bytes_per_rank = context.weight_bytes_per_rank
             moe_layers = s.num_moe_layers
             self._layers = _Dense(lambda m: (s.num_layers - moe_layers) * layer(m) + moe_layers * moe_dense(m))
             if self.moe.all_to_all is not None:  # the combine returns a MoE layer's output, not an all-reduce
