@@ -64,7 +64,8 @@ def study() -> dict:
     out: dict = {}
     out["parallel"] = [_row(label, QWEN + [f"expert_parallel_size={ep}"]) for label, ep in
                        (("TP 8 (experts sharded 8 ways)", 1), ("TP 8 + EP 2", 2), ("TP 8 + EP 4", 4),
-                        ("EP 8 (attention TP 8)", 8))]
+                        ("EP 8 (attention TP 8)", 8))] + \
+        [_row("DP attention 8 + EP 8", QWEN + ["expert_parallel_size=8", "data_parallel_attention=true"])]
     skewed = LONG + [f"sim.moe.routing_skew={SKEW}"]
     out["placement"] = [_row("uniform routing, linear", LONG),
                         _row(f"skew {SKEW}, linear", skewed),
@@ -80,7 +81,9 @@ def study() -> dict:
                                _row(f"skew {SKEW}, eplb, 16 redundant experts", decode + EPLB +
                                     ["expert_placement.num_redundant_experts=16"])]
     out["attention"] = [_row("DeepSeek-V3, MLA (latent KV)", DEEPSEEK),
-                        _row("the same, ordinary attention (128 KV heads x 192)", DEEPSEEK + ["model.kv_lora_rank=0"])]
+                        _row("the same, ordinary attention (128 KV heads x 192)", DEEPSEEK + ["model.kv_lora_rank=0"]),
+                        _row("MLA, DP attention 8 + EP 8 (latent not replicated)", DEEPSEEK +
+                             ["data_parallel_attention=true"])]
     return out
 
 
@@ -97,7 +100,7 @@ def _table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
 LATENCY = [("TPOT p50 ms", "tpot_p50_ms", ".2f"), ("TPOT p99 ms", "tpot_p99_ms", ".2f"),
            ("TTFT p99 ms", "ttft_p99_ms", ".1f"), ("output tok/s", "output_tok_s", ".0f")]
 PARALLEL = LATENCY + [("imbalance mean", "imbalance_mean", ".2f"), ("weights GB/rank", "weights_gb", ".1f"),
-                      ("KV pool GB/rank", "kv_pool_gb", ".1f")]
+                      ("KV pool GB/rank", "kv_pool_gb", ".1f"), ("KV blocks (all ranks)", "kv_blocks", ",d")]
 PLACEMENT = LATENCY + [("imbalance mean", "imbalance_mean", ".2f"), ("per token", "imbalance_tokens", ".3f"),
                        ("imbalance max", "imbalance_max", ".2f"),
                        ("re-plans", "replans", "d"), ("replicas moved", "replicas_moved", ",d"),
@@ -109,10 +112,10 @@ ATTENTION = [("KV pool GB/rank", "kv_pool_gb", ".1f"), ("KV blocks", "kv_blocks"
 
 
 def findings(res: dict) -> list[str]:
-    tp, ep2, ep4, ep = res["parallel"]
+    tp, ep2, ep4, ep, dp = res["parallel"]
     uniform, linear, rr, eplb0, eplb, once = res["placement"]
     dec_linear, dec_eplb = res["placement_decode"]
-    mla, mha = res["attention"]
+    mla, mha, mla_dp = res["attention"]
     shards = eplb["replicas_moved"] / max(eplb["replans"], 1) / 8
     return [
         f"At 30 req/s on 8 x H100 (decode-heavy), TP 8 alone gives TPOT p50 {tp['tpot_p50_ms']:.2f} ms; every EP "
@@ -143,6 +146,22 @@ def findings(res: dict) -> list[str]:
         "weight-bound, so a hot expert split over replicas is read once per replica, while the token balance barely "
         f"matters; and each of the {dec_eplb['replans']} re-plans stalls a step "
         f"{dec_eplb['move_s'] / max(dec_eplb['replans'], 1) * 1e3:.0f} ms.",
+        f"Data-parallel attention beside EP 8 (same load): TPOT p50 {dp['tpot_p50_ms']:.2f} ms against "
+        f"{ep['tpot_p50_ms']:.2f} (EP 8, attention TP 8) and {tp['tpot_p50_ms']:.2f} (TP 8): no attention "
+        "all-reduce, and each rank reads only its own sequences' 4 KV heads where TP 8 reads every sequence's one "
+        "replicated head; the experts still see all ranks' tokens through the all-to-all. It costs weights: "
+        f"{dp['weights_gb']:.1f} GB per rank against {ep['weights_gb']:.1f} (attention, router, embeddings "
+        f"replicated), and the pool per rank shrinks to {dp['kv_pool_gb']:.1f} GB but holds {dp['kv_blocks']:,} "
+        f"blocks in all against {ep['kv_blocks']:,}.",
+        f"DeepSeek-V3 with DP attention: {mla_dp['kv_blocks']:,} KV blocks against {mla['kv_blocks']:,} under "
+        f"TP 8 ({mla_dp['kv_blocks'] / mla['kv_blocks']:.1f}x, not 8x: the replicated attention weights take "
+        f"{mla_dp['weights_gb'] - mla['weights_gb']:.1f} GB per rank); TTFT p99 {mla['ttft_p99_ms']:.0f} -> "
+        f"{mla_dp['ttft_p99_ms']:.0f} ms, TPOT p50 {mla['tpot_p50_ms']:.2f} -> {mla_dp['tpot_p50_ms']:.2f} ms, "
+        f"preemptions {mla['preemptions']} -> {mla_dp['preemptions']}: at 4 sessions/s the pool was not the limit, "
+        "and under DP attention a prompt chunk runs whole on one rank at TP 1 (its attention projections, with "
+        "MLA priced at the ordinary q/k/v widths, and DeepSeek's three dense layers), so long chunks set the step. "
+        "DP attention pays where the batch is large enough to fill every rank (SGLang's large-scale EP "
+        "setting), which this load is not.",
         f"DeepSeek-V3's latent KV holds {mla['kv_blocks']:,} blocks per rank against {mha['kv_blocks']:,} with "
         f"ordinary attention ({mla['kv_blocks'] / mha['kv_blocks']:.1f}x; the KV bytes alone 10.7x, the rest is the "
         "larger attention weights of the MHA variant); on "
@@ -182,12 +201,20 @@ per layer), not replayed from a real model's trace.
 - **TP vs EP**: no published single-node Qwen3-30B-A3B TP-vs-EP serving measurement was found; SGLang's
   and vLLM's guides recommend EP for large multi-node MoE, which this single-node, moderate-load study
   neither confirms nor contradicts. Treat the rows as the model's prediction.
-- **Not here**: pipeline parallelism (TP 4 x PP 2 against TP 8) and data-parallel attention beside EP:
-  the simulator does not price them yet (issue 46, part 2).
+- **DP attention + EP**: SGLang's large-scale EP blog (lmsys.org/blog/2025-05-05-large-scale-ep) runs
+  DeepSeek-V3 with DP attention precisely to stop replicating MLA's latent KV over TP ranks; the direction
+  (a several-times larger pool for MLA, none of the TP all-reduces) matches; no single-node figure to
+  compare the magnitudes with was found. The simulator spreads the engine's batch over the ranks from the
+  step's sums (docs/simulator.md), one pool of all ranks' blocks, so rank imbalance of KV is not modelled.
+- **Not here**: pipeline parallelism (TP 4 x PP 2 against TP 8): the simulator does not price it yet
+  (issue 46, part 2).
 
 ## TP vs EP vs TP + EP: Qwen3-30B-A3B on 8 x H100, 300 requests at 30 req/s, uniform routing
 
 EP `n` with TP 8: attention over 8 ranks, each expert on `8 / n` of them (`expert_parallel_size=n`).
+DP attention (`data_parallel_attention=true`): each of the 8 ranks runs attention on its own sequences with
+whole weights and KV, the experts EP 8; the KV blocks are the engine's pool (under DP attention the 8 ranks'
+pools together; one block is one rank's).
 
 {_table(res['parallel'], PARALLEL)}
 

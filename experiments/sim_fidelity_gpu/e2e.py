@@ -177,6 +177,7 @@ def overrides(entry: dict, seed: int, column: list[str] | None = None, name: str
         cfg.append(f"hardware.memory_gb={DEVICE_MEMORY_GB[entry['hardware']]:.3f}")
     if c["arrival"] == "closed_loop":
         cfg += ["workload.arrival=closed_loop", f"workload.concurrency={int(c['concurrency'])}"]
+    cfg += list(entry.get("overrides", ()))  # the layout the run used (quantization, expert parallelism), every column
     return cfg + list(features.BASE if column is None else column)
 
 
@@ -453,6 +454,22 @@ def targets(entries: list[dict], columns=("base", "all")) -> list[dict]:
     return res
 
 
+def merge_results(stored: dict, new: dict, published: list[dict]) -> dict:
+    """``stored`` with ``new``'s entries in place of (or beside) its own, in published.yaml's order; the
+    targets and headline recomputed over all of them. The run facts (date, wall time, load) stay the last
+    full run's; ``merged`` records which entries were scored apart, when, and in how long."""
+    if new["columns"] != stored["columns"] or new["seeds"] != stored["seeds"] or new["max_requests"] != stored["max_requests"]:
+        raise SystemExit(f"e2e.py --merge: the stored run used columns {stored['columns']}, seeds {stored['seeds']}, "
+                         f"max_requests {stored['max_requests']}: score the new entries the same way")
+    by_id = {e["id"]: e for e in stored["entries"]} | {e["id"]: e for e in new["entries"]}
+    entries = [by_id[e["id"]] for e in published if e["id"] in by_id]
+    columns = tuple(stored["columns"])
+    merged = [*stored.get("merged", []), {"ids": [e["id"] for e in new["entries"]], "generated": new["generated"],
+                                          "wall_s": new["wall_s"], "load_average": new["load_average"]}]
+    return {**stored, "entries": entries, "targets": targets(entries, columns),
+            "headline": headline(entries, columns), "merged": merged}
+
+
 def render_section(results: dict | None) -> str:
     """The README's "End to end against published measurements" section (markers included)."""
     return e2e_page.render_section(results)
@@ -491,7 +508,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--no-readme", action="store_true", help="write the JSON only")
+    ap.add_argument("--merge", action="store_true",
+                    help="with --only: fold those entries into the stored results (the others keep their last run)")
     args = ap.parse_args(argv)
+    if args.merge and not args.only:
+        raise SystemExit("e2e.py --merge: name the entries to score with --only")
     entries = load_published()["entries"]
     if args.only:
         unknown = set(args.only) - {e["id"] for e in entries}
@@ -503,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
     results = run_entries(entries, seeds, args.max_requests, columns=args.columns, jobs=args.jobs)
     results["wall_s"] = time.perf_counter() - start
     results["load_average"] = list(os.getloadavg())  # the machine is shared: what else ran shows here
+    if args.merge:
+        results = merge_results(json.loads(args.out.read_text()), results, load_published()["entries"])
     args.out.write_text(json.dumps(results, indent=1,
                                    default=lambda v: None if isinstance(v, float) and math.isnan(v) else v) + "\n")
     if not args.no_readme:

@@ -343,6 +343,10 @@ def render_section(results: dict | None) -> str:
     wall, load = results.get("wall_s"), results.get("load_average")
     took = "" if not wall else f" The last run took {wall / 60:.1f} minutes on this project's 2-core machine" + (
         f" (shared: load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at its end)." if load else ".")
+    for m in results.get("merged", []):  # entries scored apart and folded in (e2e.py --only ... --merge)
+        took += (f" {len(m['ids'])} entries ({', '.join(m['ids'])}) were scored apart on {m['generated']} "
+                 f"(`--only ... --merge`, {m['wall_s'] / 60:.1f} minutes, load average {m['load_average'][0]:.1f}) "
+                 "and folded in; the other rows are that last full run's.")
     repos = len({e["source"]["url"].split("/blob/")[0] for e in results["entries"]})
     before_note = (f" *before* is the page as commit `{before['commit']}` published it ({len(before['entries'])} "
                    "entries, `python experiments/sim_fidelity_gpu/before.py` summarises its e2e_results.json)."

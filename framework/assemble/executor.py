@@ -122,6 +122,15 @@ def parallel_sizes(cfg: DictConfig) -> tuple[int, int]:
     return ep, pp
 
 
+def dp_attention(cfg: DictConfig, shape: ModelShape) -> bool:
+    """``data_parallel_attention`` (the config's other checks are :func:`servelab.assemble.validate.validate`'s);
+    a dense model (a ``model.path`` the config could not tell) is one line naming the key."""
+    on = bool(cfg.get("data_parallel_attention", False))
+    if on and not shape.is_moe:
+        raise ConfigError("data_parallel_attention=true needs a mixture-of-experts model (this one is dense)")
+    return on
+
+
 def hardware_profile(cfg: DictConfig) -> HardwareProfile:
     return HardwareProfile.from_config(cfg.hardware)
 
@@ -146,7 +155,8 @@ def executor_context(cfg: DictConfig, registry: Registry | None = None, draft_mo
         memory = plan_memory(shape, hardware, cfg.tensor_parallel_size, sizes.weight, sizes.kv, cfg.block_size,
                              cfg.backend.gpu_memory_utilization, cfg.backend.activation_reserve_gb,
                              sizes.linear, sizes.kv_scale, ep=ep,
-                             redundant_expert_bytes=redundant_expert_bytes(cfg, shape, registry))
+                             redundant_expert_bytes=redundant_expert_bytes(cfg, shape, registry),
+                             dp_attention=dp_attention(cfg, shape))
         return ExecutorContext(**common, shape=shape, hardware=hardware, memory=memory)
     wcfg = worker_config(cfg, registry)
     if draft_model_path is not None:

@@ -287,7 +287,8 @@ def _moe_settings(cfg: DictConfig) -> dict:
         return {}
     return dict(expert_parallel_size=cfg.get("expert_parallel_size", 1), moe_routing_skew=float(moe.routing_skew),
                 moe_seed=int(moe.seed), moe_routing_trace=moe.routing_trace,
-                moe_ep_exchange=moe.get("ep_exchange", "all_to_all"))
+                moe_ep_exchange=moe.get("ep_exchange", "all_to_all"),
+                **({"data_parallel_attention": True} if cfg.get("data_parallel_attention", False) else {}))
 
 
 def _draft_shape(executor: Executor) -> ModelShape | None:

@@ -52,6 +52,7 @@ def validate(cfg: DictConfig) -> None:
     for key in ("expert_parallel_size", "pipeline_parallel_size"):
         if cfg.get(key, 1) < 1:
             raise ConfigError(f"{key}={cfg.get(key)} must be >= 1")
+    check_data_parallel_attention(cfg)
     if cfg.backend.tp_step_timeout_s <= 0:
         raise ConfigError(f"backend.tp_step_timeout_s={cfg.backend.tp_step_timeout_s} must be > 0")
     swap_blocks = cfg.backend.get("num_swap_blocks")
@@ -232,3 +233,33 @@ def clock_kind(cfg: DictConfig) -> str:
 def option_value(v):
     """An enum-typed config value's ``.value``; anything else as it is."""
     return getattr(v, "value", v)
+
+
+DP_ATTENTION_TIME_MODELS = ("auto", "calibrated_roofline")  # the step pricer's (servelab.sim.step_pricer)
+
+
+def check_data_parallel_attention(cfg: DictConfig) -> None:
+    """``data_parallel_attention=true`` is priced by the simulator only, beside expert parallelism on a
+    MoE model (the MoE layers' all-to-all is where the data-parallel ranks meet); anything else is one line."""
+    if not cfg.get("data_parallel_attention", False):
+        return
+    key = "data_parallel_attention=true"
+    if cfg.backend.name != "sim":
+        raise ConfigError(f"{key} is priced by the simulator only (backend=sim); backend={cfg.backend.name} runs "
+                          "attention tensor-parallel")
+    ep = cfg.get("expert_parallel_size", 1)
+    if not cfg.model.get("num_experts") and cfg.model.get("path") is None:
+        raise ConfigError(f"{key} needs a mixture-of-experts model (model={cfg.model.name} is dense)")
+    if ep < 2:
+        raise ConfigError(f"{key} needs expert_parallel_size > 1 (got {ep}): the data-parallel attention ranks "
+                          "meet in the MoE layers' expert-parallel all-to-all")
+    exchange = cfg.sim.get("moe", {}).get("ep_exchange", "all_to_all")
+    if exchange != "all_to_all":
+        raise ConfigError(f"{key} needs sim.moe.ep_exchange=all_to_all (got {exchange}): with each rank holding "
+                          "its own tokens an all-reduce cannot gather them")
+    if cfg.get("pipeline_parallel_size", 1) > 1:
+        raise ConfigError(f"{key} with pipeline_parallel_size={cfg.pipeline_parallel_size}: not priced")
+    time_model = cfg.time_model.name if "time_model" in cfg else "auto"
+    if time_model not in DP_ATTENTION_TIME_MODELS:
+        raise ConfigError(f"{key} with time_model={time_model}: priced by time_model="
+                          f"{' or '.join(DP_ATTENTION_TIME_MODELS)} only (the per-operator step pricer)")

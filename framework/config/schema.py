@@ -437,6 +437,9 @@ class ServelabConfig:
     attention_backend: AttentionBackend = AttentionBackend.auto
     tensor_parallel_size: int = 1
     expert_parallel_size: int = 1  # a MoE layer's experts split this many ways over the tensor-parallel ranks
+    # backend=sim, a MoE model with expert_parallel_size > 1: attention data-parallel over the
+    # tensor_parallel_size ranks (each its own sequences and KV, weights replicated), the experts EP
+    data_parallel_attention: bool = False
     pipeline_parallel_size: int = 1  # the layers split into this many stages, tensor_parallel_size ranks each
     clock: Clock = Clock.auto
     slo: SLOConfig = field(default_factory=SLOConfig)

@@ -229,11 +229,19 @@ class TimeModelContext:
     moe_ep_exchange: str = "all_to_all"  # EP's token exchange: all_to_all (DeepEP) | all_reduce (the real engine's)
     # expert_placement=<name>: which rank holds each expert (servelab.core.expert_placement; None: linear)
     expert_placement: Any = None
+    # data_parallel_attention=true: attention data-parallel over the tensor_parallel_size ranks beside EP
+    # (each rank its own sequences, whole KV heads, attention weights replicated; servelab.sim.dp_attention)
+    data_parallel_attention: bool = False
+
+    @property
+    def attention_tp(self) -> int:
+        """The ranks one sequence's attention is split over: 1 under data-parallel attention."""
+        return 1 if self.data_parallel_attention else self.tensor_parallel_size
 
     @property
     def kv_bytes_per_token(self) -> float:
         """K and V of one token on one rank (scales of a quantised cache included)."""
-        return self.shape.kv_bytes_per_token(self.kv_dtype_bytes, self.tensor_parallel_size, self.kv_scale_bytes)
+        return self.shape.kv_bytes_per_token(self.kv_dtype_bytes, self.attention_tp, self.kv_scale_bytes)
 
     @property
     def bytes_per_block(self) -> float:
@@ -241,6 +249,9 @@ class TimeModelContext:
 
     @property
     def weight_bytes_per_rank(self) -> float:
+        if self.data_parallel_attention:
+            return self.shape.dp_attention_weight_bytes_per_rank(self.weight_dtype_bytes, self.tensor_parallel_size,
+                                                                 self.linear_weight_bytes)
         return self.shape.weight_bytes_per_rank(self.weight_dtype_bytes, self.tensor_parallel_size,
                                                 self.linear_weight_bytes)
 

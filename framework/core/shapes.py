@@ -305,6 +305,24 @@ class ModelShape:
         return max(self._stage_weight_bytes(layers, i == 0, i == pp - 1, dtype_bytes, linear_dtype_bytes)
                    for i, layers in stages) / tp
 
+    def routed_expert_bytes(self, dtype_bytes: float, linear_dtype_bytes: float | None = None) -> float:
+        """Every MoE layer's routed experts (gate, up, down; their INT8 scales), stored: what expert
+        parallelism splits over the ranks."""
+        h, moe = self.hidden_size, self.num_moe_layers
+        params = moe * self.num_experts * 3 * h * self.moe_intermediate_size
+        if linear_dtype_bytes is None:
+            return params * dtype_bytes
+        return params * linear_dtype_bytes + moe * self.num_experts * (2 * self.moe_intermediate_size + h) * INT8_SCALE_BYTES
+
+    def dp_attention_weight_bytes_per_rank(self, dtype_bytes: float, ranks: int,
+                                           linear_dtype_bytes: float | None = None) -> float:
+        """Data-parallel attention beside expert parallelism over ``ranks``: every weight replicated on each
+        rank (attention, dense layers, router, shared experts, embedding, LM head: SGLang's
+        ``--enable-dp-attention`` with ``--moe-dense-tp-size 1``) but the routed experts, ``1 / ranks`` of
+        them per rank (``ep`` ways by expert and ``ranks / ep`` within each)."""
+        routed = self.routed_expert_bytes(dtype_bytes, linear_dtype_bytes)
+        return self.weight_bytes(dtype_bytes, linear_dtype_bytes) - routed + routed / ranks
+
     def stage_layers(self, pp: int) -> list[range]:
         """The layers of each of ``pp`` pipeline stages, as vLLM splits them (``get_pp_indices``): an
         even share each, the remainder one more each on the stages before the last (which holds the LM head)."""

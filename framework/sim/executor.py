@@ -34,13 +34,15 @@ class SimMemory:
     activation_reserve_bytes: float
     kv_bytes: float
     bytes_per_block: float
-    num_blocks: int
+    num_blocks: int  # the engine's pool: this rank's blocks x dp_ranks
+    dp_ranks: int = 1  # data_parallel_attention: ranks each holding its own sequences' KV (1: the KV is sharded)
 
 
 def plan_memory(shape: ModelShape, hardware: HardwareProfile, tp: int, weight_dtype_bytes: float,
                 kv_dtype_bytes: float, block_size: int, gpu_memory_utilization: float,
                 activation_reserve_gb: float, linear_weight_bytes: float | None = None,
-                kv_scale_bytes: float = 0.0, ep: int = 1, pp: int = 1, redundant_expert_bytes: float = 0.0) -> SimMemory:
+                kv_scale_bytes: float = 0.0, ep: int = 1, pp: int = 1, redundant_expert_bytes: float = 0.0,
+                dp_attention: bool = False) -> SimMemory:
     """The KV pool one rank can hold; raises :class:`ConfigError` when the weights do not fit.
 
     ``linear_weight_bytes`` / ``kv_scale_bytes``: quantised decoder linears and KV cache
@@ -48,25 +50,33 @@ def plan_memory(shape: ModelShape, hardware: HardwareProfile, tp: int, weight_dt
     over the ``tp`` ranks (the same bytes per rank). ``pp`` stages: each rank holds its stage's weights
     and KV; one allocator's blocks hold on every stage, so the pool is the fewest any stage can hold
     (the plan reports that stage's figures). ``redundant_expert_bytes``: one rank's replicas of hot experts
-    beyond its share (``expert_placement=eplb``), held on top of its weights."""
+    beyond its share (``expert_placement=eplb``), held on top of its weights. ``dp_attention``
+    (``data_parallel_attention=true``): every weight but the routed experts replicated on each of the ``tp``
+    ranks, each rank the whole KV of its own sequences (no head split, no latent replicated), so the
+    engine's one pool is ``tp`` ranks' blocks (``dp_ranks``; the blocks are one rank's)."""
     shape.check_parallel(tp, ep, pp)
     usable = hardware.memory_bytes * gpu_memory_utilization
     reserve = activation_reserve_gb * 1e9
     plans = []
     for index, layers in enumerate(shape.stage_layers(pp)):
-        weights = shape.weight_bytes_per_rank(weight_dtype_bytes, tp, linear_weight_bytes, pp, index) + \
-            redundant_expert_bytes
-        per_block = shape.kv_bytes_per_token(kv_dtype_bytes, tp, kv_scale_bytes, len(layers)) * block_size
+        weights = (shape.dp_attention_weight_bytes_per_rank(weight_dtype_bytes, tp, linear_weight_bytes)
+                   if dp_attention else shape.weight_bytes_per_rank(weight_dtype_bytes, tp, linear_weight_bytes, pp,
+                                                                    index)) + redundant_expert_bytes
+        per_block = shape.kv_bytes_per_token(kv_dtype_bytes, 1 if dp_attention else tp, kv_scale_bytes,
+                                             len(layers)) * block_size
         kv = usable - weights - reserve
         if kv < per_block:
-            at = f"tensor_parallel_size={tp}" + (f" (pipeline stage {index} of {pp})" if pp > 1 else "")
+            at = f"tensor_parallel_size={tp}" + (f" (pipeline stage {index} of {pp})" if pp > 1 else "") + \
+                (" with data_parallel_attention=true (attention weights replicated)" if dp_attention else "")
             raise ConfigError(
                 f"the weights do not fit: {weights / 1e9:.1f} GB per rank at {at} "
                 f"(+ {reserve / 1e9:.1f} GB activation reserve) but {hardware.name} offers {usable / 1e9:.1f} GB per "
                 f"rank ({hardware.memory_gb:g} GB x gpu_memory_utilization={gpu_memory_utilization}); "
                 "raise tensor_parallel_size" + (" or pipeline_parallel_size" if shape.num_layers > pp else "")
                 + " or pick larger hardware")
-        plans.append(SimMemory(hardware.memory_bytes, usable, weights, reserve, kv, per_block, int(kv // per_block)))
+        ranks = tp if dp_attention else 1
+        plans.append(SimMemory(hardware.memory_bytes, usable, weights, reserve, kv, per_block,
+                               int(kv // per_block) * ranks, ranks))
     return min(plans, key=lambda p: p.num_blocks)
 
 
@@ -108,9 +118,11 @@ class SimExecutor(Executor):
         self.bytes_per_block = int(memory.bytes_per_block)
         self.num_swap_blocks = (int(swap_space_gb * 2**30 // memory.bytes_per_block) if swap_space_gb is not None
                                 else num_swap_blocks)
-        log.info("sim: %s, %.1f GB weights + %.1f GB reserve per rank, %d KV blocks (%.2f GB), %d host swap blocks",
+        log.info("sim: %s, %.1f GB weights + %.1f GB reserve per rank, %d KV blocks (%.2f GB)%s, %d host swap blocks",
                  hardware.name, memory.weight_bytes / 1e9, memory.activation_reserve_bytes / 1e9,
-                 self.num_kv_blocks, self.num_kv_blocks * memory.bytes_per_block / 1e9, self.num_swap_blocks)
+                 self.num_kv_blocks, self.num_kv_blocks * memory.bytes_per_block / 1e9,
+                 f" over {memory.dp_ranks} data-parallel attention ranks" if memory.dp_ranks > 1 else "",
+                 self.num_swap_blocks)
 
     def execute_work(self, work: StepWork) -> StepOutput:
         return StepOutput([PLACEHOLDER_TOKEN] * work.num_sampled, 0.0)
@@ -127,5 +139,9 @@ class SimExecutor(Executor):
 
     def summary(self) -> dict:
         m = self.memory
-        return {"sim_weight_bytes_per_rank": m.weight_bytes, "sim_kv_pool_bytes_per_rank": self.num_kv_blocks * m.bytes_per_block,
-                "sim_activation_reserve_bytes": m.activation_reserve_bytes, "sim_usable_bytes_per_rank": m.usable_bytes}
+        out = {"sim_weight_bytes_per_rank": m.weight_bytes,
+               "sim_kv_pool_bytes_per_rank": self.num_kv_blocks * m.bytes_per_block / m.dp_ranks,
+               "sim_activation_reserve_bytes": m.activation_reserve_bytes, "sim_usable_bytes_per_rank": m.usable_bytes}
+        if m.dp_ranks > 1:  # data_parallel_attention: the engine's pool spans the ranks' own pools
+            out.update(sim_attention_dp_ranks=m.dp_ranks, sim_kv_pool_bytes_total=self.num_kv_blocks * m.bytes_per_block)
+        return out

@@ -100,6 +100,8 @@ class MoePricer:
             placement, placement.context, hardware,
             3 * shape.hidden_size * shape.moe_intermediate_size / (tp // ep) * weight_bytes)
         self._expert_fn, self._floor = expert_fn, layer_floor_s
+        self.dp_attention = False  # set by the step pricer under data_parallel_attention (the banner says so)
+        self.dp_weight_bytes_per_rank = 0.0
         self._groups = ep
         self._token_bytes = shape.hidden_size * act_bytes
         if exchange not in EP_EXCHANGES:
@@ -161,6 +163,11 @@ class MoePricer:
             text += f"; EP {self.ep} all-to-all from {self.all_to_all.figure}"
         elif self.ep > 1:
             text += f"; EP {self.ep} exchange: the MoE layer's all-reduce (sim.moe.ep_exchange=all_reduce)"
+        if self.dp_attention:
+            text += (f"; attention data-parallel over {self.tp} ranks (each its own sequences and KV: the KV pool row "
+                     f"is all {self.tp} ranks' pools; every weight but the routed experts replicated, "
+                     f"{self.dp_weight_bytes_per_rank / 1e9:.1f} GB per rank; a step costs its slowest rank's share, "
+                     "the experts see every rank's tokens)")
         if self.placed is not None and self._states_placement:
             p = self.placed
             text += f"; expert_placement={p.name} ({p.context.slots_per_rank} slots per rank" + \
@@ -196,11 +203,12 @@ def gpu_ops_moe(context, ops, act_bytes: float, weight_bytes: float) -> tuple[Mo
                                                                                     weight_bytes)
         return np.where(counts > 0, gemms - 2 * floor + counts * act_s_per_token, 0.0)
 
-    shared = s.shared_intermediate_size / tp
+    attn_tp = context.attention_tp  # 1 under data-parallel attention: whole heads and shared experts per rank
+    shared = s.shared_intermediate_size / attn_tp
 
     def dense_part(m):
-        t = sum(ops.layer_op(op, m, s, tp, act_bytes, weight_bytes) for op in ("qkv", "o", "input_norm", "rope",
-                                                                                "post_norm", "add"))
+        t = sum(ops.layer_op(op, m, s, attn_tp, act_bytes, weight_bytes) for op in ("qkv", "o", "input_norm", "rope",
+                                                                                     "post_norm", "add"))
         t = t + ops.gemm(m, h, s.num_experts, act_bytes, context.weight_dtype_bytes)  # the router, replicated
         if shared:
             t = t + ops.gemm(m, h, 2 * shared, act_bytes, weight_bytes) + ops.gemm(m, shared, h, act_bytes, weight_bytes) \

@@ -43,6 +43,7 @@ import numpy as np
 from servelab.core.contexts import TimeModelContext
 from servelab.core.step_work import StepWork
 from servelab.sim.all_reduce import choose_all_reduce
+from servelab.sim.dp_attention import slowest_rank_work
 from servelab.sim.gpu_ops import GpuOps
 from servelab.sim.moe_pricer import MoePricer, gpu_ops_moe
 
@@ -76,9 +77,19 @@ class StepPricer:
         self.num_layers = s.num_layers
         self.moe: MoePricer | None = None
         allreduces = allreduces_per_layer * s.num_layers
+        # data_parallel_attention: every layer but the routed experts runs on one rank's own sequences
+        # with whole weights (servelab.sim.dp_attention); the MoE combine returns the layer's output
+        self.dp_ranks = tp if context.data_parallel_attention else 1
+        attn_tp = context.attention_tp
+        if self.dp_ranks > 1:
+            dense_weight = context.linear_weight_bytes or context.weight_dtype_bytes
+            layer = lambda m: ops.layer(m, s, 1, act_bytes, dense_weight)  # noqa: E731 - the replicated layer
+            allreduce = None
         if s.is_moe:  # MoE layers: their dense part here, the experts a step touches per step (moe_pricer)
             self.moe, moe_dense = gpu_ops_moe(context, ops, act_bytes,
                                               context.linear_weight_bytes or context.weight_dtype_bytes)
+            self.moe.dp_attention = self.dp_ranks > 1
+            self.moe.dp_weight_bytes_per_rank = context.weight_bytes_per_rank
             moe_layers = s.num_moe_layers
             self._layers = _Dense(lambda m: (s.num_layers - moe_layers) * layer(m) + moe_layers * moe_dense(m))
             if self.moe.all_to_all is not None:  # the combine returns a MoE layer's output, not an all-reduce
@@ -103,17 +114,22 @@ class StepPricer:
             self.predict = self._predict_with_graphs  # type: ignore[method-assign]  # the default path stays as it was
         # the final norm and the LM head (column-parallel over the vocabulary) for the sampled rows
         self._lm_head = _Dense(lambda m: ops.tokenwise(m, 2 * s.hidden_size * act_bytes, "input_norm")
-                               + ops.gemm(m, s.hidden_size, s.vocab_size / tp, act_bytes, context.weight_dtype_bytes),
+                               + ops.gemm(m, s.hidden_size, s.vocab_size / attn_tp, act_bytes,
+                                          context.weight_dtype_bytes),
                                n=1024)
         self._host = _Dense(host, n=1024)
         self._ops = ops
-        self._attn_flops_per_attended = 4 * (s.num_heads / tp) * s.head_dim  # QK^T and PV, one layer
+        self._attn_flops_per_attended = 4 * (s.num_heads / attn_tp) * s.head_dim  # QK^T and PV, one layer
         self._kv_per_token = context.kv_bytes_per_token / s.num_layers  # one layer's K and V on this rank
-        self._qo_per_token = 2 * (s.q_dim / tp) * act_bytes
+        self._qo_per_token = 2 * (s.q_dim / attn_tp) * act_bytes
         self._host_link = context.hardware.host_link_gb_s * 1e9
         self._hbm = context.hardware.hbm_bandwidth_gb_s * 1e9 * ops.cal.bw_eff
         self._block = context.bytes_per_block
-        if self.moe is not None and self.engine_host is None:  # the step's own experts (_predict_engine adds its own)
+        self.dp_steps = 0  # data_parallel_attention: steps priced, and the slowest rank's tokens x ranks / tokens
+        self.dp_imbalance_sum = 0.0
+        if self.dp_ranks > 1:
+            self.predict = self._predict_dp_attention  # type: ignore[method-assign]  # the default path stays as it was
+        elif self.moe is not None and self.engine_host is None:  # the step's own experts (_predict_engine adds its own)
             base, experts = self.predict, self.moe.seconds
             self.predict = lambda work: base(work) + experts(work.num_tokens)  # type: ignore[method-assign]
 
@@ -141,6 +157,9 @@ class StepPricer:
             out["all_reduce_impl"] = self.all_reduce_impl
         if self.moe is not None:
             out.update(self.moe.summary())
+        if self.dp_ranks > 1:
+            out.update(dp_attention_ranks=self.dp_ranks, dp_attention_priced_steps=self.dp_steps,
+                       dp_attention_mean_rank_imbalance=self.dp_imbalance_sum / self.dp_steps if self.dp_steps else 0.0)
         return out
 
     def host_seconds(self, work) -> float:
@@ -154,6 +173,8 @@ class StepPricer:
         """Seconds per component of the step described by ``work``; with an overlapping engine,
         ``host`` is the part of the host's time the GPU step does not hide (the components sum to
         the step's price)."""
+        moe_tokens = work.num_tokens
+        work = slowest_rank_work(work, self.dp_ranks)
         n = work.num_tokens
         m = self.dense_tokens(work) if self._graph_size else n
         out = {"layers": 0.0, "attention": 0.0, "communication": 0.0, "lm_head": 0.0,
@@ -169,7 +190,7 @@ class StepPricer:
             nbytes = (work.context_tokens + n) * self._kv_per_token + n * self._qo_per_token
             out["attention"] = self.num_layers * self._ops.attention(flops, nbytes)
         if self.moe is not None:
-            out.update(self.moe.breakdown(n))
+            out.update(self.moe.breakdown(moe_tokens))
         if self.engine_host is not None and self.engine_host.overlap:
             gpu = sum(v for k, v in out.items() if k != "host")
             out["host"] = max(0.0, out["host"] - gpu)
@@ -211,6 +232,34 @@ class StepPricer:
             t += 2 * work.copy_blocks * self._block / self._hbm
         return t
 
+
+    def _predict_dp_attention(self, work) -> float:
+        """:meth:`predict` under data-parallel attention: the slowest rank's share of the step
+        (:func:`servelab.sim.dp_attention.slowest_rank_work`) through the replicated layers, attention,
+        LM head and host (CUDA graphs at its decode batch, the engine preset's host and overlap), plus the
+        routed experts and all-to-all of every rank's tokens."""
+        rank = slowest_rank_work(work, self.dp_ranks)
+        n = rank.num_tokens
+        gpu = 0.0
+        if n:
+            self.dp_steps += 1
+            self.dp_imbalance_sum += n * self.dp_ranks / work.num_tokens
+            m = n
+            if n == rank.decode_seqs and n < len(self._graph_size):
+                m = self._graph_size[n]
+                self.graph_steps += 1
+                self.graph_tokens += n
+                self.graph_padding_tokens += m - n
+            gpu = self._layers[m] + self._lm_head[rank.num_sampled]
+            nbytes = (rank.context_tokens + n) * self._kv_per_token + n * self._qo_per_token
+            gpu += self.num_layers * self._ops.attention(rank.attended * self._attn_flops_per_attended, nbytes)
+            if self.moe is not None:
+                gpu += self.moe.seconds(work.num_tokens)
+        if work.swap_out_blocks or work.swap_in_blocks or work.copy_blocks:
+            gpu += (work.swap_out_blocks + work.swap_in_blocks) * self._block / self._host_link
+            gpu += 2 * work.copy_blocks * self._block / self._hbm
+        host = self.host_seconds(rank)
+        return max(gpu, host) if self.engine_host is not None and self.engine_host.overlap else gpu + host
 
     def _predict_engine(self, work) -> float:
         """:meth:`predict` under an engine preset (``context.engine_host``): the GPU part as
