@@ -139,10 +139,15 @@ class ServiceLog:
 
 
 def record_token_times(rec: dict) -> np.ndarray:
-    """A record's token times (engine seconds) from its ``arrival_s``, ``ttft_ms`` and ``itl_ms``."""
+    """A record's token times (engine seconds) from its ``arrival_s``, ``ttft_ms`` and ``itl_ms``;
+    a record without ``itl_ms`` (``results.requests_format=stats``) has its ``output_len`` tokens
+    spread evenly from the first (``ttft_ms``) to the last (``e2e_ms``)."""
     if rec.get("ttft_ms") is None:
         return np.zeros(0)
     first = rec.get("arrival_s", 0.0) + rec["ttft_ms"] / 1e3
+    if "itl_ms" not in rec and rec.get("e2e_ms") is not None:
+        last = rec.get("arrival_s", 0.0) + rec["e2e_ms"] / 1e3
+        return np.linspace(first, last, max(1, int(rec.get("output_len") or 1)))
     return first + np.concatenate(([0.0], np.cumsum(rec.get("itl_ms") or [], dtype=float))) / 1e3
 
 

@@ -30,6 +30,19 @@ def itl_ms(token_times) -> np.ndarray:
     return np.round(np.diff(np.asarray(token_times, dtype=float)) * 1e3, 3)
 
 
+def request_itl_stats(gaps: np.ndarray) -> dict[str, float] | None:
+    """One request's ITLs ``gaps`` (:func:`itl_ms`) summarised: mean, p50, p90, p99 (numpy's linear
+    percentiles) and max, each to the microsecond; None without any (``results.requests_format=stats``)."""
+    n = gaps.size
+    if not n:
+        return None
+    ordered = np.sort(gaps)
+    previous, following, _ = _indexes(n, PERCENTILES)
+    p50, p90, p99 = _interpolate(n, PERCENTILES, ordered[np.concatenate([previous, following]).astype(np.intp)])
+    return {"mean": round(float(gaps.mean()), 3), "p50": round(float(p50), 3), "p90": round(float(p90), 3),
+            "p99": round(float(p99), 3), "max": float(ordered[-1])}
+
+
 def derived_itls(times: SpillingFloats, ntok: np.ndarray, counted: np.ndarray,
                  batch_tokens: int) -> Iterator[np.ndarray]:
     """The ITLs of the requests with ``counted[k]``, request ``k`` owning the next ``ntok[k]`` token

@@ -20,7 +20,7 @@ import numpy as np
 from servelab.core.request import Sequence, Status
 from servelab.engine.step_totals import StepTotals
 from servelab.results.fairness import DEFAULT_WEIGHTS, ServiceLog, fairness_figures
-from servelab.results.itl import derived_itls, itl_figures, itl_ms
+from servelab.results.itl import derived_itls, itl_figures, itl_ms, request_itl_stats
 from servelab.results import spill
 
 
@@ -35,10 +35,16 @@ class NegativeLatencyError(RuntimeError):
     the percentiles."""
 
 
+#: ``results.requests_format``: the default (every ITL, ``itl_ms``) and the one for long runs (``itl_ms_stats``).
+REQUESTS_FORMATS = ("jsonl", "stats")
+
+
 def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
-                   tpot_slo_ms: float | None) -> dict:
+                   tpot_slo_ms: float | None, requests_format: str = "jsonl") -> dict:
     """One line of ``requests.jsonl``. Raises :class:`NegativeLatencyError`, naming the request,
-    if its first token, last token or first scheduling came before its arrival."""
+    if its first token, last token or first scheduling came before its arrival. ``requests_format``
+    ``"stats"``: the record has ``itl_ms_stats`` (:func:`~servelab.results.itl.request_itl_stats`)
+    where ``itl_ms`` would list every gap."""
     req = seq.request
     arrival = (req.arrival_time if req.sent_time is None else req.sent_time) * time_scale  # the client's send
     rec: dict[str, Any] = {
@@ -72,7 +78,8 @@ def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
         rec["tpot_ms"] = (last - first) * 1e3 / (n - 1) if n > 1 else 0.0
         # to the microsecond: JSON writes a 3-decimal float ~5x faster than a full 17-digit one, and
         # a simulated trace writes millions of them
-        rec["itl_ms"] = itl_ms(seq.token_times).tolist()
+        gaps = itl_ms(seq.token_times)
+        rec["itl_ms"] = request_itl_stats(gaps) if requests_format == "stats" else gaps.tolist()
     if seq.first_scheduled_time is not None:
         rec["queue_ms"] = (seq.first_scheduled_time - arrival) * 1e3
     for key in ("ttft_ms", "e2e_ms", "queue_ms"):
@@ -91,6 +98,9 @@ def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
         rec["met_slo"] = None
     else:
         rec["met_slo"] = rec["met_ttft_slo"] is not False and rec["met_tpot_slo"] is not False
+    if requests_format == "stats":  # the same place in the line, under its own name
+        rec = {("itl_ms_stats" if key == "itl_ms" else key): value for key, value in rec.items()}
+        rec["itl_ms_stats"] = rec["itl_ms_stats"] or None
     return rec
 
 
@@ -192,7 +202,7 @@ class RequestStats:
         finished = rec["finish_reason"] in ("stop", "length")
         self.itl_from_times.append(finished and seq is not None)
         if finished and seq is None:
-            self.itl_from_records.extend(rec["itl_ms"])
+            self.itl_from_records.extend(rec.get("itl_ms") or ())  # a stats-format record has none
         self.prompt_tokens += rec["prompt_len"]
         self.cached_prompt_tokens += rec["num_cached_prompt_tokens"]
         _count_slo(self, rec)
