@@ -227,7 +227,8 @@ class RequestStats:
         memory_limit = spill.MEMORY_LIMIT if memory_limit is None else memory_limit
         ntok = np.asarray(self.service.ntok, dtype=np.int64)
         counted = np.frombuffer(bytes(self.itl_from_times), dtype=np.bool_) if self.itl_from_times else np.zeros(0, bool)
-        batches = itertools.chain(derived_itls(self.service.times, ntok, counted, memory_limit) if counted.any() else (),
+        batch = min(memory_limit, 1 << 20)  # token times derived at once (a few arrays of this many)
+        batches = itertools.chain(derived_itls(self.service.times, ntok, counted, batch) if counted.any() else (),
                                   [np.asarray(self.itl_from_records, dtype=float)])
         return itl_figures(batches, memory_limit, stats)
 
