@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import tempfile
 from array import array
-from typing import Iterable
+from typing import IO, Iterable
 
 import numpy as np
 
@@ -25,7 +25,7 @@ class SpillingFloats:
         self.memory_limit = MEMORY_LIMIT if memory_limit is None else memory_limit
         self._tail = array("d")  # the values not in the file, after the ``_spilled`` that are
         self._spilled = 0
-        self._file = None
+        self._file: IO[bytes] | None = None
 
     def __len__(self) -> int:
         return self._spilled + len(self._tail)
@@ -38,8 +38,9 @@ class SpillingFloats:
     def _spill(self) -> None:
         if self._file is None:
             self._file = tempfile.TemporaryFile(prefix="servelab-tokens-")
-        self._file.seek(0, 2)
-        self._tail.tofile(self._file)
+        file = self._file
+        file.seek(0, 2)
+        self._tail.tofile(file)
         self._spilled += len(self._tail)
         self._tail = array("d")
 

@@ -104,20 +104,22 @@ def synthetic_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request
     drawn_classes = draw_slo_classes(slo_classes, n, cfg.seed)
     # prompts: drawn in request order from rng (as it is now), a client with its own prompt lengths
     # replacing its requests' with draws from its own generator; made as they are read
-    own = sorted({int(owners[i]) for i in np.flatnonzero(own_prompt >= 0)}) if own_prompt is not None else []
+    own_len = own_prompt if own_prompt is not None else np.full(n, -1)  # -1: the workload's length
+    owner = owners if owners is not None else np.zeros(n, dtype=np.int64)
+    own = sorted({int(owner[i]) for i in np.flatnonzero(own_len >= 0)})
     generators = [rng] + [client_rng(cfg.seed, k, 1) for k in own]
     slot = {k: 1 + j for j, k in enumerate(own)}
 
     def draws(i: int) -> tuple[tuple[int, int], ...]:
-        if own_prompt is not None and own_prompt[i] >= 0:
-            return (0, int(prompts[i])), (slot[int(owners[i])], int(own_prompt[i]))
+        if own_len[i] >= 0:
+            return (0, int(prompts[i])), (slot[int(owner[i])], int(own_len[i]))
         return ((0, int(prompts[i])),)
 
     prompt_draws = PromptDraws(generators, draws, vocab_size)
 
     def generate():  # the same requests on every pass; no token is drawn until one is read
         for i in range(n):
-            length = int(own_prompt[i]) if own_prompt is not None and own_prompt[i] >= 0 else int(prompts[i])
+            length = int(own_len[i]) if own_len[i] >= 0 else int(prompts[i])
             slo = {} if drawn_classes is None else slo_classes[int(drawn_classes[i])].request_fields()
             yield drawn_from(Request(id=f"req-{i}", prompt_token_ids=LazyPrompt(prompt_draws, i, length),  # type: ignore[arg-type]
                                      max_tokens=int(outputs[i]), arrival_time=float(arrivals[i]), ignore_eos=True,
