@@ -6,20 +6,22 @@ in each line's ITL field."""
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
 
 from servelab.api import compose
+from servelab.cli import compare
 from servelab.core.errors import ConfigError
 from servelab.results import spill
 from servelab.results.fairness import record_token_times
-from servelab.results.itl import itl_figures, pairwise_sum, request_itl_stats
+from servelab.results.itl import itl_figures, pairwise_sum, percentile_of_sorted, request_itl_stats
 from servelab.results.metrics import stats
 from servelab.results.spill import SpillingFloats
 from servelab.run.session import run_job
 
-SIM = ("backend=sim", "hardware=h100", "model=llama3_8b", "max_model_len=2048", "workload.num_requests=40",
+SIM = ("backend=sim", "hardware=h100", "model=llama3_8b", "max_model_len=2048", "workload.num_requests=20",
        "workload.rate=20")
 
 
@@ -52,11 +54,14 @@ def test_spilling_column_reads_any_range_across_file_and_memory():
 
 
 def test_request_itl_stats_match_numpy_to_the_microsecond():
-    gaps = _itls(np.random.default_rng(3), 37)
-    p50, p90, p99 = np.percentile(gaps, [50, 90, 99])
-    assert request_itl_stats(gaps) == {"mean": round(float(gaps.mean()), 3), "p50": round(float(p50), 3),
-                                       "p90": round(float(p90), 3), "p99": round(float(p99), 3),
-                                       "max": float(gaps.max())}
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 3, 37, 200):
+        gaps = _itls(rng, n)
+        assert [percentile_of_sorted(sorted(gaps.tolist()), q) for q in (50, 90, 99)] == np.percentile(gaps, [50, 90, 99]).tolist()
+        p50, p90, p99 = np.percentile(gaps, [50, 90, 99])
+        assert request_itl_stats(gaps) == {"mean": round(math.fsum(gaps) / n, 3), "p50": round(float(p50), 3),
+                                           "p90": round(float(p90), 3), "p99": round(float(p99), 3),
+                                           "max": float(gaps.max())}
     assert request_itl_stats(np.zeros(0)) is None
 
 
@@ -72,7 +77,7 @@ def _run(tmp_path, name: str, *overrides: str):
     return (out / "summary.json").read_text(), lines
 
 
-def test_stats_format_changes_only_each_lines_itl_field(tmp_path, monkeypatch):
+def test_stats_format_changes_only_each_lines_itl_field(tmp_path, monkeypatch, capsys):
     summary, lines = _run(tmp_path, "jsonl")
     stats_summary, stats_lines = _run(tmp_path, "stats", "results.requests_format=stats")
     monkeypatch.setattr(spill, "MEMORY_LIMIT", 50)  # the token times and the ITLs in temporary files
@@ -83,6 +88,11 @@ def test_stats_format_changes_only_each_lines_itl_field(tmp_path, monkeypatch):
     for full, short in zip(lines, stats_lines):
         assert short.pop("itl_ms_stats") == request_itl_stats(np.asarray(full.pop("itl_ms"), dtype=float))
         assert short == full
+    # servelab compare reads summary.json: the two formats side by side, labelled by the key, the same figures
+    compare.main([str(tmp_path / "jsonl"), str(tmp_path / "stats"), "--format", "csv", "--metrics", "itl_ms.p99"])
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert header.startswith("results.requests_format,itl_ms.p99")
+    assert [r.split(",")[0] for r in rows] == ["jsonl", "stats"] and rows[0].split(",")[1] == rows[1].split(",")[1]
 
 
 def test_a_bad_requests_format_is_one_line_naming_the_key():

@@ -16,6 +16,7 @@ counts of the microseconds inside the few bins the percentiles fall in).
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Iterator
 
 import numpy as np
@@ -31,16 +32,29 @@ def itl_ms(token_times) -> np.ndarray:
 
 
 def request_itl_stats(gaps: np.ndarray) -> dict[str, float] | None:
-    """One request's ITLs ``gaps`` (:func:`itl_ms`) summarised: mean, p50, p90, p99 (numpy's linear
-    percentiles) and max, each to the microsecond; None without any (``results.requests_format=stats``)."""
-    n = gaps.size
+    """One request's ITLs ``gaps`` (:func:`itl_ms`) summarised: mean (exact: ``math.fsum``), p50, p90,
+    p99 (numpy's linear percentiles) and max, each to the microsecond; None without any
+    (``results.requests_format=stats``). In Python floats: a few hundred values are sorted faster
+    than numpy is called on them."""
+    values = sorted(gaps.tolist())
+    n = len(values)
     if not n:
         return None
-    ordered = np.sort(gaps)
-    previous, following, _ = _indexes(n, PERCENTILES)
-    p50, p90, p99 = _interpolate(n, PERCENTILES, ordered[np.concatenate([previous, following]).astype(np.intp)])
-    return {"mean": round(float(gaps.mean()), 3), "p50": round(float(p50), 3), "p90": round(float(p90), 3),
-            "p99": round(float(p99), 3), "max": float(ordered[-1])}
+    p50, p90, p99 = (percentile_of_sorted(values, q) for q in PERCENTILES)
+    return {"mean": round(math.fsum(values) / n, 3), "p50": round(p50, 3), "p90": round(p90, 3),
+            "p99": round(p99, 3), "max": values[-1]}
+
+
+def percentile_of_sorted(values: list[float], percentile: float) -> float:
+    """``np.percentile(values, percentile)`` (method ``linear``), bit for bit, of ascending ``values``."""
+    n = len(values)
+    virtual = (n - 1) * (percentile / 100)
+    if virtual >= n - 1:
+        return values[-1]
+    previous = math.floor(virtual)
+    a, b, gamma = values[previous], values[previous + 1], virtual - previous
+    diff = b - a
+    return b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
 
 
 def derived_itls(times: SpillingFloats, ntok: np.ndarray, counted: np.ndarray,
