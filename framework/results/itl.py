@@ -24,6 +24,10 @@ import numpy as np
 from servelab.results.spill import SpillingFloats
 
 PERCENTILES = (50, 90, 99)  # the summary's p50, p90, p99
+LEAF = 1 << 18  # values read at once from a spilled list (2 MB; a few temporaries of this size)
+#: The longest list given to numpy whole: ``np.percentile`` takes about five times the list's size
+#: (a 4M-value list, 32 MB, took 165 MB more); a longer one goes the histogram way, the same figures.
+NUMPY_LIMIT = 1 << 20
 
 
 def itl_ms(token_times) -> np.ndarray:
@@ -95,7 +99,7 @@ def itl_figures(batches, memory_limit: int, stats: Callable[[np.ndarray], dict])
             counts.add(keys[(keys >> _FINE_BITS) == b] & _FINE_MASK)
         return values
 
-    mean = pairwise_sum(read, 0, n, memory_limit) / n
+    mean = pairwise_sum(read, 0, n, min(memory_limit, LEAF)) / n
     at = np.array([(b << _FINE_BITS) + fine[int(b)].locate(np.array([r]))[0][0]
                    for b, r in zip(*wanted)], dtype=np.float64) / 1e3
     p50, p90, p99 = _interpolate(n, PERCENTILES, at)

@@ -20,7 +20,7 @@ import numpy as np
 from servelab.core.request import Sequence, Status
 from servelab.engine.step_totals import StepTotals
 from servelab.results.fairness import DEFAULT_WEIGHTS, ServiceLog, fairness_figures
-from servelab.results.itl import derived_itls, itl_figures, itl_ms, request_itl_stats
+from servelab.results.itl import NUMPY_LIMIT, derived_itls, itl_figures, itl_ms, request_itl_stats
 from servelab.results import spill
 
 
@@ -223,8 +223,9 @@ class RequestStats:
     def itl_figures(self, memory_limit: int | None = None) -> dict[str, float | None]:
         """``stats`` of every finished request's ITLs, in the order they were added (those derived
         from token times, then those of records added without a sequence), exactly as over one list;
-        ``memory_limit``: values held at once (default :data:`servelab.results.spill.MEMORY_LIMIT`)."""
-        memory_limit = spill.MEMORY_LIMIT if memory_limit is None else memory_limit
+        ``memory_limit``: values held at once (default: the smaller of
+        :data:`servelab.results.spill.MEMORY_LIMIT` and :data:`servelab.results.itl.NUMPY_LIMIT`)."""
+        memory_limit = min(spill.MEMORY_LIMIT, NUMPY_LIMIT) if memory_limit is None else memory_limit
         ntok = np.asarray(self.service.ntok, dtype=np.int64)
         counted = np.frombuffer(bytes(self.itl_from_times), dtype=np.bool_) if self.itl_from_times else np.zeros(0, bool)
         batch = min(memory_limit, 1 << 20)  # token times derived at once (a few arrays of this many)

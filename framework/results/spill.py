@@ -31,7 +31,10 @@ class SpillingFloats:
         return self._spilled + len(self._tail)
 
     def extend(self, values: Iterable[float]) -> None:
-        self._tail.extend(values)
+        if isinstance(values, np.ndarray):  # its bytes, not a Python float per value
+            self._tail.frombytes(np.ascontiguousarray(values, dtype=np.float64).tobytes())
+        else:
+            self._tail.extend(values)
         if len(self._tail) >= self.memory_limit:
             self._spill()
 
