@@ -235,6 +235,24 @@ class FairnessConfig:
     output_weight: float = 2.0
 
 
+class RequestsFormat(enum.Enum):
+    """``results.requests_format``: what each line of ``requests.jsonl`` says of a request's
+    inter-token latencies (docs/results.md)."""
+
+    jsonl = "jsonl"  # every field, itl_ms the full list of gaps (the default)
+    stats = "stats"  # itl_ms replaced by itl_ms_stats: the request's mean, p50, p90, p99, max gap (long runs)
+
+
+@dataclass
+class ResultsConfig:
+    """How a run writes its results (docs/results.md)."""
+
+    # jsonl: each requests.jsonl line lists every inter-token latency (itl_ms); stats: it gives the
+    # request's mean, p50, p90, p99 and max instead (itl_ms_stats), ~10x faster to write on long
+    # runs; summary.json is the same either way
+    requests_format: RequestsFormat = RequestsFormat.jsonl
+
+
 @dataclass
 class SimMoeConfig:
     """How a mixture-of-experts model's tokens are routed in the simulator (servelab.sim.moe_routing):
@@ -445,6 +463,7 @@ class ServelabConfig:
     slo: SLOConfig = field(default_factory=SLOConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     fairness: FairnessConfig = field(default_factory=FairnessConfig)
+    results: ResultsConfig = field(default_factory=ResultsConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     sim: SimConfig = field(default_factory=SimConfig)
     frontend: FrontendConfig = MISSING

@@ -28,6 +28,7 @@ from typing import Iterable, NamedTuple
 import numpy as np
 
 from servelab.core.errors import ConfigError
+from servelab.results.spill import SpillingFloats
 
 ANONYMOUS = ""  # the client of requests without a client_id
 DEFAULT_WEIGHTS = (1.0, 2.0)  # (input_weight, output_weight): fairness.* defaults, VTC's w_p and w_q
@@ -49,14 +50,16 @@ def config_weights(cfg) -> tuple[float, float]:
 
 class ServiceLog:
     """What the fairness figures need of each admitted request, kept as numbers as requests end:
-    its client, when it was pending, its prompt length and its tokens' times (8 bytes a token)."""
+    its client, when it was pending, its prompt length and its tokens' times (8 bytes a token, in a
+    :class:`~servelab.results.spill.SpillingFloats`: a long run keeps most of them in a temporary
+    file; the summary's inter-token latencies are derived from them too, :mod:`servelab.results.itl`)."""
 
     def __init__(self) -> None:
         self.names: list[str] = []  # client index -> client id
         self._index: dict[str, int] = {}
         self.client, self.ntok = array("i"), array("q")
         self.start, self.end, self.prompt = array("d"), array("d"), array("d")
-        self.times = array("d")  # every request's token times, back to back
+        self.times = SpillingFloats()  # every request's token times, back to back
 
     def add(self, client_id: str | None, arrival_s: float, end_s: float | None, prompt_len: int,
             token_times) -> None:
@@ -103,7 +106,7 @@ class ServiceLog:
     def events(self, input_weight: float, output_weight: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(time, client, weight)`` of every service event, sorted by client, then time."""
         ntok = np.frombuffer(self.ntok, dtype=np.int64) if len(self.ntok) else np.zeros(0, np.int64)
-        times = np.frombuffer(self.times, dtype=float) if len(self.times) else np.zeros(0)
+        times = self.times.read()
         client = np.repeat(np.asarray(self.client, dtype=np.int64), ntok)
         weight = np.full(times.size, float(output_weight))
         served = ntok > 0
@@ -136,10 +139,15 @@ class ServiceLog:
 
 
 def record_token_times(rec: dict) -> np.ndarray:
-    """A record's token times (engine seconds) from its ``arrival_s``, ``ttft_ms`` and ``itl_ms``."""
+    """A record's token times (engine seconds) from its ``arrival_s``, ``ttft_ms`` and ``itl_ms``;
+    a record without ``itl_ms`` (``results.requests_format=stats``) has its ``output_len`` tokens
+    spread evenly from the first (``ttft_ms``) to the last (``e2e_ms``)."""
     if rec.get("ttft_ms") is None:
         return np.zeros(0)
     first = rec.get("arrival_s", 0.0) + rec["ttft_ms"] / 1e3
+    if "itl_ms" not in rec and rec.get("e2e_ms") is not None:
+        last = rec.get("arrival_s", 0.0) + rec["e2e_ms"] / 1e3
+        return np.linspace(first, last, max(1, int(rec.get("output_len") or 1)))
     return first + np.concatenate(([0.0], np.cumsum(rec.get("itl_ms") or [], dtype=float))) / 1e3
 
 

@@ -20,6 +20,8 @@ import numpy as np
 from servelab.core.request import Sequence, Status
 from servelab.engine.step_totals import StepTotals
 from servelab.results.fairness import DEFAULT_WEIGHTS, ServiceLog, fairness_figures
+from servelab.results.itl import NUMPY_LIMIT, derived_itls, itl_figures, itl_ms, request_itl_stats
+from servelab.results import spill
 
 
 #: Seconds a latency may fall below zero by float rounding before it is an error.
@@ -33,10 +35,16 @@ class NegativeLatencyError(RuntimeError):
     the percentiles."""
 
 
+#: ``results.requests_format``: the default (every ITL, ``itl_ms``) and the one for long runs (``itl_ms_stats``).
+REQUESTS_FORMATS = ("jsonl", "stats")
+
+
 def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
-                   tpot_slo_ms: float | None) -> dict:
+                   tpot_slo_ms: float | None, requests_format: str = "jsonl") -> dict:
     """One line of ``requests.jsonl``. Raises :class:`NegativeLatencyError`, naming the request,
-    if its first token, last token or first scheduling came before its arrival."""
+    if its first token, last token or first scheduling came before its arrival. ``requests_format``
+    ``"stats"``: the record has ``itl_ms_stats`` (:func:`~servelab.results.itl.request_itl_stats`)
+    where ``itl_ms`` would list every gap."""
     req = seq.request
     arrival = (req.arrival_time if req.sent_time is None else req.sent_time) * time_scale  # the client's send
     rec: dict[str, Any] = {
@@ -70,7 +78,8 @@ def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
         rec["tpot_ms"] = (last - first) * 1e3 / (n - 1) if n > 1 else 0.0
         # to the microsecond: JSON writes a 3-decimal float ~5x faster than a full 17-digit one, and
         # a simulated trace writes millions of them
-        rec["itl_ms"] = np.round(np.diff(seq.token_times) * 1e3, 3).tolist()
+        gaps = itl_ms(seq.token_times)
+        rec["itl_ms"] = request_itl_stats(gaps) if requests_format == "stats" else gaps.tolist()
     if seq.first_scheduled_time is not None:
         rec["queue_ms"] = (seq.first_scheduled_time - arrival) * 1e3
     for key in ("ttft_ms", "e2e_ms", "queue_ms"):
@@ -89,6 +98,9 @@ def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
         rec["met_slo"] = None
     else:
         rec["met_slo"] = rec["met_ttft_slo"] is not False and rec["met_tpot_slo"] is not False
+    if requests_format == "stats":  # the same place in the line, under its own name
+        rec = {("itl_ms_stats" if key == "itl_ms" else key): value for key, value in rec.items()}
+        rec["itl_ms_stats"] = rec["itl_ms_stats"] or None
     return rec
 
 
@@ -154,7 +166,9 @@ def slo_figures(r, duration: float) -> dict:
 class RequestStats:
     """Folds request records (``requests.jsonl`` lines) into what the summary needs, so a run can
     write each record as its request ends and keep only numbers (memory stays flat in the number
-    of requests; the fairness figures keep one float per output token, as ``itl`` does)."""
+    of requests; the fairness figures keep one float per output token, the token times, in a column
+    that spills to a temporary file, and the inter-token latencies are derived from them:
+    :meth:`itl_figures`)."""
 
     def __init__(self) -> None:
         self.num_requests = self.num_finished = self.num_rejected = self.num_aborted = 0
@@ -162,7 +176,11 @@ class RequestStats:
         self.met = self.met_ttft = self.met_tpot = 0
         self.with_slo = self.with_ttft = self.with_tpot = 0  # requests (not rejected) with such a target
         self.rejections: dict[str, list] = {}  # reason -> [count, first request id]
-        self.ttft, self.tpot, self.e2e, self.queue, self.itl = (array("d") for _ in range(5))
+        self.ttft, self.tpot, self.e2e, self.queue = (array("d") for _ in range(4))
+        # per entry of ``service`` (each request not rejected): whether its ITLs count, derived from
+        # the token times it keeps (a finished request added with its sequence)
+        self.itl_from_times = bytearray()
+        self.itl_from_records = array("d")  # the ITLs of finished requests added without their sequence
         self.draft_tokens = self.accepted_tokens = self.verify_steps = 0
         self.drafted_by_position: list[int] = []  # [i]: verify steps that had a draft at position i
         self.accepted_by_position: list[int] = []  # [i]: of which kept it
@@ -181,6 +199,10 @@ class RequestStats:
             entry = self.rejections.setdefault(rejection_kind(reason), [0, rec["id"], reason])
             entry[0] += 1
             return
+        finished = rec["finish_reason"] in ("stop", "length")
+        self.itl_from_times.append(finished and seq is not None)
+        if finished and seq is None:
+            self.itl_from_records.extend(rec.get("itl_ms") or ())  # a stats-format record has none
         self.prompt_tokens += rec["prompt_len"]
         self.cached_prompt_tokens += rec["num_cached_prompt_tokens"]
         _count_slo(self, rec)
@@ -197,7 +219,19 @@ class RequestStats:
                 values.append(rec[key])
         if rec["output_len"] > 1 and rec["tpot_ms"] is not None:
             self.tpot.append(rec["tpot_ms"])
-        self.itl.extend(rec["itl_ms"])
+
+    def itl_figures(self, memory_limit: int | None = None) -> dict[str, float | None]:
+        """``stats`` of every finished request's ITLs, in the order they were added (those derived
+        from token times, then those of records added without a sequence), exactly as over one list;
+        ``memory_limit``: values held at once (default: the smaller of
+        :data:`servelab.results.spill.MEMORY_LIMIT` and :data:`servelab.results.itl.NUMPY_LIMIT`)."""
+        memory_limit = min(spill.MEMORY_LIMIT, NUMPY_LIMIT) if memory_limit is None else memory_limit
+        ntok = np.asarray(self.service.ntok, dtype=np.int64)
+        counted = np.frombuffer(bytes(self.itl_from_times), dtype=np.bool_) if self.itl_from_times else np.zeros(0, bool)
+        batch = min(memory_limit, 1 << 20)  # token times derived at once (a few arrays of this many)
+        batches = itertools.chain(derived_itls(self.service.times, ntok, counted, batch) if counted.any() else (),
+                                  [np.asarray(self.itl_from_records, dtype=float)])
+        return itl_figures(batches, memory_limit, stats)
 
     def _add_speculation(self, rec: dict) -> None:
         if not rec.get("num_draft_tokens"):
@@ -266,7 +300,7 @@ def summarize(requests: RequestStats, totals: StepTotals, duration_s: float, lea
         "request_throughput_req_s": r.num_finished / duration,
         "ttft_ms": stats(r.ttft),
         "tpot_ms": stats(r.tpot),
-        "itl_ms": stats(r.itl),
+        "itl_ms": r.itl_figures(),
         "e2e_ms": stats(r.e2e),
         "queue_ms": stats(r.queue),
         "num_requests_with_slo": r.with_slo,

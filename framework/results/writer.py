@@ -23,7 +23,7 @@ from servelab.config.checkpoint import recorded_config
 from servelab.core.interfaces import EngineLimits
 from servelab.engine.engine import Engine, StepRecord
 from servelab.engine.timeline import FILE as TIMELINE_FILE
-from servelab.results.metrics import RequestStats, request_record
+from servelab.results.metrics import REQUESTS_FORMATS, RequestStats, request_record
 
 log = logging.getLogger(__name__)
 
@@ -115,14 +115,25 @@ def record_line(rec: dict) -> str:
     return line.replace(json.dumps(_ITL_MARK), "[" + ", ".join(map(_FLOAT_TEXT.__getitem__, itl)) + "]", 1)
 
 
+def requests_format(cfg) -> str:
+    """``results.requests_format`` of run config ``cfg`` (``jsonl`` where it has none)."""
+    section = cfg.get("results") if cfg is not None else None
+    value = "jsonl" if section is None else section.get("requests_format", "jsonl")
+    return getattr(value, "value", value)
+
+
 class RequestWriter:
     """Writes each request's record to ``requests.jsonl`` as it ends and keeps only its numbers
     (:class:`RequestStats`); attach with ``engine.end_listeners`` and ``engine.forget_ended``."""
 
     def __init__(self, path: Path, engine: Engine | None, time_scale: float, decorate=None, live=None,
-                 limits: EngineLimits | None = None) -> None:
+                 limits: EngineLimits | None = None, requests_format: str = "jsonl") -> None:
         """``limits``: whose SLO targets the records are judged by (default ``engine``'s; an engine
-        process's, sent to the parent of a wall-clock cluster, which holds no engine)."""
+        process's, sent to the parent of a wall-clock cluster, which holds no engine).
+        ``requests_format``: ``results.requests_format`` (:func:`requests_format`)."""
+        if requests_format not in REQUESTS_FORMATS:
+            raise ValueError(f"results.requests_format={requests_format!r} is not one of {list(REQUESTS_FORMATS)}")
+        self.requests_format = requests_format
         self.path, self.engine, self.time_scale, self.decorate = path, engine, time_scale, decorate
         if limits is None:
             assert engine is not None, "RequestWriter needs an engine or its limits"
@@ -138,7 +149,7 @@ class RequestWriter:
 
     def _write(self, seq) -> None:
         limits = self.limits
-        rec = request_record(seq, self.time_scale, limits.ttft_slo_ms, limits.tpot_slo_ms)
+        rec = request_record(seq, self.time_scale, limits.ttft_slo_ms, limits.tpot_slo_ms, self.requests_format)
         if self.decorate is not None:
             self.decorate(rec, seq)
         self.stats.add(rec, seq)

@@ -20,7 +20,7 @@ from servelab.results.loggers import make_logger
 from servelab.assemble.preflight import check_requests
 from servelab.results.replica_report import ReplicaReport
 from servelab.results.cluster_summary import cluster_summary
-from servelab.results.writer import RequestWriter, RunResult, drop_placeholder_tokens, run_and_write
+from servelab.results.writer import RequestWriter, RunResult, drop_placeholder_tokens, requests_format, run_and_write
 from servelab.run.process_cluster import run_process_cluster_job
 from servelab.assemble.executor import model_shape
 from servelab.assemble.stack import Stack, run_arrivals
@@ -59,7 +59,7 @@ def _run(cfg: DictConfig, output_dir: Path, requests, cluster: Cluster, stacks: 
         print_banner(cfg, stacks[0], output_dir, logger.where(), cluster=cluster)
     answering = (cluster.decode or cluster.mixed)[0].engine  # its limits carry the run's SLO targets
     writer = RequestWriter(output_dir / "requests.jsonl", answering, cfg.workload.time_scale, decorate=decorate,
-                           live=cluster.live_sequences)
+                           live=cluster.live_sequences, requests_format=requests_format(cfg))
     writer.record_listeners.append(logger.log_request)
     cluster.request_listeners.append(writer.on_end)
     for r in cluster.replicas:

@@ -17,7 +17,7 @@ from servelab.results.cluster_summary import cluster_summary
 from servelab.results.fairness import config_weights
 from servelab.results.loggers import make_logger
 from servelab.cluster.procs.cluster import ProcessCluster
-from servelab.results.writer import RequestWriter, RunResult, run_and_write
+from servelab.results.writer import RequestWriter, RunResult, requests_format, run_and_write
 from servelab.assemble.executor import model_shape
 from servelab.assemble.stack import run_arrivals
 from servelab.assemble.validate import validate
@@ -51,7 +51,8 @@ def run_process_cluster_job(cfg: DictConfig, output_dir: Path, requests, banner:
             print(f" cluster  {roles} engine processes on the wall clock, router={cfg.router.name}", flush=True)
         answering = (cluster.decode or cluster.mixed)[0]
         writer = RequestWriter(output_dir / "requests.jsonl", None, cfg.workload.time_scale, decorate=decorate,
-                               live=cluster.live_sequences, limits=answering.limits)
+                               live=cluster.live_sequences, limits=answering.limits,
+                               requests_format=requests_format(cfg))
         writer.record_listeners.append(logger.log_request)
         cluster.request_listeners.append(writer.on_end)
 

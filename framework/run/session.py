@@ -24,7 +24,7 @@ from servelab.assemble.block_size import workload_requests
 from servelab.cluster.build import is_cluster
 from servelab.run.cluster_run import run_cluster_job
 # RunResult and RequestWriter: also importable from here, as before
-from servelab.results.writer import (RequestWriter, RunResult, drop_placeholder_tokens, kv_pool_metrics,
+from servelab.results.writer import (RequestWriter, RunResult, drop_placeholder_tokens, kv_pool_metrics, requests_format,
                                   run_and_write)
 from servelab.kv.tiers.build import default_disk_dir
 from servelab.assemble.executor import model_shape
@@ -144,7 +144,7 @@ def _run_on_stack(cfg: DictConfig, output_dir: Path, requests: list[Request] | N
         print_banner(cfg, stack, output_dir, logger.where())
     logger.attach(engine)  # logger=none reads no steps
     writer = RequestWriter(output_dir / "requests.jsonl", engine, cfg.workload.time_scale,
-                           decorate=decorate)
+                           decorate=decorate, requests_format=requests_format(cfg))
     writer.record_listeners.append(logger.log_request)
     engine.end_listeners.append(writer.on_end)
     engine.forget_ended = True  # each ended request is on disk: memory holds only live ones

@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import json
 import logging
-import functools
 from datetime import datetime
 from pathlib import Path
 from typing import cast
@@ -26,6 +25,7 @@ from servelab.workloads.clients import (client_ids, client_rng, draw_clients, pa
 from servelab.workloads.chat_sessions import chat_session_requests
 from servelab.workloads.grade import grade_requests
 from servelab.workloads.hash_ids import hash_ids_requests
+from servelab.workloads.lazy_prompts import LazyPrompt, PromptDraws, token_objects
 from servelab.workloads.lengths import draw_lengths
 from servelab.workloads.slo_classes import draw_slo_classes, parse_slo_classes
 from servelab.workloads.text import CheckpointText
@@ -70,12 +70,7 @@ def _random_prompt(rng: np.random.Generator, length: int, vocab_size: int) -> tu
     # Every prompt refers to one shared int object per token id: a whole trace's prompts (22M
     # tokens for the Azure conversation trace) cost a pointer per token, not an int object each.
     # (Indexing an object array is a C loop: 3x faster than mapping __getitem__ over a list.)
-    return tuple(_token_objects(vocab_size)[rng.integers(0, vocab_size, size=length)].tolist())
-
-
-@functools.lru_cache(maxsize=4)
-def _token_objects(vocab_size: int) -> np.ndarray:
-    return np.array(range(vocab_size), dtype=object)
+    return tuple(token_objects(vocab_size)[rng.integers(0, vocab_size, size=length)].tolist())
 
 
 def synthetic_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
@@ -103,25 +98,32 @@ def synthetic_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request
         arrivals -= arrivals[0] if n else 0
     else:
         arrivals = np.zeros(n)
-    state = rng.bit_generator.state
     owners = draw_clients(clients, n, cfg.seed)
     ids = client_ids(clients, owners, n)
     own_prompt = _client_lengths(clients, owners, cfg.seed, prompts, outputs)
     drawn_classes = draw_slo_classes(slo_classes, n, cfg.seed)
+    # prompts: drawn in request order from rng (as it is now), a client with its own prompt lengths
+    # replacing its requests' with draws from its own generator; made as they are read
+    own_len = own_prompt if own_prompt is not None else np.full(n, -1)  # -1: the workload's length
+    owner = owners if owners is not None else np.zeros(n, dtype=np.int64)
+    own = sorted({int(owner[i]) for i in np.flatnonzero(own_len >= 0)})
+    generators = [rng] + [client_rng(cfg.seed, k, 1) for k in own]
+    slot = {k: 1 + j for j, k in enumerate(own)}
 
-    def generate():  # prompts drawn in request order, as they are needed; the same on every pass
-        prompt_rng = np.random.default_rng()
-        prompt_rng.bit_generator.state = state
-        own_rngs = {}
+    def draws(i: int) -> tuple[tuple[int, int], ...]:
+        if own_len[i] >= 0:
+            return (0, int(prompts[i])), (slot[int(owner[i])], int(own_len[i]))
+        return ((0, int(prompts[i])),)
+
+    prompt_draws = PromptDraws(generators, draws, vocab_size)
+
+    def generate():  # the same requests on every pass; no token is drawn until one is read
         for i in range(n):
-            prompt = _random_prompt(prompt_rng, int(prompts[i]), vocab_size)
-            if own_prompt is not None and own_prompt[i] >= 0:  # the client's own length, from its own draws
-                k = int(owners[i])
-                own_rng = own_rngs.setdefault(k, client_rng(cfg.seed, k, 1))
-                prompt = _random_prompt(own_rng, int(own_prompt[i]), vocab_size)
+            length = int(own_len[i]) if own_len[i] >= 0 else int(prompts[i])
             slo = {} if drawn_classes is None else slo_classes[int(drawn_classes[i])].request_fields()
-            yield drawn_from(Request(id=f"req-{i}", prompt_token_ids=prompt, max_tokens=int(outputs[i]),
-                                     arrival_time=float(arrivals[i]), ignore_eos=True, client_id=ids[i], **slo),
+            yield drawn_from(Request(id=f"req-{i}", prompt_token_ids=LazyPrompt(prompt_draws, i, length),  # type: ignore[arg-type]
+                                     max_tokens=int(outputs[i]), arrival_time=float(arrivals[i]), ignore_eos=True,
+                                     client_id=ids[i], **slo),
                              vocab_size)
 
     return cast("list[Request]", InArrivalOrder(n, generate))  # sized, iterable and indexable like the list
@@ -314,6 +316,8 @@ def trace_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
     ids = client_ids(clients, draw_clients(clients, len(rows), cfg.seed), len(rows))
     requests, clipped = [], 0
     min_len, length_scale, start_row = cfg.min_len, cfg.length_scale, cfg.start_row  # not OmegaConf per row
+    lengths: list[int] = []  # the prompts: drawn from rng in row order, as they are read
+    prompt_draws = PromptDraws([rng], lambda i: ((0, lengths[i]),), vocab_size)
     for i, row in enumerate(rows):
         where = f"{path}:{lines[i]}"  # the file and line (the header is line 1), as for jsonl
         try:
@@ -327,8 +331,9 @@ def trace_requests(cfg, vocab_size: int, max_model_len: int) -> list[Request]:
             clipped += 1
             prompt_len = min(prompt_len, max_model_len - 1)
             output_len = max(1, min(output_len, max_model_len - prompt_len))
+        lengths.append(prompt_len)
         requests.append(drawn_from(Request(
-            id=f"trace-{start_row + i}", prompt_token_ids=_random_prompt(rng, prompt_len, vocab_size),
+            id=f"trace-{start_row + i}", prompt_token_ids=LazyPrompt(prompt_draws, i, prompt_len),  # type: ignore[arg-type]
             max_tokens=output_len, arrival_time=float(arrivals[i]), ignore_eos=True, client_id=ids[i]), vocab_size))
     log.info("trace %s: lengths scaled x%g (prompt) x%g (output); %d requests clipped to max_model_len=%d; "
              "time compressed x%g", path.name, cfg.length_scale, out_scale, clipped, max_model_len, cfg.time_scale)
@@ -365,18 +370,16 @@ def _resampled_trace(cfg, rows: list[dict], cols: tuple, path: Path, rng: np.ran
     gaps = np.diff(stamps) if len(stamps) > 1 else np.full(1, 1.0 / cfg.rate)
     picked = rng.integers(0, len(rows), size=n)
     arrivals = np.concatenate([[0.0], np.cumsum(rng.choice(gaps, size=n - 1))])
-    state = rng.bit_generator.state
     log.info("trace %s: %d requests resampled from %d rows (lengths and inter-arrival gaps drawn with replacement)",
              path.name, n, len(rows))
+    prompt_lens, max_tokens = prompts[picked], outputs[picked]  # per request: arrays, not tokens
+    prompt_draws = PromptDraws([rng], lambda i: ((0, int(prompt_lens[i])),), vocab_size)
 
-    def generate():
-        prompt_rng = np.random.default_rng()
-        prompt_rng.bit_generator.state = state
+    def generate():  # no token is drawn until one is read
         for i in range(n):
-            row = int(picked[i])
             yield drawn_from(Request(
-                id=f"trace-r{i}", prompt_token_ids=_random_prompt(prompt_rng, int(prompts[row]), vocab_size),
-                max_tokens=int(outputs[row]), arrival_time=float(arrivals[i]), ignore_eos=True), vocab_size)
+                id=f"trace-r{i}", prompt_token_ids=LazyPrompt(prompt_draws, i, int(prompt_lens[i])),  # type: ignore[arg-type]
+                max_tokens=int(max_tokens[i]), arrival_time=float(arrivals[i]), ignore_eos=True), vocab_size)
 
     return cast("list[Request]", InArrivalOrder(n, generate))
 
