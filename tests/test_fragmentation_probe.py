@@ -1,0 +1,73 @@
+"""servelab.cluster.fragmentation: which queued requests the probe calls fragmented (fits in the sum of
+free blocks, on no replica) or stranded (fits on another replica), and that attaching it changes no result."""
+
+from __future__ import annotations
+
+import importlib.util
+from types import SimpleNamespace
+
+import pytest
+from conftest import REPO
+
+from servelab.api import compose
+from servelab.cluster.build import build_cluster
+from servelab.cluster.fragmentation import FragmentationProbe
+from servelab.core.request import Request, Status
+
+
+def _replica(free: int, waiting: list[int], running: int = 0):
+    """A replica view with ``free`` blocks, queued requests of those token counts (16-token blocks)."""
+    seqs = {f"w{i}-{n}": SimpleNamespace(id=f"w{i}-{n}", status=Status.WAITING, num_tokens=n)
+            for i, n in enumerate(waiting)}
+    seqs.update({f"r{i}": SimpleNamespace(id=f"r{i}", status=Status.RUNNING, num_tokens=10_000) for i in range(running)})
+    allocator = SimpleNamespace(num_free_blocks=lambda: free, block_table=lambda sid: [])
+    return SimpleNamespace(engine=SimpleNamespace(allocator=allocator, limits=SimpleNamespace(block_size=16),
+                                                  sequences=seqs))
+
+
+def test_a_request_that_fits_only_in_the_sum_is_fragmented_and_one_that_fits_elsewhere_is_stranded():
+    # needs: 159 tokens -> 10 blocks (fits at home), 320 -> 21 (fits on replica 1 only), 799 -> 50 (sum only),
+    # 2000 -> 126 (fits nowhere, not even in the sum of 8 + 30 + 20 = 58)
+    cluster = SimpleNamespace(replicas=[_replica(8, [100, 320, 799, 2000], running=3), _replica(30, []),
+                                        _replica(20, [])])
+    probe = FragmentationProbe(cluster)
+    assert probe.count() == (1, 1, 4)
+
+
+def test_the_probe_changes_no_result_and_stops_when_the_cluster_is_idle():
+    cfg = compose(["backend=sim", "model=tiny", "cluster.replicas=2", "num_kv_blocks=24", "block_size=16",
+                   "logger=none", "progress=false"])
+
+    def run(probe: bool):
+        cluster, stacks = build_cluster(cfg)
+        requests = [Request(f"q{i}", tuple(range(1, 60 + 20 * i)), 120, arrival_time=0.001 * i) for i in range(8)]
+        ended = []
+        cluster.request_listeners.append(ended.append)
+        p = FragmentationProbe(cluster, 0.01, until_s=0.35) if probe else None
+        if p:
+            p.attach()
+        cluster.run(requests)
+        for stack in stacks:
+            stack.executor.shutdown()
+        return sorted((s.id, tuple(s.output_token_ids), s.finish_time) for s in ended), p
+
+    plain, _ = run(False)
+    probed, p = run(True)
+    assert probed == plain
+    assert p.sums.samples > 0 and p.sums.queued_request_samples > 0
+
+
+def test_a_non_positive_interval_is_refused():
+    with pytest.raises(ValueError, match="interval_s"):
+        FragmentationProbe(SimpleNamespace(replicas=[]), 0.0)
+
+
+@pytest.mark.slow
+def test_the_study_runs_and_tabulates_every_arm():
+    spec = importlib.util.spec_from_file_location("migration_study", REPO / "experiments" / "migration" / "study.py")
+    study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study)
+    res = study.study(60, (5.0,))
+    assert [r["arm"] for r in res["rows"]] == [label for label, _ in study.ARMS]
+    assert all(r["num_finished"] == 60 for r in res["rows"])
+    assert study.table(res).count("\n") == 1 + len(study.ARMS)
