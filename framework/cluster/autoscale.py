@@ -22,6 +22,7 @@ draining, so nothing is placed or moved there.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -144,7 +145,7 @@ class AutoscaleDriver:
                 continue
             cold = self.settings.cold_start_s
             self.sums.cold_start_seconds += cold
-            self.cluster._at(now + cold, lambda i=index: self._serve(i))
+            self.cluster._at(now + cold, functools.partial(self._serve, index))
 
     def _serve(self, index: int) -> None:
         self.state[index] = "serving"

@@ -116,7 +116,8 @@ def checked_decisions(autoscaler: Autoscaler, view: AutoscaleView, now: float) -
     except Exception as exc:  # reported naming the plugin
         raise AutoscalerError(f"autoscaler plugin {name!r} failed at t={now:g}: {type(exc).__name__}: {exc}") from exc
     serving = {r.index for r in view.serving}
-    target, held, downs = view.num_target, view.num_held, set()
+    target, held = view.num_target, view.num_held
+    downs: set[int] = set()
     for d in answer:
         where = f"autoscaler plugin {name!r} returned {d!r} at t={now:g}"
         if isinstance(d, ScaleUp):
