@@ -203,13 +203,16 @@ def _loaded(waiting: int, used: int, index: int = 0, running: int = 1) -> Replic
     return ReplicaLoad(index, "mixed", 100, 16, used, 100 - used, tuple(r), tuple(q))
 
 
-def test_threshold_scales_up_on_queue_down_when_both_are_low_and_waits_out_its_cool_down():
+def test_threshold_scales_up_on_queue_and_down_only_after_a_cool_down_of_low_marks():
     scaler = ThresholdAutoscaler(ThresholdAutoscaler.Config(cooldown_s=10.0), CONTEXT)
     busy = AutoscaleView((_loaded(8, 50),), 0, 1, 3)
     assert scaler.decide(busy, 0.0) == (ScaleUp(1),)
-    assert scaler.decide(busy, 5.0) == ()  # cooling down
+    assert scaler.decide(AutoscaleView((_loaded(8, 50),), 1, 1, 3), 1.0) == ()  # its replica is starting
     quiet = AutoscaleView((_loaded(0, 10, 0, running=2), _loaded(0, 10, 1)), 0, 1, 3)
-    assert scaler.decide(quiet, 11.0) == (ScaleDown(1),)  # the emptiest
+    assert scaler.decide(quiet, 5.0) == ()  # low since 5 s
+    assert scaler.decide(AutoscaleView((_loaded(8, 50), _loaded(0, 10, 1)), 1, 1, 3), 9.0) == ()  # a lull ended
+    assert scaler.decide(quiet, 12.0) == ()  # low again since 12 s
+    assert scaler.decide(quiet, 22.0) == (ScaleDown(1),)  # low for 10 s: the emptiest
     mid = AutoscaleView((_loaded(2, 50), _loaded(2, 50, 1)), 0, 1, 3)
     assert ThresholdAutoscaler(ThresholdAutoscaler.Config(), CONTEXT).decide(mid, 0.0) == ()  # the hysteresis band
 

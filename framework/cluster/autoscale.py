@@ -122,9 +122,16 @@ class AutoscaleDriver:
                                      for r in self.cluster.replicas])
         in_service = tuple(load for load in loads if self.state[load.index] in ("serving", "draining"))
         s = self.settings
+        replicas = [self.cluster.replicas[load.index] for load in in_service]
         return AutoscaleView(in_service, self.count("starting"), s.min_replicas, s.max_replicas,
-                             tuple(self._first_token_wait(self.cluster.replicas[load.index], now)
-                                   for load in in_service))
+                             tuple(self._first_token_wait(r, now) for r in replicas),
+                             tuple(self._prefill_backlog(r) for r in replicas))
+
+    @staticmethod
+    def _prefill_backlog(r: Replica) -> int:
+        """The tokens ``r`` must compute before each of its requests has its first token."""
+        return sum(seq.num_tokens - seq.num_computed_tokens for seq in r.engine.sequences.values()
+                   if not seq.is_finished and seq.num_output_tokens == 0)
 
     @staticmethod
     def _first_token_wait(r: Replica, now: float) -> float:

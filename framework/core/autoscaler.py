@@ -43,13 +43,16 @@ class AutoscaleView:
     """The cluster now: ``replicas`` in service (serving or draining, index order; ``draining`` says
     which), ``num_starting`` replicas whose cold start is under way, the bounds, and ``first_token_wait_s``
     (one per replica in ``replicas``): how long the request there that has waited longest for its first
-    token has waited so far (0: none waits)."""
+    token has waited so far (0: none waits), and ``prefill_backlog_tokens`` (likewise): the tokens its
+    scheduler must still compute before every request there has its first token (queued, preempted and
+    part-prefilled requests: a request admitted but prefilling is in neither ``running`` nor ``waiting``)."""
 
     replicas: tuple[ReplicaLoad, ...]
     num_starting: int
     min_replicas: int
     max_replicas: int
     first_token_wait_s: tuple[float, ...] = ()
+    prefill_backlog_tokens: tuple[int, ...] = ()
 
     @property
     def serving(self) -> tuple[ReplicaLoad, ...]:
