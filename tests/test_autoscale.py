@@ -13,9 +13,11 @@ from servelab.cluster.build import build_cluster, cluster_pools, is_cluster
 from servelab.core.autoscaler import (Autoscaler, AutoscalerContext, AutoscalerError, AutoscaleView, ScaleDown,
                                       ScaleUp, checked_decisions)
 from servelab.core.errors import ConfigError
+from servelab.core.registry import Registry, default_registry
 from servelab.core.migration_policy import ReplicaLoad, RequestLoad
 from servelab.kit.conformance_autoscaler import bounds_problem
 from servelab.plugins.autoscalers import SLOAutoscaler, ThresholdAutoscaler
+from servelab.testing import check_plugin
 
 from test_migration import SIM, leaked, outputs, requests, run
 
@@ -225,3 +227,33 @@ def test_slo_predicts_first_token_latency_from_the_oldest_wait_and_the_queue():
     assert scaler.decide(view, 0.0) == (ScaleUp(1),)  # clearing 20k tokens in 1 s needs 2: one more (max_replicas 3)
     held = AutoscaleView((_loaded(0, 50),), 0, 1, 3, (1.5,))  # nothing queued, yet one waited 1.5 s: full blocks
     assert SLOAutoscaler(SLOAutoscaler.Config(ttft_ms=1000.0), CONTEXT).decide(held, 0.0) == (ScaleUp(1),)
+
+
+# ---- the kit ----------------------------------------------------------------------------------------
+def test_the_kit_passes_none():
+    report = check_plugin("autoscaler", "none")
+    assert report.ok, report
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["threshold", "slo"])
+def test_every_scaling_builtin_passes_the_kit(name):
+    report = check_plugin("autoscaler", name)
+    assert report.ok, report
+    assert "0 scaling events" not in " ".join(report.notes)
+
+
+def test_the_kit_catches_an_autoscaler_that_breaks_the_bounds():
+    class Greedy(Autoscaler):
+        """Asks for a replica at every question, whatever the bounds say."""
+
+        name = "greedy"
+
+        def decide(self, view, now):
+            return [ScaleUp(1)]
+
+    installed = default_registry()
+    registry = Registry({kind: dict(plugins) for kind, plugins in installed.plugins.items()}, dict(installed.origins))
+    registry.add("autoscaler", Greedy, "this test")
+    report = check_plugin("autoscaler", "greedy", registry=registry)
+    assert not report.ok and "valid scaling" in str(report)
