@@ -21,6 +21,8 @@ Eager and light: importing it loads no torch, Hydra or OmegaConf (``tests/test_p
   :class:`TierView` it reads the tiers' occupancy and the GPU's reuse counts from);
   :class:`MigrationPolicy` / :class:`MigrationPolicyContext` (with the :class:`ReplicaLoad` s and
   :class:`RequestLoad` s it reads and the :class:`Migrate` decisions it returns);
+  :class:`Autoscaler` / :class:`AutoscalerContext` (with the :class:`AutoscaleView` it reads and the
+  :class:`ScaleUp` / :class:`ScaleDown` decisions it returns);
 - the data they exchange: :class:`Request`, :class:`SamplingParams`, :class:`Sequence`,
   :class:`Status`, :class:`SchedulePlan`, :class:`ScheduledSeq`, :class:`PreemptionDecision`,
   :class:`Drafts`, :class:`EngineLimits`, :class:`NextDecision` (with :data:`EVERY_STEP`,
@@ -67,6 +69,7 @@ from servelab.core.kv_connector import NO_TRANSFER, KVConnector, KVTransferTime
 from servelab.core.kv_connector_plugin import KVConnectorPlugin
 from servelab.core.kv_tiers import KVTierPolicy, TierBlock, TierSpec
 from servelab.core.migration_policy import Migrate, MigrationPolicy, ReplicaLoad, RequestLoad
+from servelab.core.autoscaler import Autoscaler, AutoscalerContext, AutoscaleView, ScaleDown, ScaleUp
 from servelab.core.tier_view import TierView
 from servelab.core.packaged import PACKAGED_CHECKPOINTS
 from servelab.core.request import Request, SamplingParams, Sequence, Status
@@ -87,6 +90,7 @@ __all__ = [
     "KVTierPolicy", "KVTierPolicyContext", "TierSpec", "TierBlock", "TierView",
     "ExpertPlacement", "ExpertPlacementContext", "linear_plan",
     "MigrationPolicy", "MigrationPolicyContext", "ReplicaLoad", "RequestLoad", "Migrate",
+    "Autoscaler", "AutoscalerContext", "AutoscaleView", "ScaleUp", "ScaleDown",
     # the data they exchange
     "Request", "SamplingParams", "Sequence", "Status", "SchedulePlan", "ScheduledSeq", "PreemptionDecision",
     "Drafts", "EngineLimits", "NextDecision", "EVERY_STEP", "UNTIL_ARRIVAL", "StepWork", "DraftWork", "StepBatch", "StepOutput", "NoConfig", "StepCostModel",

@@ -9,13 +9,15 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 import servelab.conf
 
+from servelab.cluster.autoscale import AutoscaleDriver, AutoscaleSettings
 from servelab.cluster.migration import MigrationDriver, MigrationSettings
 from servelab.cluster.simulated import Cluster
 from servelab.kv.migrate_sim import MigrationLinks
 from servelab.kv.pd.sim import PDTransfers
 from servelab.cluster.replica import Replica
 from servelab.kv.link import kv_link
-from servelab.cluster.router import build_migration_policy, build_router
+from servelab.cluster.router import build_autoscaler, build_migration_policy, build_router
+from servelab.core.step_work import StepWork
 from servelab.core.contexts import KVClusterLink
 from servelab.core.errors import ConfigError
 from servelab.core.registry import Registry, default_registry
@@ -32,9 +34,16 @@ POOL_KEYS = ("tensor_parallel_size", "num_kv_blocks", "max_num_seqs", "max_num_b
 
 
 def is_cluster(cfg: DictConfig) -> bool:
-    """Whether ``cfg`` asks for more than today's one engine."""
+    """Whether ``cfg`` asks for more than today's one engine (an autoscaler may grow one into a cluster)."""
     c = cfg.cluster
-    return c.replicas != 1 or c.prefill_replicas is not None or c.decode_replicas is not None
+    return (c.replicas != 1 or c.prefill_replicas is not None or c.decode_replicas is not None
+            or (autoscales(cfg) and (c.max_replicas or 1) > 1))
+
+
+def autoscales(cfg: DictConfig) -> bool:
+    """Whether ``autoscaler=`` names one that scales (not ``none``)."""
+    node = cfg.get("autoscaler")
+    return node is not None and node.name != "none"
 
 
 def validate_cluster(cfg: DictConfig) -> None:
@@ -71,6 +80,7 @@ def validate_cluster(cfg: DictConfig) -> None:
                                   "decode_replicas: a prefill/decode engine process moves its KV from one worker's "
                                   "pool, so real prefill/decode runs pipeline_parallel_size=1")
     _validate_migration(cfg)
+    _validate_autoscale(cfg)
     check_shared_tiers(cfg)
     clock_kind(cfg)  # the clock, backend and time model agree (wall: engine processes; virtual: one loop)
 
@@ -102,13 +112,46 @@ def _validate_migration(cfg: DictConfig) -> None:
                           "processes do not migrate yet: keep migration_policy=none")
 
 
+def _validate_autoscale(cfg: DictConfig) -> None:
+    """The ``cluster.*`` autoscaling keys and what an autoscaler runs with, each mistake one line."""
+    c = cfg.cluster
+    for key in ("autoscale_interval_s", "cold_start_gb_s"):
+        if c[key] <= 0:
+            raise ConfigError(f"cluster.{key}={c[key]} must be > 0")
+    if c.warm_pool < 0:
+        raise ConfigError(f"cluster.warm_pool={c.warm_pool} must be >= 0")
+    low, high = replica_bounds(cfg)
+    if not 1 <= low <= c.replicas <= high:
+        raise ConfigError(f"cluster.min_replicas={low}, cluster.replicas={c.replicas}, cluster.max_replicas={high}: "
+                          "needs 1 <= min_replicas <= replicas (the initial size) <= max_replicas")
+    if not autoscales(cfg):
+        return
+    name = cfg.autoscaler.name
+    if c.prefill_replicas is not None:
+        raise ConfigError(f"autoscaler={name} grows and shrinks colocated replicas (cluster.replicas=<n>); with "
+                          "prefill/decode pools keep autoscaler=none")
+    if cfg.backend.name != "sim":
+        raise ConfigError(f"autoscaler={name} runs on the simulator's cluster (backend=sim); engine processes do "
+                          "not scale: keep autoscaler=none")
+    if c.draining:
+        raise ConfigError(f"cluster.draining={list(c.draining)} with autoscaler={name}: the autoscaler drains "
+                          "replicas itself; drop cluster.draining")
+
+
+def replica_bounds(cfg: DictConfig) -> tuple[int, int]:
+    """``(cluster.min_replicas, cluster.max_replicas)``, each ``cluster.replicas`` when null."""
+    c = cfg.cluster
+    return (c.replicas if c.min_replicas is None else c.min_replicas,
+            c.replicas if c.max_replicas is None else c.max_replicas)
+
+
 def cluster_pools(cfg: DictConfig) -> list[tuple[str, int, DictConfig]]:
     """``(role, count, config)`` of each pool: the prefill and the decode pool, or the mixed replicas."""
     c = cfg.cluster
     if c.prefill_replicas is not None:
         return [("prefill", c.prefill_replicas, pool_config(cfg, "prefill")),
                 ("decode", c.decode_replicas, pool_config(cfg, "decode"))]
-    return [("mixed", c.replicas, cfg)]
+    return [("mixed", replica_bounds(cfg)[1] if autoscales(cfg) else c.replicas, cfg)]
 
 
 def pool_config(cfg: DictConfig, pool: str) -> DictConfig:
@@ -191,7 +234,36 @@ def build_cluster(cfg: DictConfig, requests=None, registry: Registry | None = No
     cluster = Cluster(replicas, router, links, kv_bytes, layers, c.overlap_kv_transfer, transfers)
     if moves is not None:
         cluster.migration = MigrationDriver(cluster, policy, moves, migration_settings(cfg))
+    if autoscales(cfg):
+        settings = autoscale_settings(cfg, stacks[0])
+        autoscaler = build_autoscaler(cfg, {
+            "min_replicas": settings.min_replicas, "max_replicas": settings.max_replicas,
+            "interval_s": settings.interval_s, "cold_start_s": settings.cold_start_s,
+            "prefill_tokens_per_s": prefill_tokens_per_s(stacks[0])}, registry)
+        cluster.autoscale = AutoscaleDriver(cluster, autoscaler, settings)
     return cluster, stacks
+
+
+def autoscale_settings(cfg: DictConfig, stack: Stack) -> AutoscaleSettings:
+    """The autoscaling keys (checked by :func:`validate_cluster`); a cold start reads one replica's
+    weights (every rank's) at ``cluster.cold_start_gb_s``."""
+    c = cfg.cluster
+    low, high = replica_bounds(cfg)
+    memory = getattr(stack.executor, "memory", None)
+    weights = memory.weight_bytes * cfg.tensor_parallel_size * cfg.get("pipeline_parallel_size", 1) if memory else 0.0
+    return AutoscaleSettings(c.autoscale_interval_s, c.replicas, low, high, weights / (c.cold_start_gb_s * 1e9),
+                             c.warm_pool)
+
+
+def prefill_tokens_per_s(stack: Stack) -> float:
+    """Prompt tokens per second of one replica prefilling full chunks of ``max_num_batched_tokens``
+    (one prompt of that length, priced by its time model)."""
+    if stack.time_model is None:
+        return 0.0
+    n = stack.limits.max_num_batched_tokens
+    seconds = stack.time_model.predict(StepWork(num_tokens=n, num_seqs=1, prefill_tokens=n, num_sampled=1,
+                                                attended=n * (n + 1) // 2, context_tokens=n))
+    return n / seconds if seconds > 0 else 0.0
 
 
 def migration_settings(cfg: DictConfig) -> MigrationSettings:

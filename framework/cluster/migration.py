@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Collection
 
 from servelab.cluster.replica import Replica
 from servelab.core.migration_policy import (Migrate, MigrationPolicy, ReplicaLoad, RequestLoad,
@@ -131,22 +131,20 @@ class MigrationDriver:
         return [self._load(r, migrating_out[r.index], migrating_in[r.index]) for r in self.cluster.replicas]
 
     def _load(self, r: Replica, out: int, into: int) -> ReplicaLoad:
-        engine, allocator = r.engine, r.engine.allocator
-        block_size = engine.limits.block_size
-        running, waiting = [], []
-        for seq in engine.sequences.values():
-            if seq.is_finished:
-                continue
-            view = RequestLoad(seq.id, r.index, seq.prompt_len, seq.num_output_tokens, seq.request.max_tokens,
-                               len(allocator.block_table(seq.id)), -(-(seq.num_tokens + 1) // block_size),
-                               seq.request.priority, seq.id in self.active)
-            if _decoding(seq):
-                running.append(view)
-            elif seq.status is not Status.RUNNING:
-                waiting.append(view)
-        return ReplicaLoad(r.index, r.role, allocator.num_blocks, block_size, allocator.num_used_blocks(),
-                           allocator.num_free_blocks(), tuple(running), tuple(waiting), r.index in self._draining,
-                           out, into)
+        return replica_load(r, self.active, r.index in self._draining, out, into)
+
+    def set_draining(self, index: int, draining: bool) -> None:
+        """Replica ``index`` starts (or stops) draining: the router offers it as full, the policy sees it
+        draining and may not move requests there (an autoscaler's scale-down, or a replica not in service)."""
+        for books in (self._draining, self.protocol.draining):
+            if draining:
+                books.add(index)
+            else:
+                books.discard(index)
+
+    def involves(self, index: int) -> bool:
+        """Whether a migration under way comes from or goes to replica ``index``."""
+        return any(index in (m.source.index, m.target.index) for m in self.active.values())
 
     # ---- one migration ---------------------------------------------------------------------------
     def _start(self, move: Migrate, now: float) -> None:
@@ -235,6 +233,27 @@ class MigrationDriver:
         """Whether ``seq``'s end on ``r`` is its stop for a migration's last copy (not an end)."""
         m = self.active.get(seq.id)
         return m is not None and m.source is r and m.stop_s is not None and m.seq is seq
+
+
+def replica_load(r: Replica, migrating: Collection[str] = (), draining: bool = False, out: int = 0,
+                 into: int = 0) -> ReplicaLoad:
+    """What a cluster policy (a migration policy, an autoscaler) sees of ``r`` now; ``migrating``: the ids
+    of requests a migration is moving."""
+    engine, allocator = r.engine, r.engine.allocator
+    block_size = engine.limits.block_size
+    running, waiting = [], []
+    for seq in engine.sequences.values():
+        if seq.is_finished:
+            continue
+        view = RequestLoad(seq.id, r.index, seq.prompt_len, seq.num_output_tokens, seq.request.max_tokens,
+                           len(allocator.block_table(seq.id)), -(-(seq.num_tokens + 1) // block_size),
+                           seq.request.priority, seq.id in migrating)
+        if _decoding(seq):
+            running.append(view)
+        elif seq.status is not Status.RUNNING:
+            waiting.append(view)
+    return ReplicaLoad(r.index, r.role, allocator.num_blocks, block_size, allocator.num_used_blocks(),
+                       allocator.num_free_blocks(), tuple(running), tuple(waiting), draining, out, into)
 
 
 def _decoding(seq: Sequence) -> bool:

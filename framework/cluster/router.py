@@ -1,5 +1,5 @@
 """The cluster's plugins, built through the kinds table like every plugin: once per cluster, by each of
-the protocol's drivers (:mod:`servelab.cluster.protocol`): the router, and the migration policy."""
+the protocol's drivers (:mod:`servelab.cluster.protocol`): the router, the migration policy, the autoscaler."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from servelab.assemble.executor import plugin_config
 from servelab.core.errors import ConfigError
 from servelab.core.interfaces import ReplicaView, Router
 from servelab.core.kinds import KINDS, build_context, instantiate
+from servelab.core.autoscaler import Autoscaler
 from servelab.core.migration_policy import MigrationPolicy
 from servelab.core.registry import Registry, default_registry
 
@@ -43,3 +44,25 @@ def build_migration_policy(cfg: DictConfig, num_replicas: int, registry: Registr
         return instantiate(spec, cls, config, context)
     except ValueError as exc:
         raise ConfigError(f"{spec.group}={name}: {exc}") from None
+
+
+def autoscaler_class(cfg: DictConfig, registry: Registry | None = None) -> type[Autoscaler]:
+    """The class ``autoscaler=<name>`` selects (default ``none``)."""
+    spec = KINDS["autoscaler"]
+    node = cfg.get(spec.group)
+    return (registry or default_registry()).get(spec.name, node.name if node is not None else spec.default)
+
+
+def build_autoscaler(cfg: DictConfig, values: dict, registry: Registry | None = None) -> Autoscaler:
+    """The plugin ``autoscaler=<name>`` selects, built for ``values`` (its context's fields: the bounds,
+    the interval, a cold start's seconds, a replica's prefill rate); a constructor refusing its config is
+    one line naming the option."""
+    spec = KINDS["autoscaler"]
+    node = cfg.get(spec.group)
+    cls = autoscaler_class(cfg, registry)
+    context = build_context(spec, {**values, "seed": cfg.seed})
+    config = plugin_config(node) if node is not None else cls.Config()
+    try:
+        return instantiate(spec, cls, config, context)
+    except ValueError as exc:
+        raise ConfigError(f"{spec.group}={cls.name}: {exc}") from None

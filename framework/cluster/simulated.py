@@ -26,6 +26,7 @@ import heapq
 import itertools
 from typing import Callable, Iterable
 
+from servelab.cluster.autoscale import AutoscaleDriver
 from servelab.cluster.migration import MigrationDriver
 from servelab.cluster.protocol import ClusterProtocol
 # their home before the protocol (old imports, tests, the conformance kit): re-exported
@@ -76,6 +77,7 @@ class Cluster:
         self.kv.on_landed = self._landed
         self.request_listeners: list[Callable[[Sequence], None]] = []
         self.migration: MigrationDriver | None = None  # live migration (servelab.cluster.migration), if a policy moves
+        self.autoscale: AutoscaleDriver | None = None  # scaling (servelab.cluster.autoscale), if an autoscaler scales
         self.num_ended = 0
         self._spans = True  # sim.fast_forward's spans (off under closed-loop arrivals: run)
         self._events: list[tuple[float, int, Callable[[], None]]] = []
@@ -219,6 +221,8 @@ class Cluster:
     def _arrive(self, request: Request, t: float) -> None:
         if self.migration is not None:
             self.migration.arrived(t)
+        if self.autoscale is not None:
+            self.autoscale.arrived(t)
         r, asked = self.protocol.arrive(request, t)
         r.wake(t)
         r.engine.add_request(asked, t)

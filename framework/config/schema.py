@@ -196,7 +196,9 @@ class ClusterConfig:
     ``prefill_replicas`` / ``decode_replicas``: prefill/decode disaggregation instead (both or neither),
     each pool shaped by ``prefill`` / ``decode``, the KV of each prompt moved over ``kv_link``, its
     transfer streamed layer by layer during the prefill when ``overlap_kv_transfer``. ``migration_*``,
-    ``draining`` and ``drain_from_s``: live migration between colocated replicas (``migration_policy=``)."""
+    ``draining`` and ``drain_from_s``: live migration between colocated replicas (``migration_policy=``);
+    ``autoscale_interval_s``, ``min_replicas`` / ``max_replicas``, ``cold_start_gb_s`` and ``warm_pool``:
+    a cluster that grows and shrinks (``autoscaler=``)."""
 
     replicas: int = 1
     prefill_replicas: Optional[int] = None
@@ -218,6 +220,15 @@ class ClusterConfig:
     # drain_from_s on
     draining: List[int] = field(default_factory=list)
     drain_from_s: float = 0.0
+    # autoscaling (autoscaler=..., docs/cluster.md "Autoscaling"): how often the autoscaler is asked; the
+    # bounds (null: cluster.replicas, the initial size); a started replica reads its weights at
+    # cold_start_gb_s (7.0: one PCIe Gen4 NVMe data-center SSD's sequential read, Samsung PM1733 datasheet
+    # 7,000 MB/s); warm_pool replicas stand by with their weights loaded and serve at once when started
+    autoscale_interval_s: float = 5.0
+    min_replicas: Optional[int] = None
+    max_replicas: Optional[int] = None
+    cold_start_gb_s: float = 7.0
+    warm_pool: int = 0
 
 
 @dataclass

@@ -29,11 +29,12 @@ from servelab.core.interfaces import (BlockAllocator, Evictor, LengthPredictor, 
 from servelab.core.kv_connector_plugin import KVConnectorPlugin
 from servelab.core.kv_tiers import KVTierPolicy
 from servelab.core.migration_policy import MigrationPolicy
+from servelab.core.autoscaler import Autoscaler, AutoscalerContext
 
 log = logging.getLogger(__name__)
 
 #: Where a kind's plugin is built: once per engine by the stack, once per run for the executor
-#: (first: it sizes the KV pool), or once per cluster (routers, migration policies).
+#: (first: it sizes the KV pool), or once per cluster (routers, migration policies, autoscalers).
 SCOPES = ("executor", "engine", "cluster")
 
 
@@ -139,6 +140,10 @@ BUILTIN_KINDS = (
              checks=("servelab.kit.conformance_migration:check_migration_policy",),
              template="servelab.kit.migration_policy_template:TEMPLATE", guide="docs/write-a-migration-policy.md",
              grade_reference="none"),
+    KindSpec("autoscaler", Autoscaler, "servelab_register_autoscalers", AutoscalerContext, "none",
+             "when a simulated cluster starts a replica (a priced cold start) or drains and retires one",
+             scope="cluster", checks=("servelab.kit.conformance_autoscaler:check_autoscaler",),
+             template="servelab.kit.autoscaler_template:TEMPLATE", guide="docs/write-an-autoscaler.md"),
     KindSpec("executor", Executor, "servelab_register_executors", ExecutorContext, "torch",
              "what runs the steps: the model in this process, over N ranks, or the simulator",
              scope="executor", group="backend"),

@@ -57,6 +57,7 @@ from servelab.kit.kv_connector_contracts import KV_CONNECTOR_CONTRACTS
 from servelab.kit.kv_tier_contracts import KV_TIER_CONTRACTS
 from servelab.kit.expert_placement_contracts import EXPERT_PLACEMENT_CONTRACTS
 from servelab.kit.migration_contracts import MIGRATION_CONTRACTS
+from servelab.kit.autoscaler_contracts import AUTOSCALER_CONTRACTS
 from servelab.kit.conformance_router import (ROUTER_CONTRACTS, SIM_CLUSTER_REQUESTS, SIM_CLUSTERS, context_of,
                                              router_scenario, scenario_problem, spread_problem, spread_scenario)
 from servelab.kit.conformance_slo_mix import SLO_MIX_SEEDS, slo_mix_scenario
@@ -97,6 +98,7 @@ CONTRACTS = {
     **KV_CONNECTOR_CONTRACTS,
     **EXPERT_PLACEMENT_CONTRACTS,
     **MIGRATION_CONTRACTS,
+    **AUTOSCALER_CONTRACTS,
 }
 REAL_MODEL = ("model=tiny", "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=1",
               "model.num_attention_heads=2", "model.num_key_value_heads=1", "max_model_len=128")

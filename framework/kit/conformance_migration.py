@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from servelab.core.autoscaler import AutoscalerError
 from servelab.core.migration_policy import MigrationPolicyError
 from servelab.kit.migration_contracts import MIGRATION_CONTRACTS
 from servelab.kit.stage_info import StageInfo
@@ -62,6 +63,8 @@ def outcome_of(cluster: "Cluster", requests) -> tuple[Outcome | None, Problem | 
         cluster.run(requests)
     except MigrationPolicyError as exc:
         return None, ("valid decisions", str(exc))
+    except AutoscalerError as exc:  # the same runs check an autoscaler (servelab.kit.conformance_autoscaler)
+        return None, ("valid scaling", str(exc))
     except Exception as exc:  # noqa: BLE001 - whatever the run raised is the finding
         return None, ("none lost or twice", f"the run raised {type(exc).__name__}: {exc}")
     if broken:

@@ -438,4 +438,8 @@ def generated_test(kind: str) -> Template:
         from servelab.kit.migration_policy_template import TEST  # noqa: PLC0415 - it imports this module
 
         return TEST
+    if kind == "autoscaler":
+        from servelab.kit.autoscaler_template import TEST as AUTOSCALER_TEST  # noqa: PLC0415 - it imports this module
+
+        return AUTOSCALER_TEST
     return {"time_model": TIME_MODEL_TEST, "router": ROUTER_TEST}.get(kind, KIT_TEST)

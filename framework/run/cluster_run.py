@@ -78,5 +78,9 @@ def collect_cluster_results(cfg: DictConfig, cluster: Cluster, stacks: list[Stac
     live = bool(cluster.live_sequences())
     reports = [ReplicaReport.of(stack, live) for stack in stacks]
     migrations = cluster.migration.sums if cluster.migration is not None else None
-    return cluster_summary(cfg, cluster.replicas, reports, cluster.kv_transfer_sums(), status, writer, weights,
-                           migrations)
+    result = cluster_summary(cfg, cluster.replicas, reports, cluster.kv_transfer_sums(), status, writer, weights,
+                             migrations)
+    if cluster.autoscale is not None:  # written only then: autoscaler=none writes today's summary
+        result.summary.update({"autoscaler": cfg.autoscaler.name,
+                               **cluster.autoscale.figures(result.summary["duration_s"])})
+    return result
