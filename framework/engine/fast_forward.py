@@ -131,60 +131,86 @@ class _Span:
     def run(self, max_steps: int, limit: float, on_step_start: Callable[[], None] | None,
             stop_after_end: bool = False) -> int:
         """Run up to ``max_steps`` span steps, none starting at or after ``limit``, through the
-        engine's step phases (``price``, ``apply``, ``record``); returns how many ran."""
+        engine's step phases (``price``, ``apply``, ``record``); returns how many ran.
+
+        One ``apply`` per span step: it brings the sequences with an event at the *next* step up
+        to date (their ``quiet`` pairs, this step's tokens included), then takes this step's event
+        entries; so when a step starts, its due sequences are up to date for their allocations.
+        Nothing reads a sequence between the two (a span runs no policy), so this is the order the
+        step-by-step path leaves."""
         engine, seqs, events, ends, synced = self.engine, self.seqs, self.events, self.ends, self.synced
         allocator, token = engine.allocator, self.token
         count_quiet, apply, price, record = allocator.count_quiet_decodes, engine.apply, engine.price, engine.record
+        deliver = engine.deliver
         no_plan, no_output = SchedulePlan(), StepOutput([], 0.0)  # a quiet step preempts and moves nothing
         events_plan, events_output = SchedulePlan(), StepOutput([], 0.0)  # refilled each step (apply keeps neither)
+        entries: list[ScheduledSeq | None] = [None] * len(seqs)  # each sequence's event entry, made once, reused
         active = len(seqs)
         context = sum(seq.num_tokens for seq in seqs)  # each decode attends to its whole context
         step = 0
+        due: list[int] = []  # the sequences with an event at ``step`` (up to date), in plan order
+        while events and events[0][0] == 0:
+            due.append(heapq.heappop(events)[1])
         while step < max_steps and active:
             start = engine.now()
             if start >= limit:
                 break
-            due: list[int] = []
-            while events and events[0][0] == step:
-                due.append(heapq.heappop(events)[1])
             if due and len(due) > allocator.num_free_blocks():  # each may need a block: the scheduler decides
-                for i in due:
-                    heapq.heappush(events, (step, i))
                 break
             if on_step_start is not None:
                 on_step_start()
-            if due:  # their allocations, in plan order, as schedule() makes them, once they are up to date
-                lag = self._lag(due, step)
-                if lag:
-                    apply(no_plan, no_output, start, quiet=lag)
-                for i in due:
-                    if not allocator.allocate_slots(seqs[i], 1):
-                        raise RuntimeError(f"allocator plugin {type(allocator).name!r} refused one decode slot for "
-                                           f"{seqs[i].id!r} with {allocator.num_free_blocks()} free blocks: its "
-                                           "quiet_decode_tokens() contract says such a step takes at most one block")
+            for i in due:  # their allocations, in plan order, as schedule() makes them
+                if not allocator.allocate_slots(seqs[i], 1):
+                    raise RuntimeError(f"allocator plugin {type(allocator).name!r} refused one decode slot for "
+                                       f"{seqs[i].id!r} with {allocator.num_free_blocks()} free blocks: its "
+                                       "quiet_decode_tokens() contract says such a step takes at most one block")
             n = active
             if n > len(due):
                 count_quiet(n - len(due))
             work = StepWork(n, n, 0, n, n, context, context)
             end = price(work)
-            stamp = engine.deliver(end, n)  # when the client gets the step's tokens
+            stamp = deliver(end, n)  # when the client gets the step's tokens
             ends.append(stamp)
+            step += 1
+            upcoming: list[int] = []  # events at the next step of sequences without one now
+            while events and events[0][0] == step:
+                upcoming.append(heapq.heappop(events)[1])
+            lag = self._lag(upcoming, step)
             left_tokens = 0
             if due:  # their tokens and finishes, in plan order
-                events_plan.scheduled = [ScheduledSeq(seqs[i], 1, seqs[i].num_computed_tokens) for i in due]
+                scheduled = []
+                for i in due:
+                    entry = entries[i]
+                    seq = seqs[i]
+                    if entry is None:
+                        entry = entries[i] = ScheduledSeq(seq, 1, seq.num_computed_tokens)
+                    else:
+                        entry.start = seq.num_computed_tokens
+                    scheduled.append(entry)
+                events_plan.scheduled = scheduled
                 events_output.sampled = [token] * len(due)
-                apply(events_plan, events_output, end, stamp=stamp)
+                apply(events_plan, events_output, end, stamp=stamp, quiet=lag)
+                again = False
                 for i in due:
                     seq = seqs[i]
-                    synced[i] = step + 1
+                    synced[i] = step
                     if seq.status is Status.RUNNING:
-                        heapq.heappush(events, (self._next_event(seq, step + 1), i))
+                        at = self._next_event(seq, step)
+                        if at == step:
+                            upcoming.append(i)
+                            again = True
+                        else:
+                            heapq.heappush(events, (at, i))
                     else:
                         active -= 1
                         left_tokens += seq.num_tokens
+                if again:
+                    upcoming.sort()
+            elif lag:
+                apply(no_plan, no_output, end, quiet=lag)
+            due = upcoming
             context += n - left_tokens
             record(None, work, start, end)
-            step += 1
             if stop_after_end and left_tokens:
                 break
         lag = self._lag((i for i, seq in enumerate(seqs) if seq.status is Status.RUNNING), step)
