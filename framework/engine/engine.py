@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 from servelab.core.cost_model import StepCostModel, StepFeatures
 from servelab.core.executor import Executor, StepOutput
@@ -38,7 +38,7 @@ from servelab.core.request import Request, Sequence, Status
 from servelab.core.step_work import DraftWork, StepWork
 from servelab.engine.batch import build_batch, step_work
 from servelab.engine.clock import Clock, WallClock, price_kv_transfer
-from servelab.engine.fast_forward import fast_forward, may_precede_span
+from servelab.engine.fast_forward import arrival_step, fast_forward, may_precede_span, resume
 from servelab.engine.frontend import FrontEnd
 from servelab.engine.multi_step import run_window, starts_window
 from servelab.engine.step_totals import StepTotals
@@ -128,7 +128,9 @@ class Engine:
         self.fast_forward_enabled = False
         self.frontend: FrontEnd | None = None  # frontend=...: token timestamps as the client gets them
         self._quiet_plan: SchedulePlan | None = None
+        self._span: Any = None  # a fast-forward span kept for the next arrival's step, or to go on
         self.num_fast_forwarded = 0  # steps run by fast_forward (of totals.num_steps)
+        self.num_bulk_arrival_steps = 0  # steps that took a span's decodes in bulk beside arrivals (of the rest)
         self.last_step_s = 0.0  # the duration of the last step on this engine's clock
 
     def now(self) -> float:
@@ -195,7 +197,7 @@ class Engine:
         if seq.id in self.sequences or seq.id in self._forgotten:
             raise ValueError(f"duplicate request id {seq.id!r}")
         self.sequences[seq.id] = seq
-        self._quiet_plan = None
+        self._quiet_plan = self._span = None
         self.call_plugin("scheduler", lambda: self.scheduler.add(seq))
 
     def poll_connector(self) -> None:
@@ -231,7 +233,7 @@ class Engine:
         seq = self.sequences.get(request_id)
         if seq is None or seq.is_finished:
             return False
-        self._quiet_plan = None
+        self._quiet_plan = self._span = None
         before = self.scheduler.num_unfinished()
         self.call_plugin("scheduler", lambda: self.scheduler.abort(seq))
         if self.scheduler.num_unfinished() != before - 1:
@@ -247,13 +249,21 @@ class Engine:
         (-> draft) -> record. Returns the step's record, or None if nothing could run. With
         ``num_scheduler_steps`` N > 1 a decode-only plan opens a window of up to N decode steps run
         without the scheduler, its tokens delivered at its end (:mod:`servelab.engine.multi_step`);
-        the last step's record is returned."""
+        the last step's record is returned. After a fast-forward span that stopped for an arrival,
+        a scheduler that declares it (``arrivals_beside_decodes``) has the step's decodes taken in
+        bulk (:func:`servelab.engine.fast_forward.arrival_step`): the same phases, the same results."""
         start = self.now()
+        span, self._span = self._span, None
+        if span is not None and self._can_fast_forward():  # an arrival after a span: its decodes in bulk
+            record, self._span = arrival_step(self, span, start)
+            if record is not None:
+                self._quiet_plan = None  # a span goes on from self._span
+                self.num_bulk_arrival_steps += 1
+                return record
         plan = self.schedule(start)
         if plan.is_empty:
             return None
-        if self.timeline is not None and self.timeline.due == 1:  # this step's row will be kept
-            self._waiting = self.scheduler.num_unfinished() - len(plan.scheduled)
+        self.count_waiting(len(plan.scheduled))
         if self.limits.num_scheduler_steps > 1 and self.drafter is None and starts_window(plan):
             return run_window(self, plan, start, self.limits.num_scheduler_steps)
         work = step_work(plan)  # before apply: it reads the sequences as the plan saw them
@@ -275,10 +285,15 @@ class Engine:
         arrival becomes known only then).
         It may be called again without a step in between while nothing reached this engine: it goes
         on from where it stopped (a request added or aborted since makes it decline)."""
+        span, self._span = self._span, None  # kept: a span that stopped for an arrival may go on
         plan = self._quiet_plan  # kept: a span cut short by an arrival elsewhere may go on (a cluster)
-        if plan is None or not self._can_fast_forward():
+        if (span is None and plan is None) or not self._can_fast_forward():
             return 0
-        steps = fast_forward(self, plan, until, on_step_start, stop_after_end)
+        if span is not None:
+            steps, self._span = resume(self, span, until, on_step_start, stop_after_end)
+        else:
+            assert plan is not None
+            steps, self._span = fast_forward(self, plan, until, on_step_start, stop_after_end)
         self.num_fast_forwarded += steps
         return steps
 
@@ -302,6 +317,12 @@ class Engine:
         if not plan.is_empty:
             self._quiet_plan = plan if self.fast_forward_enabled and may_precede_span(plan) else None
         return plan
+
+    def count_waiting(self, num_scheduled: int) -> None:
+        """After ``schedule``: the step being run runs ``num_scheduled`` sequences; the others the
+        scheduler holds count as waiting in the timeline's row for it, when one is kept."""
+        if self.timeline is not None and self.timeline.due == 1:  # this step's row will be kept
+            self._waiting = self.scheduler.num_unfinished() - num_scheduled
 
     def execute(self, plan: SchedulePlan, work: StepWork) -> StepOutput:
         """Compute the step (``work`` is ``step_work(plan)``): the connector's worker side first
@@ -374,6 +395,7 @@ class Engine:
         counts = iter(output.accepted) if output.accepted is not None else None
         on_tokens_computed = self.allocator.on_tokens_computed
         drafting = self.drafter is not None
+        eos, max_len = self.eos_token_ids, self.limits.max_model_len
         grew: list[Sequence] = []
         for entry in plan.scheduled:
             seq = entry.seq
@@ -393,7 +415,13 @@ class Engine:
                 next(counts)  # a plain decode in a verifying step: 0 drafts accepted
             token = next(tokens)
             seq.append_token(token, stamp)
-            reason = self._finish_reason(seq, token)
+            request = seq.request  # _finish_reason, inlined: once per sampled token
+            if not request.ignore_eos and token in eos:
+                reason: str | None = "stop"
+            elif len(seq.output_token_ids) >= request.max_tokens or seq.num_tokens >= max_len:
+                reason = "length"
+            else:
+                reason = None
             if reason and ended is not None:
                 ended.append((seq, reason))
             elif reason:

@@ -32,15 +32,17 @@ when a request ends), also after a step in which a sequence finished.
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable, TypeGuard
 
 from servelab.core.executor import StepOutput
 from servelab.core.interfaces import NextDecision, ScheduledSeq, SchedulePlan
 from servelab.core.request import Sequence, Status
 from servelab.core.step_work import StepWork
+from servelab.engine.batch import step_work
+from servelab.engine.scheduling import QueueScheduler
 
 if TYPE_CHECKING:
-    from servelab.engine.engine import Engine
+    from servelab.engine.engine import Engine, StepRecord
 
 INF = float("inf")
 #: A span is tried only when about this many steps (each as long as the last) fit before the next
@@ -68,28 +70,125 @@ def next_decision(engine: Engine, now: float) -> NextDecision:
 
 
 def fast_forward(engine: Engine, plan: SchedulePlan, until: float,
-                 on_step_start: Callable[[], None] | None = None, stop_after_end: bool = False) -> int:
+                 on_step_start: Callable[[], None] | None = None, stop_after_end: bool = False) -> tuple[int, _Span | None]:
     """Run the quiet steps that may follow ``plan`` (the step just taken, decodes only) and come
     before ``until`` (with ``stop_after_end``: up to the first step in which a sequence finished);
-    returns how many were run (0: none could be)."""
+    returns how many were run (0: none could be) and the span to keep, or None. A span that stops
+    for the arrival at ``until`` (or is too short to run before it) is kept (the engine holds it):
+    the arrival's step may take its decodes in bulk (:func:`arrival_step`), and it goes on after."""
     seqs = [e.seq for e in plan.scheduled if e.seq.status is Status.RUNNING]
     if not seqs or len(seqs) != engine.scheduler.num_unfinished():
-        return 0  # someone waits (or is swapped, or loading): the scheduler decides every step
+        return 0, None  # someone waits (or is swapped, or loading): the scheduler decides every step
     for seq in seqs:
         if seq.num_tokens - seq.num_computed_tokens != 1 or seq.num_computed_tokens < seq.request.prompt_len:
-            return 0  # a prompt chunk is still to come
+            return 0, None  # a prompt chunk is still to come
+    if engine.now() + MIN_SPAN_STEPS * engine.last_step_s >= until and not takes_arrivals_in_bulk(engine.scheduler):
+        return 0, None  # no room for a span worth its set-up, nor an arrival's step to take in bulk
+    return _go_on(engine, _Span(engine, seqs), until, on_step_start, stop_after_end)
+
+
+def resume(engine: Engine, span: _Span, until: float, on_step_start: Callable[[], None] | None = None,
+           stop_after_end: bool = False) -> tuple[int, _Span | None]:
+    """Go on with ``span``, the engine's kept span (every sequence up to date): after the step
+    that took an arrival (:func:`arrival_step`), or after an arrival that went elsewhere (a
+    cluster). Declines, keeping it, while a sequence waits (the next step takes it)."""
+    if span.active != engine.scheduler.num_unfinished():
+        return 0, span
+    return _go_on(engine, span, until, on_step_start, stop_after_end)
+
+
+def takes_arrivals_in_bulk(scheduler: object) -> TypeGuard[QueueScheduler]:
+    """Whether ``scheduler`` declares that an arrival's step may take the running decodes in bulk."""
+    return isinstance(scheduler, QueueScheduler) and scheduler.arrivals_beside_decodes()
+
+
+def _go_on(engine: Engine, span: _Span, until: float, on_step_start: Callable[[], None] | None,
+           stop_after_end: bool) -> tuple[int, _Span | None]:
+    """The scheduler's horizon, then ``span.run`` up to it and ``until``; the span is kept while
+    it may take the next arrival's step (the scheduler's horizon has not run out)."""
     now = engine.now()
-    if now + MIN_SPAN_STEPS * engine.last_step_s >= until:
-        return 0  # no room for a span worth its set-up
+    short = now + MIN_SPAN_STEPS * engine.last_step_s >= until  # no room for a span worth its set-up
+    if short and not takes_arrivals_in_bulk(engine.scheduler):
+        return 0, None
     steps, at_s = next_decision(engine, now)
-    limit = min(until, at_s)
-    if steps == 0 or now >= limit:
-        return 0
-    return _Span(engine, seqs).run(steps, limit, on_step_start, stop_after_end)
+    if steps == 0 or now >= at_s:
+        return 0, None
+    span.at_s = at_s
+    if short:  # (an arrival is due now, or soon) the arrival's step may still take these decodes in bulk
+        span.open = True
+        return 0, span
+    ran = span.run(steps, until, on_step_start, stop_after_end)
+    return ran, span if span.open else None
+
+
+def arrival_step(engine: Engine, span: _Span, start: float) -> tuple[StepRecord | None, _Span | None]:
+    """The step after ``span`` stopped for an arrival, with the span's decodes taken in bulk, or
+    None (nothing changed) when it cannot be: the scheduler (a :class:`QueueScheduler`) declares
+    :meth:`~servelab.engine.scheduling.QueueScheduler.arrivals_beside_decodes` and is in a state
+    where :meth:`schedule` would start by giving every running sequence (the span's, in the
+    span's order) one decode token; the allocator has a block for each of them that needs one.
+
+    As :meth:`Engine.step` runs it: the due sequences' allocations (in plan order), then
+    :meth:`~servelab.engine.scheduling.QueueScheduler.schedule_arrivals` (admissions, with the
+    decodes' budget and context), the step's work (the decodes' counts plus the admissions'
+    entries), ``execute``, ``price``, one ``apply`` (every other span sequence brought up to date
+    through its ``quiet`` pairs, then the due entries and the admissions, in plan order), and
+    ``record`` with the admissions' plan. Admitted sequences that decode next join the span."""
+    scheduler = engine.scheduler
+    n = span.active
+    if (not span.open or start >= span.at_s or not takes_arrivals_in_bulk(scheduler)
+            or not scheduler.may_take_decodes_in_bulk(n)):
+        return None, None
+    events, seqs, allocator = span.events, span.seqs, engine.allocator
+    step = span.step
+    due: list[int] = []
+    while events and events[0][0] == step:
+        due.append(heapq.heappop(events)[1])
+    if due and len(due) > allocator.num_free_blocks():
+        return None, None  # the scheduler may preempt: the step-by-step path decides (the span is dropped)
+    for i in due:
+        span.allocate(seqs[i])
+    plan = engine.call_plugin("scheduler", lambda: scheduler.schedule_arrivals(start, n, span.context))
+    if plan.preempted or plan.swap_out or plan.swap_in or plan.copy_blocks:
+        raise RuntimeError(f"scheduler plugin {type(scheduler).name!r}: schedule_arrivals() preempted or moved "
+                           "blocks; arrivals_beside_decodes() says it never does")
+    engine.count_waiting(n + len(plan.scheduled))
+    if n > len(due):
+        allocator.count_quiet_decodes(n - len(due))
+    added, context = step_work(plan), span.context
+    work = StepWork(n + added.num_tokens, n + added.num_seqs, added.prefill_tokens, n + added.decode_seqs,
+                    n + added.num_sampled, context + added.attended, context + added.context_tokens)
+    output = engine.execute(plan, work)
+    end = engine.price(work)
+    stamp = engine.deliver(end, len(output.sampled))
+    span.ends.append(stamp)
+    span.step = step = step + 1
+    lag = span.lag((i for i in range(len(seqs)) if i not in due), step)
+    entries = span.event_entries(due)
+    engine.apply(SchedulePlan(entries + plan.scheduled), StepOutput([span.token] * len(due) + output.sampled[n:], 0.0),
+                 end, stamp=stamp, quiet=lag)
+    for i in span.after_events(due, n):  # due again at the coming step
+        heapq.heappush(events, (step, i))
+    record = engine.record(plan, work, start, end, output)
+    span.open = False
+    span.rebase()  # (when ended sequences pile up)
+    for entry in plan.scheduled:
+        seq = entry.seq
+        if seq.status is not Status.RUNNING:
+            continue  # ended at once
+        if seq.num_tokens - seq.num_computed_tokens != 1 or seq.num_computed_tokens < seq.request.prompt_len:
+            return record, None  # a prompt chunk is still to come: the span ends (everyone is up to date)
+        span.add(seq)
+    return record, span
 
 
 class _Span:
-    """The sequences of one span (in plan order) and how far each has been brought up to date."""
+    """The sequences of one span (in plan order) and how far each has been brought up to date.
+
+    Span steps are counted from the span's start (``step``); ``synced[i]``: the span steps whose
+    tokens ``seqs[i]`` has been given; ``ends[k]``: span step ``k``'s stamp. Between calls every
+    running sequence is up to date. ``open``: it stopped for an arrival (``until``) inside the
+    scheduler's horizon (before ``at_s``), so that arrival's step may take its decodes in bulk."""
 
     def __init__(self, engine: Engine, seqs: list[Sequence]) -> None:
         self.engine = engine
@@ -99,6 +198,12 @@ class _Span:
         self.token: int = token
         self.synced = [0] * len(seqs)  # span steps whose tokens seqs[i] has been given
         self.ends: list[float] = []  # each span step's tokens' timestamps (its end, or when a front end delivers them)
+        self.entries: list[ScheduledSeq | None] = [None] * len(seqs)  # each sequence's event entry, made once, reused
+        self.step = 0
+        self.active = len(seqs)
+        self.context = sum(seq.num_tokens for seq in seqs)  # each decode attends to its whole context
+        self.open = False
+        self.at_s = INF
         quiet, max_len = engine.allocator.quiet_decode_tokens, engine.limits.max_model_len
         events = []  # (span step, plan index): each sequence's next event, as _next_event says
         for i, seq in enumerate(seqs):  # once per span per sequence: _next_event inlined
@@ -108,6 +213,33 @@ class _Span:
         heapq.heapify(events)
         self.events = events
 
+    def add(self, seq: Sequence) -> None:
+        """``seq`` (up to date, decoding next) joins the span, after every sequence in it."""
+        i = len(self.seqs)
+        self.seqs.append(seq)
+        self.synced.append(self.step)
+        self.entries.append(None)
+        self.active += 1
+        self.context += seq.num_tokens
+        heapq.heappush(self.events, (self._next_event(seq, self.step), i))
+
+    def rebase(self) -> None:
+        """With every running sequence up to date: once ended sequences outnumber the running
+        ones, forget them and count span steps from here (a span kept across arrivals stays about
+        as long as its running batch)."""
+        step, seqs, entries = self.step, self.seqs, self.entries
+        if len(seqs) < 2 * self.active + 16:
+            return  # a few ended ones cost less to skip than to drop (amortised: dropped in a batch)
+        keep = [i for i, seq in enumerate(seqs) if seq.status is Status.RUNNING]
+        index = {old: new for new, old in enumerate(keep)}
+        self.seqs = [seqs[i] for i in keep]
+        self.entries = [entries[i] for i in keep]
+        self.synced = [0] * len(keep)
+        self.ends = []
+        self.step = 0
+        # both maps keep the order (a shift, an increasing renumbering): the heap stays a heap
+        self.events = [(at - step, index[i]) for at, i in self.events]
+
     def _next_event(self, seq: Sequence, step: int) -> int:
         """The first span step from ``step`` on that is not quiet for ``seq`` (it is up to date):
         the allocator must act, or its ``left``-th token ends it."""
@@ -115,105 +247,129 @@ class _Span:
         left = min(seq.request.max_tokens - len(seq.output_token_ids), self.engine.limits.max_model_len - seq.num_tokens)
         return step + (quiet if quiet < left else left - 1)
 
-    def _lag(self, indices: Iterable[int], step: int) -> list[tuple[Sequence, list[float]]]:
+    def lag(self, indices: Iterable[int], step: int) -> list[tuple[Sequence, list[float]]]:
         """What ``seqs[i]`` (each of ``indices``) has not been given of the quiet span steps before
         ``step``, as :meth:`Engine.apply`'s ``quiet`` pairs (the sequence, those steps' stamps);
-        from here on they count as given."""
+        from here on they count as given. Ended sequences are skipped."""
         seqs, synced, ends = self.seqs, self.synced, self.ends
         lag = []
         for i in indices:
             done = synced[i]
-            if step > done:
+            if step > done and seqs[i].status is Status.RUNNING:
                 lag.append((seqs[i], ends[done:step]))
                 synced[i] = step
         return lag
 
-    def run(self, max_steps: int, limit: float, on_step_start: Callable[[], None] | None,
+    def allocate(self, seq: Sequence) -> None:
+        """A due sequence's slot for the coming step, as ``schedule()`` allocates a decode."""
+        allocator = self.engine.allocator
+        if not allocator.allocate_slots(seq, 1):
+            raise RuntimeError(f"allocator plugin {type(allocator).name!r} refused one decode slot for "
+                               f"{seq.id!r} with {allocator.num_free_blocks()} free blocks: its "
+                               "quiet_decode_tokens() contract says such a step takes at most one block")
+
+    def event_entries(self, due: list[int]) -> list[ScheduledSeq]:
+        """The plan entries of the due sequences (one decode token each), in plan order."""
+        seqs, entries, out = self.seqs, self.entries, []
+        for i in due:
+            entry, seq = entries[i], seqs[i]
+            if entry is None:
+                entry = entries[i] = ScheduledSeq(seq, 1, seq.num_computed_tokens)
+            else:
+                entry.start = seq.num_computed_tokens
+            out.append(entry)
+        return out
+
+    def after_events(self, due: list[int], n: int) -> list[int]:
+        """After the step (``self.step`` counts it) whose ``n`` decodes applied ``due``'s entries:
+        their next events are queued, the finished leave, the context grows. Returns, in plan
+        order and not queued, those whose next event is at the coming step."""
+        seqs, synced, events, step = self.seqs, self.synced, self.events, self.step
+        again: list[int] = []
+        left_tokens = 0
+        for i in due:
+            seq = seqs[i]
+            synced[i] = step
+            if seq.status is Status.RUNNING:
+                at = self._next_event(seq, step)
+                if at == step:
+                    again.append(i)
+                else:
+                    heapq.heappush(events, (at, i))
+            else:
+                self.active -= 1
+                left_tokens += seq.num_tokens
+        self.context += n - left_tokens
+        self.left_tokens = left_tokens
+        return again
+
+    def run(self, max_steps: int, until: float, on_step_start: Callable[[], None] | None,
             stop_after_end: bool = False) -> int:
-        """Run up to ``max_steps`` span steps, none starting at or after ``limit``, through the
-        engine's step phases (``price``, ``apply``, ``record``); returns how many ran.
+        """Run up to ``max_steps`` span steps, none starting at or after ``until`` or ``self.at_s``,
+        through the engine's step phases (``price``, ``apply``, ``record``); returns how many ran.
 
         One ``apply`` per span step: it brings the sequences with an event at the *next* step up
         to date (their ``quiet`` pairs, this step's tokens included), then takes this step's event
         entries; so when a step starts, its due sequences are up to date for their allocations.
         Nothing reads a sequence between the two (a span runs no policy), so this is the order the
-        step-by-step path leaves."""
-        engine, seqs, events, ends, synced = self.engine, self.seqs, self.events, self.ends, self.synced
+        step-by-step path leaves. On return every running sequence is up to date."""
+        engine, seqs, events, ends = self.engine, self.seqs, self.events, self.ends
         allocator, token = engine.allocator, self.token
         count_quiet, apply, price, record = allocator.count_quiet_decodes, engine.apply, engine.price, engine.record
-        deliver = engine.deliver
+        deliver, allocate = engine.deliver, self.allocate
         no_plan, no_output = SchedulePlan(), StepOutput([], 0.0)  # a quiet step preempts and moves nothing
         events_plan, events_output = SchedulePlan(), StepOutput([], 0.0)  # refilled each step (apply keeps neither)
-        entries: list[ScheduledSeq | None] = [None] * len(seqs)  # each sequence's event entry, made once, reused
-        active = len(seqs)
-        context = sum(seq.num_tokens for seq in seqs)  # each decode attends to its whole context
-        step = 0
-        due: list[int] = []  # the sequences with an event at ``step`` (up to date), in plan order
-        while events and events[0][0] == 0:
+        limit = min(until, self.at_s)
+        self.open = False
+        ran = 0
+        due: list[int] = []  # the sequences with an event at ``self.step`` (up to date), in plan order
+        while events and events[0][0] == self.step:
             due.append(heapq.heappop(events)[1])
-        while step < max_steps and active:
+        while ran < max_steps and self.active:
             start = engine.now()
             if start >= limit:
+                self.open = start < self.at_s  # stopped for the arrival at ``until``
                 break
             if due and len(due) > allocator.num_free_blocks():  # each may need a block: the scheduler decides
                 break
             if on_step_start is not None:
                 on_step_start()
             for i in due:  # their allocations, in plan order, as schedule() makes them
-                if not allocator.allocate_slots(seqs[i], 1):
-                    raise RuntimeError(f"allocator plugin {type(allocator).name!r} refused one decode slot for "
-                                       f"{seqs[i].id!r} with {allocator.num_free_blocks()} free blocks: its "
-                                       "quiet_decode_tokens() contract says such a step takes at most one block")
-            n = active
+                allocate(seqs[i])
+            n = self.active
             if n > len(due):
                 count_quiet(n - len(due))
-            work = StepWork(n, n, 0, n, n, context, context)
+            work = StepWork(n, n, 0, n, n, self.context, self.context)
             end = price(work)
             stamp = deliver(end, n)  # when the client gets the step's tokens
             ends.append(stamp)
-            step += 1
+            self.step = step = self.step + 1
+            ran += 1
             upcoming: list[int] = []  # events at the next step of sequences without one now
             while events and events[0][0] == step:
                 upcoming.append(heapq.heappop(events)[1])
-            lag = self._lag(upcoming, step)
-            left_tokens = 0
+            lag = self.lag(upcoming, step)
+            self.left_tokens = 0
             if due:  # their tokens and finishes, in plan order
-                scheduled = []
-                for i in due:
-                    entry = entries[i]
-                    seq = seqs[i]
-                    if entry is None:
-                        entry = entries[i] = ScheduledSeq(seq, 1, seq.num_computed_tokens)
-                    else:
-                        entry.start = seq.num_computed_tokens
-                    scheduled.append(entry)
-                events_plan.scheduled = scheduled
+                events_plan.scheduled = self.event_entries(due)
                 events_output.sampled = [token] * len(due)
                 apply(events_plan, events_output, end, stamp=stamp, quiet=lag)
-                again = False
-                for i in due:
-                    seq = seqs[i]
-                    synced[i] = step
-                    if seq.status is Status.RUNNING:
-                        at = self._next_event(seq, step)
-                        if at == step:
-                            upcoming.append(i)
-                            again = True
-                        else:
-                            heapq.heappush(events, (at, i))
-                    else:
-                        active -= 1
-                        left_tokens += seq.num_tokens
+                again = self.after_events(due, n)
                 if again:
-                    upcoming.sort()
-            elif lag:
-                apply(no_plan, no_output, end, quiet=lag)
+                    upcoming = sorted(upcoming + again)
+            else:
+                if lag:
+                    apply(no_plan, no_output, end, quiet=lag)
+                self.context += n
             due = upcoming
-            context += n - left_tokens
             record(None, work, start, end)
-            if stop_after_end and left_tokens:
+            if stop_after_end and self.left_tokens:
                 break
-        lag = self._lag((i for i, seq in enumerate(seqs) if seq.status is Status.RUNNING), step)
+        for i in due:  # popped, not run: their events stay (the span may go on)
+            heapq.heappush(events, (self.step, i))
+        lag = self.lag(range(len(seqs)), self.step)
         if lag:
             apply(no_plan, no_output, engine.now(), quiet=lag)
-        return step
+        if self.open:
+            self.rebase()
+        return ran
