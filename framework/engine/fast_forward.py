@@ -313,20 +313,21 @@ class _Span:
         entries; so when a step starts, its due sequences are up to date for their allocations.
         Nothing reads a sequence between the two (a span runs no policy), so this is the order the
         step-by-step path leaves. On return every running sequence is up to date."""
-        engine, seqs, events, ends = self.engine, self.seqs, self.events, self.ends
-        allocator, token = engine.allocator, self.token
+        engine, seqs, events, ends, synced, entries = self.engine, self.seqs, self.events, self.ends, self.synced, self.entries
+        allocator, token, next_event = engine.allocator, self.token, self._next_event
         count_quiet, apply, price, record = allocator.count_quiet_decodes, engine.apply, engine.price, engine.record
-        deliver, allocate = engine.deliver, self.allocate
+        deliver, allocate, now, heappop = engine.deliver, self.allocate, engine.now, heapq.heappop
         no_plan, no_output = SchedulePlan(), StepOutput([], 0.0)  # a quiet step preempts and moves nothing
         events_plan, events_output = SchedulePlan(), StepOutput([], 0.0)  # refilled each step (apply keeps neither)
         limit = min(until, self.at_s)
         self.open = False
-        ran = 0
-        due: list[int] = []  # the sequences with an event at ``self.step`` (up to date), in plan order
-        while events and events[0][0] == self.step:
-            due.append(heapq.heappop(events)[1])
-        while ran < max_steps and self.active:
-            start = engine.now()
+        step, active, context = self.step, self.active, self.context  # locals in the loop, written back after it
+        ran = left_tokens = 0
+        due: list[int] = []  # the sequences with an event at ``step`` (up to date), in plan order
+        while events and events[0][0] == step:
+            due.append(heappop(events)[1])
+        while ran < max_steps and active:
+            start = now()
             if start >= limit:
                 self.open = start < self.at_s  # stopped for the arrival at ``until``
                 break
@@ -336,40 +337,64 @@ class _Span:
                 on_step_start()
             for i in due:  # their allocations, in plan order, as schedule() makes them
                 allocate(seqs[i])
-            n = self.active
+            n = active
             if n > len(due):
                 count_quiet(n - len(due))
-            work = StepWork(n, n, 0, n, n, self.context, self.context)
+            work = StepWork(n, n, 0, n, n, context, context)
             end = price(work)
             stamp = deliver(end, n)  # when the client gets the step's tokens
             ends.append(stamp)
-            self.step = step = self.step + 1
+            step += 1
             ran += 1
             upcoming: list[int] = []  # events at the next step of sequences without one now
+            lag = []  # ... brought up to date (this step's token included): self.lag, inlined
             while events and events[0][0] == step:
-                upcoming.append(heapq.heappop(events)[1])
-            lag = self.lag(upcoming, step)
-            self.left_tokens = 0
-            if due:  # their tokens and finishes, in plan order
-                events_plan.scheduled = self.event_entries(due)
+                i = heappop(events)[1]
+                upcoming.append(i)
+                lag.append((seqs[i], ends[synced[i]:step]))
+                synced[i] = step
+            left_tokens = 0
+            if due:  # their tokens and finishes, in plan order (self.event_entries and self.after_events, inlined)
+                scheduled = []
+                for i in due:
+                    entry, seq = entries[i], seqs[i]
+                    if entry is None:
+                        entry = entries[i] = ScheduledSeq(seq, 1, seq.num_computed_tokens)
+                    else:
+                        entry.start = seq.num_computed_tokens
+                    scheduled.append(entry)
+                events_plan.scheduled = scheduled
                 events_output.sampled = [token] * len(due)
                 apply(events_plan, events_output, end, stamp=stamp, quiet=lag)
-                again = self.after_events(due, n)
+                again = False
+                for i in due:
+                    seq = seqs[i]
+                    synced[i] = step
+                    if seq.status is Status.RUNNING:
+                        at = next_event(seq, step)
+                        if at == step:
+                            upcoming.append(i)
+                            again = True
+                        else:
+                            heapq.heappush(events, (at, i))
+                    else:
+                        active -= 1
+                        left_tokens += seq.num_tokens
                 if again:
-                    upcoming = sorted(upcoming + again)
-            else:
-                if lag:
-                    apply(no_plan, no_output, end, quiet=lag)
-                self.context += n
+                    upcoming.sort()
+            elif lag:
+                apply(no_plan, no_output, end, quiet=lag)
+            context += n - left_tokens
             due = upcoming
             record(None, work, start, end)
-            if stop_after_end and self.left_tokens:
+            if stop_after_end and left_tokens:
                 break
+        self.step, self.active, self.context, self.left_tokens = step, active, context, left_tokens
         for i in due:  # popped, not run: their events stay (the span may go on)
-            heapq.heappush(events, (self.step, i))
-        lag = self.lag(range(len(seqs)), self.step)
+            heapq.heappush(events, (step, i))
+        lag = self.lag(range(len(seqs)), step)
         if lag:
-            apply(no_plan, no_output, engine.now(), quiet=lag)
+            apply(no_plan, no_output, now(), quiet=lag)
         if self.open:
             self.rebase()
         return ran
