@@ -39,6 +39,8 @@ def test_an_arrival_ends_only_the_span_of_its_replica():
         assert engine.num_fast_forwarded > 0
         # one scheduled step per request placed here (its prompt fits one step); arrivals elsewhere cost none
         assert scheduled <= r.placed, (r.index, scheduled, r.placed)
+    # the replica an arrival reaches takes its span's decodes in bulk beside it (fcfs declares it)
+    assert sum(r.engine.num_bulk_arrival_steps for r in cluster.replicas) > 0
     for stack in stacks:
         stack.executor.shutdown()
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import random
 import sys
+import tempfile
 
 import pytest
 
 from servelab.api import compose
 from servelab.core.registry import default_registry
 from servelab.kit.conformance_fast_forward import run_both_ways
-from servelab.plugin_api import EVERY_STEP, UNTIL_ARRIVAL, NextDecision, hookimpl
+from servelab.plugin_api import EVERY_STEP, UNTIL_ARRIVAL, NextDecision, QueueScheduler, hookimpl
 from servelab.plugins.schedulers.fcfs import FCFSScheduler
 from servelab.run.session import run_job
 from servelab.assemble.stack import build_stack
@@ -89,6 +90,70 @@ def test_steps_log_turns_fast_forward_off(tmp_path):
     assert stack.engine.num_fast_forwarded == 0  # each step's record carries the scheduler's figures
 
 
+#: Arrivals while requests decode: the arrival's step takes the span's decodes in bulk (fcfs and slo_aware
+#: declare it); with a front end the tokens' stamps are its deliveries; a chunked prompt ends the bulk path.
+ARRIVALS = {
+    "fcfs": ("scheduler=fcfs", "workload.num_requests=80", "workload.rate=20"),
+    "slo_aware": ("scheduler=slo_aware", "workload.num_requests=80", "workload.rate=20"),
+    "slo_aware-ttft": ("scheduler=slo_aware", "slo.ttft_ms=200", "workload.num_requests=80", "workload.rate=40"),
+    "fcfs-frontend": ("scheduler=fcfs", "frontend=servelab_cpu", "workload.num_requests=80", "workload.rate=20"),
+    "fcfs-chunks": ("scheduler=fcfs", "max_num_batched_tokens=128", "workload.num_requests=60", "workload.rate=20"),
+    "fcfs-few-seats": ("scheduler=fcfs", "max_num_seqs=4", "workload.num_requests=60", "workload.rate=40"),
+    "fcfs-tight": ("scheduler=fcfs", *TIGHT),
+    "fcfs-blocks": ("scheduler=fcfs", "block_size=8", "allocator.prefix_caching=true", "workload.num_requests=60",
+                    "workload.rate=20"),
+    "decode-first": ("chunked_prefill=false", "non_chunked_schedule=decode_first", "max_num_batched_tokens=2048",
+                     "workload.num_requests=60", "workload.rate=20"),
+}
+
+
+def bulk_arrival_steps(overrides: tuple[str, ...], registry=None) -> int:
+    """Steps of a fast-forward run whose decodes were taken in bulk beside arrivals."""
+    cfg = compose([*overrides, "sim.fast_forward=true"], logger="none", progress=False)
+    stack = build_stack(cfg, registry)
+    with tempfile.TemporaryDirectory() as tmp:
+        run_job(cfg, tmp, stack=stack)
+    return stack.engine.num_bulk_arrival_steps
+
+
+@pytest.mark.parametrize("name", sorted(ARRIVALS))
+def test_arrival_steps_in_bulk_identical(name):
+    overrides = BASE + ARRIVALS[name]
+    difference, _, _ = run_both_ways(overrides, default_registry())
+    assert difference is None, difference
+    assert bulk_arrival_steps(overrides) > 0
+
+
+class UndeclaredQueueScheduler(QueueScheduler):
+    """A third-party queue scheduler that declares a fast-forward horizon, not bulk arrivals."""
+
+    name = "ff_no_bulk"
+
+    def next_decision(self, now: float) -> NextDecision:
+        return UNTIL_ARRIVAL
+
+
+class ReorderingFCFS(FCFSScheduler):
+    """A subclass of a declaring scheduler that changes the running phase: it inherits fcfs's
+    declaration, which did not see its ``running_order``."""
+
+    name = "ff_reordering"
+
+    def running_order(self, running, now):
+        return running
+
+
+@pytest.mark.parametrize("name", ["ff_no_bulk", "ff_reordering"])
+def test_a_scheduler_that_does_not_declare_bulk_arrivals_keeps_the_full_step(name):
+    registry = registry_with(sys.modules[__name__])
+    cfg = compose([*BASE, *ARRIVALS["fcfs"][1:], f"scheduler={name}", "sim.fast_forward=true"], logger="none",
+                  progress=False)
+    stack = build_stack(cfg, registry)
+    with tempfile.TemporaryDirectory() as tmp:
+        run_job(cfg, tmp, stack=stack)
+    assert stack.engine.num_fast_forwarded > 0 and stack.engine.num_bulk_arrival_steps == 0
+
+
 SCHEDULERS = ["fcfs", "priority", "sjf length_predictor=oracle", "mlfq", "vtc", "lpm", "slo_aware", "static",
               "slo_aware slo.tpot_ms=20"]
 EXTRAS = [(), ("preemption=swap", "backend.num_swap_blocks=150"), ("allocator=contiguous",), ("max_num_seqs=6",),
@@ -113,17 +178,22 @@ def random_stack(rng: random.Random) -> tuple[str, ...]:
     return BASE + tuple(" ".join(overrides).split())
 
 
-def _property(cases: int, seed: int) -> None:
+def _property(cases: int, seed: int) -> int:
+    """``cases`` random stacks identical with and without fast-forward; returns how many of them
+    took arrivals' steps in bulk."""
     rng = random.Random(seed)
     stacks = [random_stack(rng) for _ in range(cases)]
     assert any("cluster.replicas" in o for s in stacks for o in s)  # the draw covers clusters
+    bulk = 0
     for overrides in stacks:
         difference, _, _ = run_both_ways(overrides, default_registry())
         assert difference is None, f"{' '.join(overrides)}: {difference}"
+        bulk += bulk_arrival_steps(overrides) > 0
+    return bulk
 
 
 def test_random_stacks_identical():
-    _property(6, seed=1)
+    assert _property(6, seed=1) > 0  # the arrivals' bulk path among them
 
 
 @pytest.mark.slow
@@ -157,7 +227,7 @@ class AskedEveryStep(FCFSScheduler):
 
 @hookimpl
 def servelab_register_schedulers():
-    return [ThrottlingScheduler, AskedEveryStep]
+    return [ThrottlingScheduler, AskedEveryStep, UndeclaredQueueScheduler, ReorderingFCFS]
 
 
 def test_kit_names_a_wrong_declaration():

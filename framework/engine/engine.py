@@ -38,7 +38,7 @@ from servelab.core.request import Request, Sequence, Status
 from servelab.core.step_work import DraftWork, StepWork
 from servelab.engine.batch import build_batch, step_work
 from servelab.engine.clock import Clock, WallClock, price_kv_transfer
-from servelab.engine.fast_forward import Span, fast_forward, may_precede_span
+from servelab.engine.fast_forward import Span, arrival_step, fast_forward, may_precede_span, resume
 from servelab.engine.frontend import FrontEnd
 from servelab.engine.multi_step import run_window, starts_window
 from servelab.engine.step_totals import StepTotals
@@ -128,8 +128,11 @@ class Engine:
         self.fast_forward_enabled = False
         self.frontend: FrontEnd | None = None  # frontend=...: token timestamps as the client gets them
         self._quiet_plan: SchedulePlan | None = None
-        self._span: Span | None = None  # a span paused at an arrival that went elsewhere (fast_forward(resumable=True))
+        # a fast-forward span kept for the next arrival's step, or to go on; in a cluster maybe paused
+        # (its sequences not up to date: fast_forward(resumable=True), settle_span)
+        self._span: Span | None = None
         self.num_fast_forwarded = 0  # steps run by fast_forward (of totals.num_steps)
+        self.num_bulk_arrival_steps = 0  # steps that took a span's decodes in bulk beside arrivals (of the rest)
         self.last_step_s = 0.0  # the duration of the last step on this engine's clock
 
     def now(self) -> float:
@@ -196,7 +199,7 @@ class Engine:
         can run here (:meth:`rejection_reason`)."""
         if seq.id in self.sequences or seq.id in self._forgotten:
             raise ValueError(f"duplicate request id {seq.id!r}")
-        self.settle_span()
+        self._drop_span()
         self.sequences[seq.id] = seq
         self._quiet_plan = None
         self.call_plugin("scheduler", lambda: self.scheduler.add(seq))
@@ -244,7 +247,7 @@ class Engine:
         seq = self.sequences.get(request_id)
         if seq is None or seq.is_finished:
             return False
-        self.settle_span()
+        self._drop_span()
         self._quiet_plan = None
         before = self.scheduler.num_unfinished()
         self.call_plugin("scheduler", lambda: self.scheduler.abort(seq))
@@ -261,13 +264,23 @@ class Engine:
         (-> draft) -> record. Returns the step's record, or None if nothing could run. With
         ``num_scheduler_steps`` N > 1 a decode-only plan opens a window of up to N decode steps run
         without the scheduler, its tokens delivered at its end (:mod:`servelab.engine.multi_step`);
-        the last step's record is returned."""
+        the last step's record is returned. After a fast-forward span that stopped for an arrival,
+        a scheduler that declares it (``arrivals_beside_decodes``) has the step's decodes taken in
+        bulk (:func:`servelab.engine.fast_forward.arrival_step`): the same phases, the same results."""
         start = self.now()
+        span, self._span = self._span, None
+        if span is not None:
+            span.settle()  # (a paused one: a cluster's replica) its sequences up to date first
+            if self._can_fast_forward():  # an arrival after a span: its decodes in bulk
+                record, self._span = arrival_step(self, span, start)
+                if record is not None:
+                    self._quiet_plan = None  # a span goes on from self._span
+                    self.num_bulk_arrival_steps += 1
+                    return record
         plan = self.schedule(start)
         if plan.is_empty:
             return None
-        if self.timeline is not None and self.timeline.due == 1:  # this step's row will be kept
-            self._waiting = self.scheduler.num_unfinished() - len(plan.scheduled)
+        self.count_waiting(len(plan.scheduled))
         if self.limits.num_scheduler_steps > 1 and self.drafter is None and starts_window(plan):
             return run_window(self, plan, start, self.limits.num_scheduler_steps)
         work = step_work(plan)  # before apply: it reads the sequences as the plan saw them
@@ -288,28 +301,37 @@ class Engine:
         ``stop_after_end``: stop after a step in which a request ended (a closed-loop client's next
         arrival becomes known only then).
         It may be called again without a step in between while nothing reached this engine: it goes
-        on from where it stopped (a request added or aborted since makes it decline). With
-        ``resumable`` (a cluster: the arrival at ``until`` may go to another replica) a span that
-        stopped at ``until`` is paused, its running sequences not yet given the tokens of its quiet
-        steps: the next call goes on with it at no cost per sequence, and anything that reaches
-        the engine (a step, a request added or ended) first brings them up to date
-        (:meth:`settle_span`; call it before reading them from outside)."""
+        on from where it stopped (a request added since makes it wait for the arrival's step, one
+        aborted makes it decline). With ``resumable`` (a cluster: the arrival at ``until`` may go
+        to another replica) a span that stopped at ``until`` is paused, its running sequences not
+        yet given the tokens of its quiet steps: the next call goes on with it at no cost per
+        sequence, and anything that reaches the engine (a step, a request added or ended) first
+        brings them up to date (:meth:`settle_span`; call it before reading them from outside)."""
+        span, self._span = self._span, None  # kept: a span that stopped for an arrival may go on
         plan = self._quiet_plan  # kept: a span cut short by an arrival elsewhere may go on (a cluster)
-        if plan is None or not self._can_fast_forward():
-            return 0
-        span, self._span = self._span, None
-        steps = span.go_on(until, on_step_start, stop_after_end, resumable) if span is not None else 0
-        if not steps:
+        if (span is None and plan is None) or not self._can_fast_forward():
             if span is not None:
                 span.settle()
-            steps, span = fast_forward(self, plan, until, on_step_start, stop_after_end, resumable)
-        self._span = span if span is not None and span.paused else None
+            return 0
+        if span is not None:
+            steps, self._span = resume(self, span, until, on_step_start, stop_after_end, resumable)
+            if self._span is not span:
+                span.settle()  # dropped: its sequences up to date
+        else:
+            assert plan is not None
+            steps, self._span = fast_forward(self, plan, until, on_step_start, stop_after_end, resumable)
         self.num_fast_forwarded += steps
         return steps
 
     def settle_span(self) -> None:
         """Give the running sequences the tokens of a paused span's steps (:meth:`fast_forward`
-        with ``resumable``): they are then as the step-by-step path leaves them."""
+        with ``resumable``): they are then as the step-by-step path leaves them. The span is kept
+        (an arrival's step may still take its decodes in bulk, :meth:`step`)."""
+        if self._span is not None:
+            self._span.settle()
+
+    def _drop_span(self) -> None:
+        """Something other than an arrival reached the engine: the kept span, up to date, ends."""
         span, self._span = self._span, None
         if span is not None:
             span.settle()
@@ -328,13 +350,19 @@ class Engine:
         ask the scheduler for its plan at ``now`` (engine seconds). The scheduler allocates the
         plan's blocks and preempts; nothing else is asked. A plan that preempted and moved nothing
         is kept as the one a fast-forward span may follow (:meth:`fast_forward`)."""
-        self.settle_span()
+        self._drop_span()
         if self.connector is not None:
             self.poll_connector()
         plan = self.call_plugin("scheduler", lambda: self.scheduler.schedule(now))
         if not plan.is_empty:
             self._quiet_plan = plan if self.fast_forward_enabled and may_precede_span(plan) else None
         return plan
+
+    def count_waiting(self, num_scheduled: int) -> None:
+        """After ``schedule``: the step being run runs ``num_scheduled`` sequences; the others the
+        scheduler holds count as waiting in the timeline's row for it, when one is kept."""
+        if self.timeline is not None and self.timeline.due == 1:  # this step's row will be kept
+            self._waiting = self.scheduler.num_unfinished() - num_scheduled
 
     def execute(self, plan: SchedulePlan, work: StepWork) -> StepOutput:
         """Compute the step (``work`` is ``step_work(plan)``): the connector's worker side first
@@ -407,6 +435,7 @@ class Engine:
         counts = iter(output.accepted) if output.accepted is not None else None
         on_tokens_computed = self.allocator.on_tokens_computed
         drafting = self.drafter is not None
+        eos, max_len = self.eos_token_ids, self.limits.max_model_len
         grew: list[Sequence] = []
         for entry in plan.scheduled:
             seq = entry.seq
@@ -426,7 +455,13 @@ class Engine:
                 next(counts)  # a plain decode in a verifying step: 0 drafts accepted
             token = next(tokens)
             seq.append_token(token, stamp)
-            reason = self._finish_reason(seq, token)
+            request = seq.request  # _finish_reason, inlined: once per sampled token
+            if not request.ignore_eos and token in eos:
+                reason: str | None = "stop"
+            elif len(seq.output_token_ids) >= request.max_tokens or seq.num_tokens >= max_len:
+                reason = "length"
+            else:
+                reason = None
             if reason and ended is not None:
                 ended.append((seq, reason))
             elif reason:

@@ -40,6 +40,7 @@ everything else (prompt chunks, recomputation after preemption) is *prefill* and
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 from collections import deque
@@ -99,6 +100,23 @@ class WaitQueue:
 
     def __len__(self) -> int:
         return len(self._fifo) if self._key is None else len(self._heap)
+
+
+#: The hooks an arrival's step with the decodes in bulk skips or stands in for.
+BULK_SKIPS = ("schedule", "_schedule_running", "running_order", "may_preempt_for", "schedule_arrivals")
+
+
+@functools.cache
+def _declared_with_its_hooks(cls: type) -> bool:
+    """Whether the class that declares ``arrivals_beside_decodes`` for ``cls`` is (a subclass of)
+    every class that defines one of :data:`BULK_SKIPS`, and ``schedule_arrivals`` is overridden
+    wherever ``schedule`` is."""
+    def owner(name: str) -> type:
+        return next(k for k in cls.__mro__ if name in k.__dict__)
+
+    declared = owner("arrivals_beside_decodes")
+    return (all(issubclass(declared, owner(name)) for name in BULK_SKIPS)
+            and issubclass(owner("schedule_arrivals"), owner("schedule")))
 
 
 class QueueScheduler(Scheduler):
@@ -181,6 +199,45 @@ class QueueScheduler(Scheduler):
         of a policy whose :meth:`running_order` sorts checks first."""
         keys = [key(seq) for seq in self.running]
         return all(a <= b for a, b in zip(keys, keys[1:]))
+
+    def arrivals_beside_decodes(self) -> bool:
+        """Whether the simulator's fast-forward may take an arrival's step with the running decodes
+        in bulk (:func:`servelab.engine.fast_forward.arrival_step`): asked when a span of quiet
+        steps stopped for an arrival inside this scheduler's :meth:`next_decision` horizon and
+        requests were added since (nothing else). True promises that then :meth:`schedule` would
+        give every running sequence, in the last plan's order, one decode token first, preempt
+        nobody for a waiting sequence (:meth:`may_preempt_for` is never true), and that
+        :meth:`schedule_arrivals` does the rest of it exactly: a subclass that overrides
+        :meth:`schedule` overrides :meth:`schedule_arrivals` alike. Default False (always correct:
+        the arrival's step is scheduled in full); a wrong True changes results, which
+        ``servelab check-plugin`` (fast-forward on against off) names."""
+        return False
+
+    def may_take_decodes_in_bulk(self, num_decodes: int) -> bool:
+        """Whether this scheduler's state lets :meth:`schedule_arrivals` stand in for :meth:`schedule`
+        with ``num_decodes`` running decodes (no side effects): they are all it runs, nothing is
+        swapped or loading, the budget outlasts them, and no prompt-only step comes first; and the
+        class that declares :meth:`arrivals_beside_decodes` saw every hook the bulk path skips (a
+        subclass of a declaring scheduler that changes the running phase keeps the full step)."""
+        limits = self.limits
+        return (_declared_with_its_hooks(type(self))
+                and len(self.running) == num_decodes and num_decodes < limits.max_num_batched_tokens
+                and not self.swapped and not self.kv_waiting and not self.kv_loading and not self.kv_held
+                and (limits.chunked_prefill or limits.non_chunked_schedule != "prefill_first"))
+
+    def schedule_arrivals(self, now: float, num_decodes: int, context: int) -> SchedulePlan:
+        """:meth:`schedule` for a step whose ``num_decodes`` running sequences (``context`` tokens in
+        all) each decode one token, in the last plan's order, with their slots allocated by the
+        engine (fast-forward, :meth:`arrivals_beside_decodes`): returns the plan's other entries
+        (admissions), leaving this scheduler as :meth:`schedule` would."""
+        self.now = now
+        if self.time_dependent_key:
+            self.waiting.rekey()
+        plan = SchedulePlan()
+        self._prefill_left = self._prefill_cap = max(0, self.prefill_token_cap(now))
+        self._drafts_left = max(0, self.draft_token_cap(now))
+        self._admit(plan, [], self.limits.max_num_batched_tokens - num_decodes, now)
+        return plan
 
     def step_stats(self) -> dict[str, float]:
         """Numbers about the last :meth:`schedule` call for the step log (``steps.jsonl``)."""

@@ -4,9 +4,11 @@
 The plugin runs a few short simulations (``backend=sim``, loads from light to memory-tight, with
 and without prefix caching), each twice: fast-forward on and off. Every request's record
 (``requests.jsonl``) and the summary must be identical. When they differ, the plugin's
-declaration -- :meth:`Scheduler.next_decision` or :meth:`BlockAllocator.quiet_decode_tokens` --
-called a step quiet in which the plugin would have acted differently; the failure names the
-plugin, the run and the first field that differs.
+declaration -- :meth:`Scheduler.next_decision` (and a queue scheduler's
+:meth:`~servelab.engine.scheduling.QueueScheduler.arrivals_beside_decodes`: an arrival's step with
+the running decodes taken in bulk) or :meth:`BlockAllocator.quiet_decode_tokens` -- called a step
+quiet in which the plugin would have acted differently; the failure names the plugin, the run and
+the first field that differs.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ if TYPE_CHECKING:
 
 CONTRACT = "fast-forward exact"
 CONTRACT_TEXT = ("the simulator's results (summary.json, requests.jsonl) are identical with sim.fast_forward on and "
-                 "off: next_decision() / quiet_decode_tokens() name only steps in which the plugin would not act")
+                 "off: next_decision() / arrivals_beside_decodes() / quiet_decode_tokens() name only steps in which the "
+                 "plugin would not act")
 BASE = ("backend=sim", "hardware=h100", "model=llama3_8b", "max_model_len=2048")
 #: The SLO classes of the last run (``workload.slo_classes``): a deadline- or lateness-aware order
 #: acts on them while requests decode (a TPOT target a request can miss), which a declaration must see.
@@ -90,6 +93,7 @@ def check_fast_forward(run: KitRun) -> Failure | None:
 
     CONTRACTS.setdefault(CONTRACT, CONTRACT_TEXT)
     declaration = "next_decision()" if run.kind == "scheduler" else "quiet_decode_tokens()"
+    declared = "next_decision() or arrivals_beside_decodes()" if run.kind == "scheduler" else declaration
     forwarded = total = 0
     for extra in RUNS:
         overrides = merge_overrides(BASE + extra, (f"{run.kind}={run.name}",) + run.extra)
@@ -104,7 +108,7 @@ def check_fast_forward(run: KitRun) -> Failure | None:
             return None
         forwarded, total = forwarded + max(ff, 0), total + steps
         if difference is not None:
-            return Failure(CONTRACT, f"{run.kind} plugin {run.name!r}: {difference}; its {declaration} called a step "
+            return Failure(CONTRACT, f"{run.kind} plugin {run.name!r}: {difference}; its {declared} called a step "
                                      f"quiet in which it would have acted (run: {' '.join(overrides)})")
     if not forwarded:
         run.report.notes.append(f"the simulator never fast-forwarded {run.kind}={run.name} ({declaration} keeps the "

@@ -10,3 +10,6 @@ class FCFSScheduler(QueueScheduler):
 
     def next_decision(self, now: float) -> NextDecision:
         return UNTIL_ARRIVAL  # the running order is the arrival order; only an arrival is news
+
+    def arrivals_beside_decodes(self) -> bool:
+        return True  # running sequences decode first, in arrival order; nobody is preempted for a waiting one

@@ -173,6 +173,18 @@ class SLOAwareScheduler(QueueScheduler):
             return UNTIL_ARRIVAL
         return EVERY_STEP
 
+    def arrivals_beside_decodes(self) -> bool:
+        """Inside :meth:`next_decision`'s horizon every running request is late or has no TPOT
+        target and the running order is the rank order: :meth:`schedule` runs them all first."""
+        return True
+
+    def schedule_arrivals(self, now: float, num_decodes: int, context: int):
+        # schedule()'s rule 2 and 3 pass, from the counts: no running request can turn late here
+        self._predict_decodes(num_decodes, context, INF, INF)
+        self._cap = self._prefill_cap_now()
+        self.waiting.demote_late(lambda seq: self._is_late_waiting(seq, now))
+        return super().schedule_arrivals(now, num_decodes, context)
+
     def running_order(self, running, now):
         running.sort(key=self._rank.__getitem__)  # every running seq went through targets()
         return running
@@ -240,6 +252,10 @@ class SLOAwareScheduler(QueueScheduler):
             allowed = target if allowed < target else (max_tpots * target if allowed > max_tpots * target else allowed)
             if allowed < limit:
                 limit = allowed
+        self._predict_decodes(decodes, context, limit, min_tpot)
+
+    def _predict_decodes(self, decodes: int, context: int, limit: float, min_tpot: float) -> None:
+        """This step's decode prediction from its ``decodes`` (``context`` tokens), and its limits."""
         self._coef = c0, _, c2, c3 = self.cost_model.coefficient_vector()
         self._num_decodes, self._decode_context = decodes, context
         self._t_dec = max(0.0, c0 + c2 * decodes + c3 * context / 1e3)
