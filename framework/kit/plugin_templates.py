@@ -427,6 +427,11 @@ def module_template(kind) -> Template:
     return GENERIC_MODULE
 
 
+#: kinds whose template module writes its own test (a cluster run: the kit's stages need a cluster)
+OWN_TESTS = {"migration_policy": "servelab.kit.migration_policy_template:TEST",
+             "autoscaler": "servelab.kit.autoscaler_template:TEST"}
+
+
 def generated_test(kind: str) -> Template:
     """The generated test of ``kind``: the conformance kit (its router stage for routers), or (time
     models, which the kit does not cover) a deterministic simulator run; a kind without stages
@@ -434,12 +439,6 @@ def generated_test(kind: str) -> Template:
     spec = KINDS.get(kind)
     if spec is not None and not spec.checks and kind != "time_model":
         return REGISTERED_TEST
-    if kind == "migration_policy":
-        from servelab.kit.migration_policy_template import TEST  # noqa: PLC0415 - it imports this module
-
-        return TEST
-    if kind == "autoscaler":
-        from servelab.kit.autoscaler_template import TEST as AUTOSCALER_TEST  # noqa: PLC0415 - it imports this module
-
-        return AUTOSCALER_TEST
+    if kind in OWN_TESTS:  # resolved by name: those modules import this one for _HEAD
+        return resolve(OWN_TESTS[kind])
     return {"time_model": TIME_MODEL_TEST, "router": ROUTER_TEST}.get(kind, KIT_TEST)
