@@ -1,0 +1,109 @@
+"""Live migration between engine processes, the child's side in one process (issue 45, item 5): the
+messages of :mod:`servelab.cluster.procs.migrate_child` between two real engines (``model=tiny``, no
+spawn) move a request mid-decode with its KV read from one pool and written into the other, and its
+tokens equal one engine's; a target without room says no and holds nothing; a request that is not
+there is answered ``finished``. The spawned cluster is tests/test_cluster_procs_migration.py."""
+
+from __future__ import annotations
+
+import random
+
+from servelab.api import compose
+from servelab.cluster.procs.migrate_child import MigrationEndpoint
+from servelab.cluster.protocol import continued
+from servelab.core.request import Request
+from servelab.kv.migrate_proc import ProcessMigrationConnector
+from servelab.assemble.stack import build_stack
+
+REAL = ["model=tiny", "clock=virtual", "time_model=roofline", "hardware=h100", "num_kv_blocks=48"]
+
+
+class Outbox(list):
+    """The child's pipe to the parent, as a list of what was sent."""
+
+    def send(self, message) -> None:
+        self.append(message)
+
+
+def _requests(vocab: int) -> list[Request]:
+    rng = random.Random(0)
+    return [Request(id=f"r{i}", prompt_token_ids=tuple(rng.randrange(vocab) for _ in range(20 + 9 * i)),
+                    max_tokens=24, arrival_time=0.0) for i in range(3)]
+
+
+def _drain(engine) -> None:
+    for _ in range(2000):
+        if not engine.has_unfinished():
+            return
+        if engine.step() is None:
+            engine.sleep(0.001)
+    raise AssertionError("no progress")
+
+
+def _replica(index: int, *overrides: str):
+    stack = build_stack(compose([*REAL, *overrides], logger="none", progress=False),
+                        connector=ProcessMigrationConnector())
+    outbox = Outbox()
+    ended: list = []
+    endpoint = MigrationEndpoint(index, stack.engine, stack.engine.connector.bind(stack.executor), outbox)
+    stack.engine.end_listeners.append(lambda seq: None if endpoint.silenced(seq) else ended.append(seq))
+    return stack, endpoint, outbox, ended
+
+
+def test_a_request_moves_mid_decode_with_its_kv_and_gives_one_engines_tokens():
+    one = build_stack(compose(REAL, logger="none", progress=False))
+    requests = _requests(one.executor.spec.vocab_size)
+    ref = {r.id: one.engine.add_request(r, 0.0) for r in requests}
+    _drain(one.engine)
+
+    a, ea, box_a, ended_a = _replica(0)
+    b, eb, box_b, ended_b = _replica(1)
+    for r in requests:
+        a.engine.add_request(r, 0.0)
+    moving, request = a.engine.sequences["r2"], requests[2]
+    while moving.num_output_tokens < 3:
+        a.engine.step()
+    ea.handle(("mig_read", "r2", 0, False))  # stage 0: all it computed, while it keeps running
+    kind, _, rid, start, payload, reason = box_a.pop()
+    assert (kind, rid, start, reason, payload.num_tokens) == ("mig_kv", "r2", 0, None, moving.num_computed_tokens)
+    eb.handle(("mig_hold", request, 0, payload, payload.num_tokens))
+    assert box_b.pop() == ("mig_held", 1, "r2", True)
+    assert b.engine.allocator.num_used_blocks() == -(-payload.num_tokens // b.limits.block_size)  # held for it
+    a.engine.step()
+    a.engine.step()  # it decodes on while its KV is on its way
+    copied = payload.num_tokens
+    ea.handle(("mig_read", "r2", copied, True))  # stop-and-copy
+    kind, _, rid, seq, start, last, _ = box_a.pop()
+    assert (kind, rid, start) == ("mig_stopped", "r2", copied) and last.num_tokens == 2
+    assert "r2" not in a.engine.sequences and not ended_a  # stopped here, not ended
+    eb.handle(("mig_seq", continued(seq, request), start, last))
+    assert b.engine.allocator.num_used_blocks() == 0  # the shadow's blocks went: the continuation takes its own
+    _drain(b.engine)
+    _drain(a.engine)
+    assert box_b[0][:3] == ("mig_landed", 1, "r2")
+    assert b.engine.totals.prefill_tokens == 0  # it decodes on at once: every computed token's KV came with it
+    got = {s.id: list(s.output_token_ids) for s in (*ended_a, *ended_b)}
+    assert got == {i: list(s.output_token_ids) for i, s in ref.items()}
+    assert a.engine.allocator.leaked_blocks() == 0 and b.engine.allocator.leaked_blocks() == 0
+
+
+def test_a_target_without_room_says_no_and_holds_nothing():
+    a, ea, box_a, _ = _replica(0)
+    b, eb, box_b, _ = _replica(1, "num_kv_blocks=2")
+    request = _requests(a.executor.spec.vocab_size)[2]  # 38 prompt tokens: three blocks
+    a.engine.add_request(request, 0.0)
+    while a.engine.sequences[request.id].num_output_tokens < 2:
+        a.engine.step()
+    ea.handle(("mig_read", request.id, 0, False))
+    payload = box_a.pop()[4]
+    eb.handle(("mig_hold", request, 0, payload, payload.num_tokens))
+    assert box_b.pop() == ("mig_held", 1, request.id, False)
+    assert b.engine.allocator.num_used_blocks() == 0 and not eb.incoming
+    assert a.engine.sequences[request.id].status.value == "running"  # it goes on where it was
+
+
+def test_a_request_that_is_not_there_is_answered_finished():
+    a, ea, box_a, _ = _replica(0)
+    ea.handle(("mig_read", "nobody", 0, True))
+    assert box_a == [("mig_kv", 0, "nobody", 0, None, "finished")]
+    assert not ea.handle(("add", None, 0.0, False))  # not a migration's message
