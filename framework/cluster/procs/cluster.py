@@ -226,8 +226,14 @@ class ProcessCluster:
     def _migration_message(self, r: ProcReplica, kind: str, args: tuple) -> None:
         driver = self.migration
         assert driver is not None, f"replica {r.index} sent {kind!r} in a cluster that does not migrate"
-        {"mig_kv": driver.kv, "mig_held": driver.held, "mig_stopped": driver.stopped,
-         "mig_landed": driver.landed}[kind](r, *args)
+        if kind == "mig_kv":
+            driver.kv(r, *args)
+        elif kind == "mig_held":
+            driver.held(r, *args)
+        elif kind == "mig_stopped":
+            driver.stopped(r, *args)
+        elif kind == "mig_landed":
+            driver.landed(r, *args)
 
     # ---- placement: the protocol decides, the parent sends --------------------------------------
     def _arrive(self, request: Request, t: float) -> None:

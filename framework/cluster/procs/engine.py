@@ -119,7 +119,8 @@ def _serve(index: int, role: str, cfg: DictConfig, inbox: Any, outbox: Any, migr
     connector = find_part(engine.connector, ProcessKVConnector)
     endpoint = None
     if moves is not None:
-        endpoint = MigrationEndpoint(index, engine, moves.bind(stack.executor), outbox)
+        moves.bind(stack.executor)
+        endpoint = MigrationEndpoint(index, engine, moves, outbox)
     engine.keep_steps = bool(cfg.debug.log_steps)
     engine.forget_ended = True
 

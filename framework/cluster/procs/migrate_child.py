@@ -19,7 +19,9 @@ a reply goes on the child's pipe to the parent. Parent -> child, then the reply:
   once written, ``("mig_landed", i, request_id, at)`` (``at``: ``time.perf_counter``).
 - ``("mig_drop", request_id)`` to the target: the migration was aborted; free what it held.
 
-``stop_at`` and ``at`` are ``time.perf_counter()`` values: one machine, one monotonic clock.
+After each, the child sends its gauges and loads again (``("gauges", i, Gauges, ReplicaLoad)``): its
+pool changed between two steps. ``stop_at`` and ``at`` are ``time.perf_counter()`` values: one
+machine, one monotonic clock.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ import dataclasses
 import time
 from typing import Any
 
-from servelab.cluster.migration import SHADOW, decoding
+from servelab.cluster.migration import SHADOW, decoding, engine_load
+from servelab.cluster.protocol import Gauges
 from servelab.core.request import Request, Sequence
 from servelab.kv.migrate_proc import ProcessMigrationConnector, Received
 
@@ -63,6 +66,8 @@ class MigrationEndpoint:
             self._drop(message[1])
         else:
             return False
+        # its pool changed between steps (blocks held, freed, a request gone): the parent's views follow now
+        self.outbox.send(("gauges", self.index, Gauges.of(self.engine), engine_load(self.engine, self.index)))
         return True
 
     # ---- source -------------------------------------------------------------------------------
