@@ -2,16 +2,29 @@
 messages of :mod:`servelab.cluster.procs.migrate_child` between two real engines (``model=tiny``, no
 spawn) move a request mid-decode with its KV read from one pool and written into the other, and its
 tokens equal one engine's; a target without room says no and holds nothing; a request that is not
-there is answered ``finished``. The spawned cluster is tests/test_cluster_procs_migration.py."""
+there is answered ``finished``; the parent's driver (on replicas that are message lists) aborts when the
+target has no room or the request ends first, and moves and records a migration that completes. The
+spawned cluster is tests/test_cluster_procs_migration.py."""
 
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
+
+import torch
 
 from servelab.api import compose
+from servelab.cluster.migration import MigrationSettings
+from servelab.cluster.procs.migration import ProcMigrationDriver
+from servelab.cluster.procs.replica import ProcReplica
+from servelab.cluster.protocol import ClusterProtocol
+from servelab.core.contexts import MigrationPolicyContext
+from servelab.core.interfaces import EngineLimits
+from servelab.core.migration_policy import Migrate, MigrationPolicy, ReplicaLoad, RequestLoad
+from servelab.kv.pd.process import KVPayload
 from servelab.cluster.procs.migrate_child import MigrationEndpoint
 from servelab.cluster.protocol import continued
-from servelab.core.request import Request
+from servelab.core.request import Request, Sequence
 from servelab.kv.migrate_proc import ProcessMigrationConnector
 from servelab.assemble.stack import build_stack
 
@@ -108,3 +121,74 @@ def test_a_request_that_is_not_there_is_answered_finished():
     ea.handle(("mig_read", "nobody", 0, True))
     assert box_a == [("mig_kv", 0, "nobody", 0, None, "finished")]
     assert not ea.handle(("add", None, 0.0, False))  # not a migration's message
+
+
+# ---- the parent's side: the driver's books, on replicas that are message lists -------------------
+class Inbox(list):
+    def put(self, message) -> None:
+        self.append(message)
+
+
+class MoveToZero(MigrationPolicy):
+    name = "move_to_zero"
+
+    def decide(self, replicas, now):
+        return [Migrate(q.id, 0) for q in replicas[1].running if not q.migrating]
+
+
+def _parent():
+    limits = EngineLimits(block_size=16, max_num_seqs=8, max_num_batched_tokens=256, max_model_len=512,
+                          chunked_prefill=True)
+    replicas = [ProcReplica(i, None, Inbox(), None, limits=limits, num_kv_blocks=32) for i in range(2)]
+    cluster = SimpleNamespace(replicas=replicas, t0=0.0)
+    cluster.protocol = ClusterProtocol(replicas, SimpleNamespace(on_finish=lambda request, index: None))
+    driver = ProcMigrationDriver(cluster, MoveToZero(MoveToZero.Config(), MigrationPolicyContext(2, 0.1)), MigrationSettings(interval_s=0.1))
+    request = Request(id="q", prompt_token_ids=tuple(range(40)), max_tokens=20)
+    cluster.protocol.place(replicas[1], request)
+    replicas[1].load = ReplicaLoad(1, "mixed", 32, 16, 3, 29, (RequestLoad("q", 1, 40, 2, 20, 3, 3),))
+    return driver, replicas, request
+
+
+def _payload(n: int) -> KVPayload:
+    return KVPayload(n, torch.zeros(1, 2, n, 1, 4), None, 0.0, 0.0)
+
+
+def test_the_parent_aborts_a_migration_when_the_target_has_no_room_or_the_request_ends():
+    driver, (r0, r1), request = _parent()
+    driver.tick(0.1)
+    assert r1.inbox.pop() == ("mig_read", "q", 0, False) and driver.loads()[1].running[0].migrating
+    driver.kv(r1, "q", 0, _payload(41), None)  # three blocks: another stage follows
+    assert r0.inbox.pop()[:3] == ("mig_hold", request, 0)
+    driver.held(r0, "q", False)
+    assert not driver.active and driver.sums.aborted == {"target full": 1} and not r1.inbox
+    driver.tick(0.2)  # asked again: it moves again
+    driver.kv(r1, "q", 0, _payload(41), None)
+    driver.held(r0, "q", True)
+    assert r1.inbox.pop() == ("mig_read", "q", 41, False)
+    driver.kv(r1, "q", 41, _payload(2), None)  # one block: the next read stops it
+    driver.held(r0, "q", True)
+    assert r1.inbox.pop() == ("mig_read", "q", 43, True)
+    driver.ended(r1, "q")  # it ended on its source before the stop
+    assert r0.inbox.pop() == ("mig_drop", "q") and driver.sums.aborted["finished"] == 1
+    driver.kv(r1, "q", 43, None, "finished")  # the source's answer to the stop, about a migration gone: ignored
+    assert not driver.active and driver.sums.done == []
+
+
+def test_the_parent_moves_the_request_at_the_stop_and_records_the_migration_when_it_lands():
+    driver, (r0, r1), request = _parent()
+    driver.tick(0.1)
+    driver.kv(r1, "q", 0, _payload(41), None)
+    driver.held(r0, "q", True)
+    driver.kv(r1, "q", 41, _payload(1), None)
+    driver.held(r0, "q", True)
+    stopped = Sequence(request)
+    for token in (5, 6, 7):
+        stopped.append_token(token, 0.3)
+    driver.stopped(r1, "q", stopped, 42, _payload(1), 0.35)
+    kind, moved, start, _ = r0.inbox[-1]
+    assert (kind, moved.output_token_ids, start) == ("mig_seq", [5, 6, 7], 42)
+    assert driver.protocol.placements["q"].replica == 0 and driver.loads()[1].running == ()  # on one replica
+    driver.landed(r0, "q", 0.4)
+    (m,) = driver.sums.done
+    assert (m.source, m.target, m.num_tokens, m.num_stages, m.stop_s, m.land_s) == (1, 0, 43, 2, 0.35, 0.4)
+    assert m.nbytes == _payload(43).nbytes and not driver.active

@@ -157,12 +157,12 @@ class ProcessCluster:
         try:
             while True:
                 now = time.perf_counter() - self.t0
+                if self.migration is not None:  # before the arrivals: one at drain_from_s avoids a draining replica
+                    self.migration.tick(now)
                 due = source.pop_due(now)
                 while due is not None:
                     self._arrive(*due)
                     due = source.pop_due(now)
-                if self.migration is not None:
-                    self.migration.tick(now)
                 outstanding = bool(placements)
                 if source.exhausted and not outstanding:
                     break
