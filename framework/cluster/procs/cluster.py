@@ -12,6 +12,9 @@ replica's config and runs its engine loop (:mod:`servelab.cluster.procs.engine`)
   replica reports after its steps;
 - hears each ended sequence back and writes it through the same writer and summary as the
   simulator's cluster (:func:`servelab.results.cluster_summary.cluster_summary`);
+- colocated with a migration policy that moves requests: asks it on the loads the replicas report and
+  relays each live migration's messages and KV between the processes
+  (:mod:`servelab.cluster.procs.migration`);
 - disaggregated: places each request on a prefill replica (asked for its first token); the prefill
   process sends its prompt's KV (:mod:`servelab.kv.pd.process`) back with the prefilled
   sequence, the router picks a decode replica (the protocol's hand-off), and the parent forwards the
