@@ -76,7 +76,7 @@ def test_engine_processes_migrate_requests_mid_decode_with_one_engines_tokens(tm
     assert s["status"] == "completed" and s["migration_policy"] == "move_off_one" and s["leaked_blocks"] == 0
     assert set(KEYS) <= set(s)
     assert 1 <= s["num_migrations"] == s["num_requests_migrated"] <= 2  # replica 1 had two of the four
-    assert s["num_migrations"] + s["num_aborted_migrations"] == 2
+    assert s["num_migrations"] + s["num_aborted_migrations"] <= 2  # each asked once (one may end first)
     assert s["migrated_bytes"] > 0 and s["migration_downtime_ms"]["p50"] > 0
     per = s["per_replica"]
     assert sum(p["output_tokens"] for p in per) == s["output_tokens"]  # each token counted where it was made
