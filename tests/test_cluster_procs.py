@@ -78,6 +78,7 @@ def test_two_engine_processes_give_one_engines_tokens_and_per_replica_figures(tw
     assert all(p["num_steps"] > 0 and p["output_tokens"] > 0 for p in per)
     assert sum(p["output_tokens"] for p in per) == s["output_tokens"]
     assert s["leaked_blocks"] == 0
+    assert "num_migrations" not in s and "migration_policy" not in s  # migration_policy=none: today's summary
 
 
 def test_prefill_decode_processes_move_the_kv_and_give_one_engines_tokens(prefill_decode, one_engine):

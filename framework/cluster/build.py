@@ -108,8 +108,13 @@ def _validate_migration(cfg: DictConfig) -> None:
         raise ConfigError(f"migration_policy={node.name} moves requests between colocated replicas "
                           "(cluster.replicas=<n>); with prefill/decode pools keep migration_policy=none")
     if cfg.backend.name != "sim":
-        raise ConfigError(f"migration_policy={node.name} runs on the simulator's cluster (backend=sim); engine "
-                          "processes do not migrate yet: keep migration_policy=none")
+        if clock_kind(cfg) != "wall":
+            raise ConfigError(f"migration_policy={node.name} with a real model moves real KV between engine "
+                              "processes on the wall clock: drop clock=virtual (backend=sim prices migrations)")
+        if cfg.tensor_parallel_size != 1 or cfg.get("pipeline_parallel_size", 1) != 1:
+            raise ConfigError(f"migration_policy={node.name} on engine processes moves a request's KV from one "
+                              "worker's pool: run tensor_parallel_size=1 and pipeline_parallel_size=1 "
+                              "(backend=sim prices larger ones)")
 
 
 def _validate_autoscale(cfg: DictConfig) -> None:

@@ -162,7 +162,7 @@ class MigrationDriver:
         seq, source = m.seq, m.source
         if seq.is_finished or source.engine.sequences.get(seq.id) is not seq:
             return self._abort(m, "finished")
-        if not _decoding(seq) or seq.num_computed_tokens < m.copied_tokens:
+        if not decoding(seq) or seq.num_computed_tokens < m.copied_tokens:
             return self._abort(m, "preempted")
         new = seq.num_computed_tokens - m.copied_tokens
         block_size = source.engine.limits.block_size
@@ -239,23 +239,29 @@ def replica_load(r: Replica, migrating: Collection[str] = (), draining: bool = F
                  into: int = 0) -> ReplicaLoad:
     """What a cluster policy (a migration policy, an autoscaler) sees of ``r`` now; ``migrating``: the ids
     of requests a migration is moving."""
-    engine, allocator = r.engine, r.engine.allocator
+    return engine_load(r.engine, r.index, r.role, migrating, draining, out, into)
+
+
+def engine_load(engine, index: int, role: str = "mixed", migrating: Collection[str] = (), draining: bool = False,
+                out: int = 0, into: int = 0) -> ReplicaLoad:
+    """:func:`replica_load` of the engine of replica ``index`` (an engine process builds its own report with it)."""
+    allocator = engine.allocator
     block_size = engine.limits.block_size
     running, waiting = [], []
     for seq in engine.sequences.values():
         if seq.is_finished:
             continue
-        view = RequestLoad(seq.id, r.index, seq.prompt_len, seq.num_output_tokens, seq.request.max_tokens,
+        view = RequestLoad(seq.id, index, seq.prompt_len, seq.num_output_tokens, seq.request.max_tokens,
                            len(allocator.block_table(seq.id)), -(-(seq.num_tokens + 1) // block_size),
                            seq.request.priority, seq.id in migrating)
-        if _decoding(seq):
+        if decoding(seq):
             running.append(view)
         elif seq.status is not Status.RUNNING:
             waiting.append(view)
-    return ReplicaLoad(r.index, r.role, allocator.num_blocks, block_size, allocator.num_used_blocks(),
+    return ReplicaLoad(index, role, allocator.num_blocks, block_size, allocator.num_used_blocks(),
                        allocator.num_free_blocks(), tuple(running), tuple(waiting), draining, out, into)
 
 
-def _decoding(seq: Sequence) -> bool:
+def decoding(seq: Sequence) -> bool:
     """Running, with its prompt computed: a request a migration can move."""
     return seq.status is Status.RUNNING and seq.num_output_tokens > 0 and seq.num_computed_tokens >= seq.prompt_len

@@ -11,8 +11,8 @@ from omegaconf import DictConfig
 from servelab.core.errors import ConfigError
 from servelab.core.registry import Registry, default_registry
 from servelab.assemble.block_size import resolve_block_size
-from servelab.cluster.build import check_kv_compatible, cluster_pools, validate_cluster
-from servelab.cluster.router import build_router
+from servelab.cluster.build import check_kv_compatible, cluster_pools, migration_settings, validate_cluster
+from servelab.cluster.router import build_migration_policy, build_router
 from servelab.results.cluster_summary import cluster_summary
 from servelab.results.fairness import config_weights
 from servelab.results.loggers import make_logger
@@ -41,7 +41,9 @@ def run_process_cluster_job(cfg: DictConfig, output_dir: Path, requests, banner:
         check_kv_compatible(pools[0][2], pools[1][2])  # one line naming both pools, before any process starts
     weights = config_weights(cfg)
     decorate = text_decorator(checkpoint_text(cfg))
-    cluster = ProcessCluster(pools, lambda views: build_router(cfg, views, registry), cfg.workload.time_scale)
+    policy = build_migration_policy(cfg, sum(count for _, count, _ in pools), registry)
+    cluster = ProcessCluster(pools, lambda views: build_router(cfg, views, registry), cfg.workload.time_scale,
+                             policy, migration_settings(cfg))
     try:
         cluster.start()
         logger = make_logger(cfg.logger)
@@ -59,7 +61,9 @@ def run_process_cluster_job(cfg: DictConfig, output_dir: Path, requests, banner:
         def collect(status: str) -> RunResult:
             cluster.stop(finish=status == "completed")  # a completed run's replicas hold nothing
             writer.close()
-            return cluster_summary(cfg, cluster.replicas, cluster.reports(), cluster.kv, status, writer, weights)
+            migrations = cluster.migration.sums if cluster.migration is not None else None
+            return cluster_summary(cfg, cluster.replicas, cluster.reports(), cluster.kv, status, writer, weights,
+                                   migrations)
 
         return run_and_write(cfg, output_dir, writer, logger, len(requests),
                              lambda on_progress: cluster.run(run_arrivals(cfg, requests), on_progress), collect)

@@ -12,6 +12,9 @@ replica's config and runs its engine loop (:mod:`servelab.cluster.procs.engine`)
   replica reports after its steps;
 - hears each ended sequence back and writes it through the same writer and summary as the
   simulator's cluster (:func:`servelab.results.cluster_summary.cluster_summary`);
+- colocated with a migration policy that moves requests: asks it on the loads the replicas report and
+  relays each live migration's messages and KV between the processes
+  (:mod:`servelab.cluster.procs.migration`);
 - disaggregated: places each request on a prefill replica (asked for its first token); the prefill
   process sends its prompt's KV (:mod:`servelab.kv.pd.process`) back with the prefilled
   sequence, the router picks a decode replica (the protocol's hand-off), and the parent forwards the
@@ -40,6 +43,9 @@ from servelab.core.interfaces import ReplicaView, Router
 from servelab.core.request import Request, Sequence
 from servelab.engine.arrival_source import ArrivalSource
 from servelab.kv.pd.process import KVPayload, Loaded
+from servelab.cluster.migration import MigrationSettings
+from servelab.core.migration_policy import MigrationPolicy
+from servelab.cluster.procs.migration import ProcMigrationDriver
 from servelab.results.cluster_summary import KVTransferSums
 from servelab.cluster.procs.engine import children_ignore_ctrl_c, replica_main
 from servelab.cluster.procs.replica import ProcReplica, ReplicaProcessError, exit_text
@@ -54,17 +60,23 @@ class ProcessCluster:
     """Replica processes and the router; :meth:`start`, :meth:`run`, then :meth:`stop` (always)."""
 
     def __init__(self, pools: list[tuple[str, int, DictConfig]], make_router: Callable[[list[ReplicaView]], Router],
-                 time_scale: float = 1.0) -> None:
+                 time_scale: float = 1.0, migration_policy: MigrationPolicy | None = None,
+                 migration_settings: MigrationSettings | None = None) -> None:
         self.pools = pools
         self.make_router = make_router
         self.time_scale = time_scale
+        # a policy that moves requests: the replicas send and take them (servelab.cluster.procs.migration)
+        self.migration_policy = migration_policy if migration_policy is not None and type(
+            migration_policy).moves_requests else None
+        self.migration_settings = migration_settings or MigrationSettings()
+        self.migration: ProcMigrationDriver | None = None  # once every replica is ready (start)
         self.replicas: list[ProcReplica] = []
         self.protocol: ClusterProtocol[ProcReplica] | None = None  # once every replica is ready (start)
         self.kv = KVTransferSums()
         self.request_listeners: list[Callable[[Sequence], None]] = []
         self.num_ended = 0
         self._ctx = mp.get_context("spawn")
-        self._t0 = 0.0
+        self.t0 = 0.0
 
     @property
     def router(self) -> Router | None:
@@ -92,7 +104,8 @@ class ProcessCluster:
                 # each child its own pipe back: a child killed while writing cannot jam the others' messages
                 conn, child_end = self._ctx.Pipe(duplex=False)
                 process = self._ctx.Process(target=replica_main, name=f"servelab-replica{index}",
-                                            args=(index, role, OmegaConf.to_yaml(pcfg, resolve=True), inbox, child_end))
+                                            args=(index, role, OmegaConf.to_yaml(pcfg, resolve=True), inbox, child_end,
+                                                  self.migration_policy is not None))
                 with children_ignore_ctrl_c():  # Ctrl-C is the parent's: the child stops when told, quietly
                     process.start()
                 child_end.close()  # the child holds the only writing end: its exit reads as end-of-file here
@@ -104,6 +117,8 @@ class ProcessCluster:
                 raise ReplicaProcessError(f"replica processes not ready after {STARTUP_TIMEOUT_S:.0f} s")
             self._receive(POLL_S * 10)
         self.protocol = ClusterProtocol(self.replicas, self.make_router([r.view(True) for r in self.replicas]))
+        if self.migration_policy is not None:
+            self.migration = ProcMigrationDriver(self, self.migration_policy, self.migration_settings)
 
     def stop(self, finish: bool = False, timeout_s: float = 60.0) -> None:
         """Ask every live replica to report and exit (``finish``: after what it holds has ended; else at
@@ -138,13 +153,15 @@ class ProcessCluster:
         assert self.protocol is not None  # built by start()
         placements = self.protocol.placements
         self.request_listeners.append(source.on_end)
-        self._t0 = time.perf_counter()
+        self.t0 = time.perf_counter()
         for r in self.replicas:
-            r.inbox.put(("start", self._t0, self.protocol.decode_max_model_len))
+            r.inbox.put(("start", self.t0, self.protocol.decode_max_model_len))
         reported = 0
         try:
             while True:
-                now = time.perf_counter() - self._t0
+                now = time.perf_counter() - self.t0
+                if self.migration is not None:  # before the arrivals: one at drain_from_s avoids a draining replica
+                    self.migration.tick(now)
                 due = source.pop_due(now)
                 while due is not None:
                     self._arrive(*due)
@@ -155,7 +172,7 @@ class ProcessCluster:
                 upcoming = source.next_time()
                 if upcoming == INF and not outstanding:
                     raise RuntimeError("arrivals stopped with requests left to send and none in flight")
-                self._receive(min(POLL_S, max(0.0, upcoming - (time.perf_counter() - self._t0))))
+                self._receive(min(POLL_S, max(0.0, upcoming - (time.perf_counter() - self.t0))))
                 if on_progress and self.num_ended > reported:
                     on_progress(self.num_ended - reported)
                     reported = self.num_ended
@@ -191,6 +208,8 @@ class ProcessCluster:
         r = self.replicas[index]
         if kind == "gauges":
             r.gauges = message[2]
+            if len(message) > 3:  # the per-request loads of a cluster that migrates
+                r.load = message[3]
         elif kind == "ended":
             self._ended(r, message[2])
         elif kind == "prefilled":
@@ -202,8 +221,22 @@ class ProcessCluster:
             r.num_kv_blocks = message[3]
         elif kind == "report":
             r.report = message[2]
+        elif kind.startswith("mig_"):
+            self._migration_message(r, kind, message[2:])
         elif kind == "error":
             raise ReplicaProcessError(f"replica {index} ({r.role}, pid {r.process.pid}) failed: {message[2]}")
+
+    def _migration_message(self, r: ProcReplica, kind: str, args: tuple) -> None:
+        driver = self.migration
+        assert driver is not None, f"replica {r.index} sent {kind!r} in a cluster that does not migrate"
+        if kind == "mig_kv":
+            driver.kv(r, *args)
+        elif kind == "mig_held":
+            driver.held(r, *args)
+        elif kind == "mig_stopped":
+            driver.stopped(r, *args)
+        elif kind == "mig_landed":
+            driver.landed(r, *args)
 
     # ---- placement: the protocol decides, the parent sends --------------------------------------
     def _arrive(self, request: Request, t: float) -> None:
@@ -219,6 +252,8 @@ class ProcessCluster:
             final = self.protocol.prefill_ended(r, seq, continues=False)
             assert final is not None
         else:
+            if self.migration is not None:
+                self.migration.ended(r, seq.id)
             final = self.protocol.ended(r, seq)
             self.protocol.finished(final.request, r.index)
         self.num_ended += 1

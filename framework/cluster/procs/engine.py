@@ -11,10 +11,12 @@ answer: the child ignores SIGINT and reports and exits when the parent says ``ab
 Messages, parent -> child: ``("start", t0, decode_max_model_len)``, ``("add", request, arrival_s, hand_off)``,
 ``("seq", seq, payload)``, ``("stop",)`` (finish what it holds, then report) and ``("abort",)``
 (report now: the run failed or was interrupted). Child -> parent: ``("ready", i, limits, num_kv_blocks)``,
-``("gauges", i, Gauges)``, ``("ended", i, seq)``,
+``("gauges", i, Gauges)`` (``("gauges", i, Gauges, ReplicaLoad)`` when the cluster migrates: the
+per-request loads a migration policy sees), ``("ended", i, seq)``,
 ``("prefilled", i, seq, payload)``, ``("loaded", i, Loaded)``, ``("report", i, report)``,
 ``("error", i, line)``, each on the child's own pipe. ``t0`` is the parent's ``time.perf_counter()`` at the start: every engine's
 clock counts from it, so the processes' timestamps compare (one machine, one monotonic clock).
+A live migration's messages (``mig_*``) are :mod:`servelab.cluster.procs.migrate_child`'s.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ from servelab.core.request import Sequence
 from servelab.core.contexts import KVClusterLink
 from servelab.kv.connectors import find_part
 from servelab.kv.pd.process import KVPayload, ProcessKVConnector, ProcessLink
+from servelab.kv.migrate_proc import ProcessMigrationConnector
+from servelab.cluster.migration import engine_load
+from servelab.cluster.procs.migrate_child import MigrationEndpoint
 from servelab.config import plugin_node, schema
 from servelab.results.replica_report import ReplicaReport
 from servelab.assemble.stack import build_stack
@@ -65,13 +70,15 @@ def _ignore_ctrl_c() -> Any:
     return signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def replica_main(index: int, role: str, config_yaml: str, inbox: Any, outbox: Any) -> None:
+def replica_main(index: int, role: str, config_yaml: str, inbox: Any, outbox: Any, migrates: bool = False) -> None:
     """The target of replica ``index``'s process (``role``: mixed, prefill or decode; ``config_yaml``: its
-    resolved config, as text: the composed config's schema class is made at run time and does not pickle).
+    resolved config, as text: the composed config's schema class is made at run time and does not pickle;
+    ``migrates``: the cluster's migration policy moves requests, so this replica sends and takes them,
+    :mod:`servelab.cluster.procs.migrate_child`).
     Ctrl-C is the parent's to answer (:func:`children_ignore_ctrl_c`): ignored here too, whoever started it."""
     _ignore_ctrl_c()
     try:
-        _serve(index, role, typed_config(config_yaml), inbox, outbox)
+        _serve(index, role, typed_config(config_yaml), inbox, outbox, migrates)
     except Exception as exc:  # noqa: BLE001 - told to the parent as one line; it stops the run naming this replica
         try:
             outbox.send(("error", index, f"{type(exc).__name__}: {exc}".splitlines()[0]))
@@ -92,7 +99,7 @@ def typed_config(config_yaml: str) -> DictConfig:
     return cast(DictConfig, OmegaConf.merge(OmegaConf.structured(schema()), nodes, plain))
 
 
-def _serve(index: int, role: str, cfg: DictConfig, inbox: Any, outbox: Any) -> None:
+def _serve(index: int, role: str, cfg: DictConfig, inbox: Any, outbox: Any, migrates: bool = False) -> None:
     hand_off: set[str] = set()  # prefill side: requests that go on to a decode replica after their first token
     decode_max_len = [0]
 
@@ -106,15 +113,22 @@ def _serve(index: int, role: str, cfg: DictConfig, inbox: Any, outbox: Any) -> N
             send, should_send=lambda seq: continues_after_prefill(seq, seq.id in hand_off, decode_max_len[0]),
             on_loaded=lambda loaded: outbox.send(("loaded", index, loaded))), "pd_process")
     _own_disk_dir(cfg, index)
-    stack = build_stack(cfg, cluster=link)
+    moves = ProcessMigrationConnector() if migrates and role == "mixed" else None  # asked before any other
+    stack = build_stack(cfg, cluster=link, connector=moves)
     engine = stack.engine
     connector = find_part(engine.connector, ProcessKVConnector)
+    endpoint = None
+    if moves is not None:
+        moves.bind(stack.executor)
+        endpoint = MigrationEndpoint(index, engine, moves, outbox)
     engine.keep_steps = bool(cfg.debug.log_steps)
     engine.forget_ended = True
 
     def ended(seq: Sequence) -> None:
         if connector is not None and connector.keeps(seq.id):
             return  # its KV goes on: the parent hears of it as "prefilled", with the KV, after the step
+        if endpoint is not None and endpoint.silenced(seq):
+            return  # stopped for a migration: it goes on elsewhere
         hand_off.discard(seq.id)
         outbox.send(("ended", index, seq))
 
@@ -131,19 +145,20 @@ def _serve(index: int, role: str, cfg: DictConfig, inbox: Any, outbox: Any) -> N
             if message[0] in ("stop", "abort"):
                 return
         while not (stopping and not engine.has_unfinished()):
-            said = _take(inbox, engine, connector, hand_off, wait=not engine.has_unfinished())
+            said = _take(inbox, engine, connector, hand_off, endpoint, wait=not engine.has_unfinished())
             if said == "abort":
                 return
             stopping = stopping or said == "stop"
             if engine.has_unfinished():
                 if engine.step() is None:
-                    said = _take(inbox, engine, connector, hand_off, wait=True)
+                    said = _take(inbox, engine, connector, hand_off, endpoint, wait=True)
                     if said == "abort":
                         return
                     stopping = stopping or said == "stop"
                 else:
                     engine.poll_connector()  # blocks whose KV this step read out go back now, not at the next step
-                    outbox.send(("gauges", index, Gauges.of(engine)))
+                    outbox.send(("gauges", index, Gauges.of(engine))
+                                if endpoint is None else ("gauges", index, Gauges.of(engine), engine_load(engine, index)))
     finally:
         engine.poll_connector()
         live = any(not s.is_finished for s in engine.sequences.values())
@@ -160,7 +175,8 @@ def _own_disk_dir(cfg: DictConfig, index: int) -> None:
             node.disk_dir = str(Path(node.disk_dir) / f"replica{index}")
 
 
-def _take(inbox: Any, engine, connector: ProcessKVConnector | None, hand_off: set[str], wait: bool) -> str | None:
+def _take(inbox: Any, engine, connector: ProcessKVConnector | None, hand_off: set[str],
+          endpoint: MigrationEndpoint | None, wait: bool) -> str | None:
     """Apply every message waiting (the first one waited for up to :data:`IDLE_WAIT_S` when ``wait``);
     ``"stop"`` or ``"abort"`` when one says so (else None)."""
     stop: str | None = None
@@ -184,3 +200,5 @@ def _take(inbox: Any, engine, connector: ProcessKVConnector | None, hand_off: se
             engine.add_sequence(seq)
         elif kind in ("stop", "abort"):
             stop = stop if stop == "abort" else kind
+        elif endpoint is not None:
+            endpoint.handle(message)  # a migration's (servelab.cluster.procs.migrate_child)

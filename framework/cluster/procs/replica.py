@@ -10,6 +10,7 @@ from typing import Any
 
 from servelab.cluster.protocol import ReplicaRecord, request_fits
 from servelab.core.interfaces import EngineLimits
+from servelab.core.migration_policy import ReplicaLoad
 from servelab.core.request import Request
 from servelab.results.replica_report import ReplicaReport
 
@@ -31,6 +32,7 @@ class ProcReplica(ReplicaRecord):
     num_kv_blocks: int = 0
     report: ReplicaReport | None = None
     closed: bool = False  # its pipe reached end-of-file (the process exited)
+    load: ReplicaLoad | None = None  # its per-request loads after its last step (a cluster that migrates)
 
     def can_hold(self, request: Request, tokens: int | None = None) -> bool:
         """Whether the request fits this replica's pool at all (paged arithmetic on the limits it sent;
