@@ -91,7 +91,8 @@ def top_slots(score: np.ndarray, slots: int, allowed: np.ndarray | None = None) 
     order = np.argsort(-s, axis=-1, kind="stable")[..., :slots]
     mask = np.zeros(s.shape, dtype=bool)
     np.put_along_axis(mask, order, True, axis=-1)
-    return mask & np.isfinite(s)
+    out: np.ndarray = mask & np.isfinite(s)
+    return out
 
 
 def check_mask(mask: Any, context: ExpertCacheContext, who: str) -> np.ndarray:

@@ -110,15 +110,22 @@ class CachedExperts:
     def loads(self) -> int:
         return self.misses + self.prefetches
 
+    @property
+    def offloaded_bytes(self) -> float:
+        """One rank's expert weights in host memory (the memory plan gave them to the KV pool)."""
+        c = self.context
+        return (c.experts_per_rank - c.cache_slots) * c.num_moe_layers * self.expert_bytes
+
     def label(self) -> str:
         c = self.context
         return (f"expert_cache={self.name}: {c.cache_slots} of {c.experts_per_rank} experts per rank and MoE layer "
-                f"on the GPU, the rest in host memory ({self.expert_bytes / 1e6:.1f} MB a shard) loaded over "
-                f"{self.link}")
+                f"on the GPU, the rest in host memory ({self.offloaded_bytes / 1e9:.1f} GB per rank, added to the KV "
+                f"pool; {self.expert_bytes / 1e6:.1f} MB a shard) loaded over {self.link}")
 
     def summary(self) -> dict:
         routed = self.hits + self.misses
         return {"moe_expert_cache": self.name, "moe_expert_cache_slots": self.context.cache_slots,
+                "moe_expert_cache_offloaded_bytes_per_rank": self.offloaded_bytes,
                 "moe_expert_cache_hits": self.hits, "moe_expert_cache_misses": self.misses,
                 "moe_expert_cache_hit_rate": self.hits / routed if routed else 0.0,
                 "moe_expert_cache_prefetches": self.prefetches,
