@@ -60,14 +60,20 @@ def test_lru_keeps_the_most_recent_lfu_the_most_used():
     assert resident[0, 0].tolist() == [True, False, True, False]  # expert 0 (9 tokens), then a tie: the lower slot
 
 
-def test_prefetch_brings_back_a_hot_expert_that_is_not_resident():
-    c = context(layers=1)
-    cache = PrefetchExpertCache(PrefetchConfig(decay=0.5, min_gain=1.5), c)
-    resident = cache.keep(cache.start(), tokens([0, 0, 8, 8]))  # 2 and 3 streamed in and kept
-    assert resident[0, 0].tolist() == [False, False, True, True]
-    resident[0, 0] = [True, True, False, False]  # as if evicted
-    wanted = cache.keep(resident, tokens([0, 0, 0, 0]))
-    assert wanted[0, 0].tolist() == [False, False, True, True]  # loaded ahead, not on demand
+def test_prefetch_guesses_a_layers_misses_one_layer_early_and_hides_them_behind_its_compute():
+    c = context(experts=4, layers=2, slots=2)
+    step = tokens([1, 0, 0, 0], [0, 0, 1, 0])  # layer 0 a hit, layer 1 a miss
+    expert_s = np.array([2 * MS, 2 * MS])
+    stalls = {}
+    for recall in (0.0, 1.0):
+        priced = CachedExperts(PrefetchExpertCache(PrefetchConfig(recall=recall), c), c, LINK, 1e6, lambda n: 0.5 * MS)
+        stalls[recall] = priced.step(1, step, expert_s)
+        assert (priced.hits, priced.misses) == (1, 1)
+    # on demand: issued at layer 1's router (3 ms), 1 ms late; guessed at layer 0's router (0.5 ms): there at 1.5
+    assert stalls == {0.0: pytest.approx(1 * MS), 1.0: 0.0}
+    assert priced.guessed == priced.guessed_right == 1
+    with pytest.raises(ConfigError, match="expert_cache.recall=1.5 must lie in"):
+        PrefetchExpertCache(PrefetchConfig(recall=1.5), c)
 
 
 def test_a_miss_stalls_its_layer_by_its_load_and_a_prefetch_early_enough_does_not():
@@ -142,7 +148,7 @@ def test_a_dense_model_or_a_real_backend_refuses_a_cache():
 
 
 def test_the_kit_passes_the_builtins_and_names_a_cache_over_capacity():
-    for cls, config in ((LruExpertCache, None), (LfuExpertCache, None), (PrefetchExpertCache, PrefetchConfig())):
+    for cls, config in ((LruExpertCache, None), (LfuExpertCache, None), (PrefetchExpertCache, PrefetchConfig(0.5))):
         for ep, slots in ((1, 1), (2, 4), (4, 4)):
             assert _check_layout(cls, config, ep, slots, 0, Failure) is None
     assert _check_layout(NoExpertCache, None, 2, 8, 0, Failure) is None

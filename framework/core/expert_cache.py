@@ -18,6 +18,9 @@ experts_per_rank]``: entry ``[l, r, j]`` is slot ``j`` of rank ``r``'s share in 
   through the layer's slots), so :meth:`ExpertCache.keep` may keep any of them at no cost.
 - An expert in the answer that was neither resident nor touched is a **prefetch**: loaded ahead of
   the layer that needs it in the next step, overlapped with the compute before that layer.
+- A cache with a ``lookahead_recall`` ``r`` guesses a layer's misses one MoE layer early (speculative
+  loading): as many loads as the layer has misses are issued at the previous layer's router, each right
+  with probability ``r``; the misses it guessed wrong are loaded on demand after them.
 
 Contracts (``servelab check-plugin expert_cache=<name>``, :mod:`servelab.kit.expert_cache_contracts`):
 never more than ``cache_slots`` resident per rank and layer, the right shape, and the same answers for
@@ -63,6 +66,10 @@ class ExpertCache(Plugin):
     context_type: ClassVar[type | None] = ExpertCacheContext
     #: True only for ``none``: every expert resident, the simulator prices no cache at all
     all_resident: ClassVar[bool] = False
+    #: the share of a MoE layer's misses the cache learns one layer early (a pre-gate, or the next layer's
+    #: gate applied to the current hidden state): the simulator loads that many guesses at the previous
+    #: layer's router, right ones drawn with this probability (0: every miss loaded on demand)
+    lookahead_recall: float = 0.0
 
     def __init__(self, config: Any, context: ExpertCacheContext) -> None:
         super().__init__(config, context)

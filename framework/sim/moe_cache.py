@@ -15,8 +15,11 @@ every layer):
    experts start when every rank's misses and its touched **prefetches** have arrived; the wait beyond
    the router is the layer's **stall**, added to the step;
 3. also at the router, the prefetches the cache chose for the *next* MoE layer are issued (after the
-   misses): they load while this layer's experts and the next layer's dense part run (Pre-gated MoE,
-   arXiv:2308.12066; the first MoE layer's are issued at the step's start);
+   misses), then, for a cache with a ``lookahead_recall``, its guesses of the next layer's misses (as many
+   loads as that layer has misses, each right with that probability; the wrong ones leave misses loaded on
+   demand at that layer's router): they load while this layer's experts and the next layer's dense part
+   run (Pre-gated MoE, arXiv:2308.12066; the first MoE layer's prefetches are issued at the step's start,
+   its misses are never guessed);
 4. the layer's experts run (their price unchanged: a loaded expert is read from HBM like a resident one).
 
 Figures: hits and misses (routed expert slots per rank and layer, each step), prefetches, the bytes
@@ -52,6 +55,11 @@ class CachedExperts:
         self._dense: dict[int, float] = {}
         self.resident = check_mask(cache.start(), context, self._who + " start()")
         self._prefetch = np.zeros(context.shape, dtype=bool)  # slots loaded ahead in the coming step
+        self._recall = float(getattr(cache, "lookahead_recall", 0.0) or 0.0)
+        if not 0.0 <= self._recall <= 1.0:
+            raise ConfigError(f"{self._who}: lookahead_recall={self._recall} must lie in [0, 1]")
+        self._rng = np.random.default_rng([context.seed, 5])  # which guesses are right (deterministic)
+        self.guessed = self.guessed_right = 0
         self.hits = self.misses = self.prefetches = self.prefetch_hits = 0
         self.stall_s = 0.0
         self.steps = 0
@@ -72,25 +80,35 @@ class CachedExperts:
         pre_used = touched & self._prefetch
         miss_n = miss.sum(axis=2)  # [layers, ep]
         pre_n = self._prefetch.sum(axis=2)
+        guessed = np.zeros_like(miss_n)  # misses loaded one layer early (lookahead), right guesses among them
+        right = np.zeros_like(miss_n)
+        if self._recall > 0 and miss_n.shape[0] > 1:
+            guessed[1:] = miss_n[1:]
+            right[1:] = self._rng.binomial(miss_n[1:], self._recall)
         dense = self._dense_s(n)
         load = self._load_s
         layers, ep = miss_n.shape
         free = np.zeros(ep)  # when each rank's link is next idle
         t = stall = 0.0
-        arrived = np.where(pre_n[0] > 0, pre_n[0] * load, 0.0) if layers else free  # layer 0's, issued at 0
+        arrived = pre_n[0] * load if layers else free  # layer 0's prefetches, issued at the step's start
+        early = np.zeros(ep)  # when the current layer's guessed loads arrived
         free = np.maximum(free, arrived)
         for layer in range(layers):
             t += dense
-            m = miss_n[layer]
+            m = miss_n[layer] - right[layer]  # loaded on demand now
             if m.any():
                 free = np.where(m > 0, np.maximum(free, t) + m * load, free)
             ready = max(float(np.where(m > 0, free, 0.0).max()),
-                        float(np.where(pre_used[layer].any(axis=1), arrived, 0.0).max()))
-            if layer + 1 < layers:  # the next layer's prefetches, after this layer's misses
-                p = pre_n[layer + 1]
+                        float(np.where(pre_used[layer].any(axis=1), arrived, 0.0).max()),
+                        float(np.where(right[layer] > 0, early, 0.0).max()))
+            if layer + 1 < layers:  # the next layer's prefetches, then its guesses, after this layer's misses
+                p, g = pre_n[layer + 1], guessed[layer + 1]
                 if p.any():
                     free = np.where(p > 0, np.maximum(free, t) + p * load, free)
                 arrived = np.where(p > 0, free, 0.0)
+                if g.any():
+                    free = np.where(g > 0, np.maximum(free, t) + g * load, free)
+                early = np.where(g > 0, free, 0.0)
             if ready > t:
                 stall += ready - t
                 t = ready
@@ -99,6 +117,8 @@ class CachedExperts:
         self.hits += int((touched & self.resident).sum())
         self.misses += int(miss.sum())
         self.prefetch_hits += int(pre_used.sum())
+        self.guessed += int(guessed.sum())
+        self.guessed_right += int(right.sum())
         self.stall_s += stall
         nxt = check_mask(self.cache.keep(self.resident.copy(), per_slot.copy()), self.context, self._who)
         self._prefetch = nxt & ~(self.resident | touched)
@@ -108,7 +128,8 @@ class CachedExperts:
 
     @property
     def loads(self) -> int:
-        return self.misses + self.prefetches
+        """Expert shards that crossed the link: misses, prefetches, and the wrong guesses beside the right."""
+        return self.misses + self.prefetches + self.guessed - self.guessed_right
 
     @property
     def offloaded_bytes(self) -> float:
@@ -130,6 +151,7 @@ class CachedExperts:
                 "moe_expert_cache_hit_rate": self.hits / routed if routed else 0.0,
                 "moe_expert_cache_prefetches": self.prefetches,
                 "moe_expert_cache_prefetch_hits": self.prefetch_hits,
+                "moe_expert_cache_lookahead_loads": self.guessed, "moe_expert_cache_lookahead_right": self.guessed_right,
                 "moe_expert_cache_bytes_loaded": self.loads * self.expert_bytes,
                 "moe_expert_cache_stall_s": self.stall_s}
 

@@ -1,50 +1,41 @@
-"""``expert_cache=prefetch``: predict the next step's experts from recent routing and load them ahead.
+"""``expert_cache=prefetch``: LFU residency plus speculative loading of each layer's experts one MoE
+layer ahead.
 
-Each expert's recent activation is an exponential moving average of the tokens routed to it per step
-(``expert_cache.decay`` per step): the activation-aware prediction of MoE-Infinity (arXiv:2401.14361,
-which prefetches and caches by activation statistics of recent requests). After each step the cache
-wants the ``cache_slots`` experts with the highest score per rank and layer, whether or not they are
-on the GPU now; one that is not is prefetched: the simulator issues its load when the previous MoE
-layer's router runs in the next step (Pre-gated MoE's timing, arXiv:2308.12066), so it overlaps that
-layer's experts and this layer's dense part instead of stalling at this layer's router.
-
-``expert_cache.min_gain`` (hysteresis): a non-resident expert replaces a resident one only when its
-score beats it by this factor, so noise at the boundary of the hot set does not move weights every step.
+Which experts stay resident is :mod:`lfu`'s choice. On top, the cache guesses the experts the next MoE
+layer's tokens will be routed to while the current layer runs and loads the ones not resident ahead:
+Eliseev and Mazur's speculative expert loading for Mixtral offloading (arXiv:2312.17238: the next
+layer's gate applied to the current layer's hidden state), the pre-gate of Pre-gated MoE (arXiv:2308.12066,
+a gate trained to pick the next block's experts, exact by construction) and MoE-Infinity's prefetching
+(arXiv:2401.14361). The simulator has no hidden states, so the guess is modelled by its recall
+(``expert_cache.recall``, the share of guesses that are right, default 0.8: an assumption in the range
+those papers describe, not a measurement): a layer with ``m`` misses has ``m`` loads issued at the
+previous layer's router, each right with probability ``recall``; the wrong guesses still took the link,
+and the misses they left are loaded on demand after them (:mod:`servelab.sim.moe_cache`). The first MoE
+layer of a step has nothing earlier to guess from: its misses load on demand.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
+from servelab.plugin_api import ConfigError
 
-from servelab.plugin_api import ConfigError, ExpertCache, top_slots
+from .lfu import LfuExpertCache
 
 
 @dataclass
 class PrefetchConfig:
-    decay: float = 0.9  # weight of the previous score per step (0: only the last step's routing)
-    min_gain: float = 1.5  # a non-resident expert must score this many times a resident one to replace it
+    recall: float = 0.8  # the share of a layer's guessed experts that are right (1: Pre-gated MoE's exact pre-gate)
 
 
-class PrefetchExpertCache(ExpertCache):
-    """Keep (and prefetch) the experts with the highest recent activation."""
+class PrefetchExpertCache(LfuExpertCache):
+    """LFU residency, and each layer's misses guessed and loaded one layer early."""
 
     name = "prefetch"
     Config = PrefetchConfig
 
     def __init__(self, config: PrefetchConfig, context) -> None:
         super().__init__(config, context)
-        if not 0.0 <= config.decay < 1.0:
-            raise ConfigError(f"expert_cache.decay={config.decay} must lie in [0, 1)")
-        if config.min_gain < 1.0:
-            raise ConfigError(f"expert_cache.min_gain={config.min_gain} must be >= 1")
-        self._score = np.zeros(context.shape)
-
-    def keep(self, resident, touched):
-        d = self.config.decay
-        self._score = d * self._score + (1 - d) * touched
-        on_gpu = resident | (touched > 0)
-        # what is on the GPU competes at its score, the rest at its score over min_gain
-        return top_slots(np.where(on_gpu, self._score, self._score / self.config.min_gain),
-                         self.context.cache_slots)
+        if not 0.0 <= config.recall <= 1.0:
+            raise ConfigError(f"expert_cache.recall={config.recall} must lie in [0, 1]")
+        self.lookahead_recall = float(config.recall)
