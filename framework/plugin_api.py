@@ -58,6 +58,7 @@ from servelab.core.cost_model import StepCostModel, StepFeatures
 from servelab.core.errors import ConfigError
 from servelab.core.executor import Executor, StepOutput
 from servelab.core.expert_placement import ExpertPlacement, ExpertPlacementContext, linear_plan
+from servelab.core.expert_cache import ExpertCache, ExpertCacheContext, check_mask, top_slots
 from servelab.core.hookspecs import hookimpl
 from servelab.core.interfaces import (BlockAllocator, BlockEventSubscriber, CachedBlock, Drafts, EngineLimits, Evictor, EvictorError,
                                       EVERY_STEP, UNTIL_ARRIVAL, LengthPredictor, NextDecision, NoConfig, Plugin,
@@ -89,6 +90,7 @@ __all__ = [
     "KVConnectorPlugin", "KVConnectorContext", "KVClusterLink",
     "KVTierPolicy", "KVTierPolicyContext", "TierSpec", "TierBlock", "TierView",
     "ExpertPlacement", "ExpertPlacementContext", "linear_plan",
+    "ExpertCache", "ExpertCacheContext", "check_mask", "top_slots",
     "MigrationPolicy", "MigrationPolicyContext", "ReplicaLoad", "RequestLoad", "Migrate",
     "Autoscaler", "AutoscalerContext", "AutoscaleView", "ScaleUp", "ScaleDown",
     # the data they exchange

@@ -29,7 +29,7 @@ QUICKSTART = ("bash scripts/dev.sh run", "bash scripts/dev.sh test")  # .ci/run 
 
 # Plugins that exist only in a guide or in examples/ (their own tests compose them after registering).
 PAGE_PLUGINS = {"spf", "spf_bounded", "my_policy", "watermark_paged", "cheapest", "adaptive_repeat", "linear", "prompt_ratio",
-                "deepest_first", "least_kv", "keep_roots", "remote_store", "hot_spread"}
+                "deepest_first", "least_kv", "keep_roots", "remote_store", "hot_spread", "sticky_lfu"}
 # Old flat import paths docs/plugins.md names as such (they import, with a DeprecationWarning).
 OLD_PATHS = {"servelab.interfaces", "servelab.scheduling", "servelab.testing"}
 # Subcommands whose arguments are not Hydra overrides (paths, plugin names, kinds).

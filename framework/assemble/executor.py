@@ -13,6 +13,7 @@ from servelab.core.errors import ConfigError
 from servelab.core.contexts import ExecutorContext
 from servelab.core.executor import Executor
 from servelab.core.expert_placement import ExpertPlacementContext
+from servelab.assemble.expert_cache import offloaded_expert_bytes
 from servelab.core.kinds import KINDS, instantiate
 from servelab.exec.worker_config import WorkerConfig
 from servelab.exec.model.random_checkpoint import cached_random_checkpoint, moe_config_kwargs
@@ -155,7 +156,8 @@ def executor_context(cfg: DictConfig, registry: Registry | None = None, draft_mo
         memory = plan_memory(shape, hardware, cfg.tensor_parallel_size, sizes.weight, sizes.kv, cfg.block_size,
                              cfg.backend.gpu_memory_utilization, cfg.backend.activation_reserve_gb,
                              sizes.linear, sizes.kv_scale, ep=ep,
-                             redundant_expert_bytes=redundant_expert_bytes(cfg, shape, registry),
+                             redundant_expert_bytes=redundant_expert_bytes(cfg, shape, registry)
+                             - offloaded_bytes(cfg, shape, registry),
                              dp_attention=dp_attention(cfg, shape))
         return ExecutorContext(**common, shape=shape, hardware=hardware, memory=memory)
     wcfg = worker_config(cfg, registry)
@@ -212,6 +214,18 @@ def redundant_expert_bytes(cfg: DictConfig, shape: ModelShape, registry: Registr
     sizes = storage_bytes(cfg)
     per_expert = 3 * shape.hidden_size * shape.moe_intermediate_size / (tp // ep) * (sizes.linear or sizes.weight)
     return extra // ep * shape.num_moe_layers * per_expert
+
+
+def offloaded_bytes(cfg: DictConfig, shape: ModelShape, registry: Registry | None = None) -> float:
+    """The expert weights one rank keeps in host memory under ``expert_cache=<name>`` (0 by default):
+    the memory plan holds only the cached experts (:mod:`servelab.assemble.expert_cache`)."""
+    if not shape.is_moe:
+        return offloaded_expert_bytes(cfg, shape, 0, 0.0, registry)
+    ep, tp = cfg.get("expert_parallel_size", 1), cfg.tensor_parallel_size
+    sizes = storage_bytes(cfg)
+    per_expert = 3 * shape.hidden_size * shape.moe_intermediate_size / (tp // ep) * (sizes.linear or sizes.weight)
+    return offloaded_expert_bytes(cfg, shape, placement_context(shape, cfg, registry).slots_per_rank, per_expert,
+                                  registry)
 
 
 def check_placement_backend(cfg: DictConfig, is_moe: bool | None = None) -> None:

@@ -18,6 +18,8 @@ from servelab.engine.frontend import DelayedArrivals, FrontEnd
 from servelab.core.contexts import EngineClock, KVClusterLink, KVConnectorContext, PredictorContext, TimeModelContext
 from servelab.core.executor import Executor
 from servelab.core.expert_placement import ExpertPlacementContext
+from servelab.core.expert_cache import ExpertCacheContext
+from servelab.assemble.expert_cache import cache_context
 from servelab.core.interfaces import EngineLimits, TimeModel
 from servelab.core.kinds import KindSpec, build_context, build_order, instantiate
 from servelab.core.registry import Registry, default_registry
@@ -130,6 +132,8 @@ def build_stack(cfg: DictConfig, registry: Registry | None = None, executor: Exe
     prebuilt = {TimeModelContext: time_model_context(cfg, executor, memory.link_gb_s if memory is not None else None),
                 ExpertPlacementContext: placement_context(executor.shape, cfg, registry,
                                                           simulated=not executor.computes_tokens),
+                ExpertCacheContext: cache_context(executor.shape, cfg, placement_context(executor.shape, cfg, registry)
+                                                  .slots_per_rank, registry, simulated=not executor.computes_tokens),
                 PredictorContext: PredictorContext(
                     model_name=cfg.model.name, model_path=None if cfg.model.path is None else str(cfg.model.path),
                     vocab_size=executor.spec.vocab_size, max_model_len=max_model_len, seed=cfg.seed)}

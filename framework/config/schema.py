@@ -275,6 +275,9 @@ class SimMoeConfig:
     # expert parallelism's token exchange per MoE layer: all_to_all (DeepEP's dispatch + combine) |
     # all_reduce (the batch on every rank, one all-reduce sums the experts' outputs: backend=tp's EP)
     ep_exchange: str = "all_to_all"
+    # expert offloading (expert_cache=lru|lfu|prefetch): experts of each rank's share kept on the GPU per
+    # MoE layer, the rest in host memory (0: all resident, expert_cache=none); servelab.sim.moe_cache
+    expert_cache_slots: int = 0
 
 
 @dataclass

@@ -229,6 +229,8 @@ class TimeModelContext:
     moe_ep_exchange: str = "all_to_all"  # EP's token exchange: all_to_all (DeepEP) | all_reduce (the real engine's)
     # expert_placement=<name>: which rank holds each expert (servelab.core.expert_placement; None: linear)
     expert_placement: Any = None
+    # expert_cache=<name>: which experts stay on the GPU, the rest offloaded (servelab.core.expert_cache; None: all)
+    expert_cache: Any = None
     # data_parallel_attention=true: attention data-parallel over the tensor_parallel_size ranks beside EP
     # (each rank its own sequences, whole KV heads, attention weights replicated; servelab.sim.dp_attention)
     data_parallel_attention: bool = False

@@ -23,6 +23,7 @@ from servelab.core.contexts import (LEGACY_CONTEXT, AllocatorContext, DrafterCon
                                     TimeModelContext)
 from servelab.core.errors import ConfigError
 from servelab.core.executor import Executor
+from servelab.core.expert_cache import ExpertCache, ExpertCacheContext
 from servelab.core.expert_placement import ExpertPlacement, ExpertPlacementContext
 from servelab.core.interfaces import (BlockAllocator, Evictor, LengthPredictor, Plugin, PreemptionPolicy, Router,
                                       Scheduler, SpeculativeDrafter, TimeModel)
@@ -151,6 +152,10 @@ BUILTIN_KINDS = (
              "linear", "which rank holds each MoE expert, replicas of hot ones, re-planned from measured load",
              checks=("servelab.kit.conformance_expert_placement:check_expert_placement",),
              template="servelab.kit.expert_placement_template:TEMPLATE", guide="docs/write-an-expert-placement.md"),
+    KindSpec("expert_cache", ExpertCache, "servelab_register_expert_caches", ExpertCacheContext, "none",
+             "which MoE experts stay on the GPU when the rest are offloaded to host memory (misses over the host link)",
+             checks=("servelab.kit.conformance_expert_cache:check_expert_cache",),
+             template="servelab.kit.expert_cache_template:TEMPLATE", guide="docs/write-an-expert-cache.md"),
 )
 
 #: kind name -> spec, in registration order (the built-ins first).

@@ -56,6 +56,7 @@ from servelab.kit.conformance_evictor import (LADDER_BLOCK_SIZE, SCRIPT_BLOCKS, 
 from servelab.kit.kv_connector_contracts import KV_CONNECTOR_CONTRACTS
 from servelab.kit.kv_tier_contracts import KV_TIER_CONTRACTS
 from servelab.kit.expert_placement_contracts import EXPERT_PLACEMENT_CONTRACTS
+from servelab.kit.expert_cache_contracts import EXPERT_CACHE_CONTRACTS
 from servelab.kit.migration_contracts import MIGRATION_CONTRACTS
 from servelab.kit.autoscaler_contracts import AUTOSCALER_CONTRACTS
 from servelab.kit.conformance_router import (ROUTER_CONTRACTS, SIM_CLUSTER_REQUESTS, SIM_CLUSTERS, context_of,
@@ -97,6 +98,7 @@ CONTRACTS = {
     **KV_TIER_CONTRACTS,
     **KV_CONNECTOR_CONTRACTS,
     **EXPERT_PLACEMENT_CONTRACTS,
+    **EXPERT_CACHE_CONTRACTS,
     **MIGRATION_CONTRACTS,
     **AUTOSCALER_CONTRACTS,
 }

@@ -429,7 +429,8 @@ def module_template(kind) -> Template:
 
 #: kinds whose template module writes its own test (a cluster run: the kit's stages need a cluster)
 OWN_TESTS = {"migration_policy": "servelab.kit.migration_policy_template:TEST",
-             "autoscaler": "servelab.kit.autoscaler_template:TEST"}
+             "autoscaler": "servelab.kit.autoscaler_template:TEST",
+             "expert_cache": "servelab.kit.expert_cache_template:TEST"}
 
 
 def generated_test(kind: str) -> Template:

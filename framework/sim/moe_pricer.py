@@ -34,6 +34,7 @@ import numpy as np
 
 from servelab.core.errors import ConfigError
 from servelab.core.shapes import HardwareProfile, ModelShape
+from servelab.sim.moe_cache import CachedExperts, offload_check
 from servelab.sim.moe_placement import PlacedExperts
 from servelab.sim.moe_routing import ExpertRouting
 
@@ -89,9 +90,12 @@ class MoePricer:
 
     def __init__(self, shape: ModelShape, hardware: HardwareProfile, tp: int, ep: int, routing: ExpertRouting,
                  expert_fn: ExpertFn, layer_floor_s: float, act_bytes: float, priced_by: str,
-                 exchange: str = "all_to_all", placement=None, weight_bytes: float = 2.0) -> None:
+                 exchange: str = "all_to_all", placement=None, weight_bytes: float = 2.0, cache=None,
+                 dense_fn: Callable | None = None) -> None:
         """``placement``: the run's ``expert_placement`` plugin (None: linear, placed once);
-        ``weight_bytes`` per stored expert weight (what a re-plan's moves carry)."""
+        ``weight_bytes`` per stored expert weight (what a re-plan's moves carry); ``cache``: the run's
+        ``expert_cache`` plugin (None or ``none``: every expert resident), ``dense_fn(n)`` one MoE layer's
+        dense part at ``n`` tokens (the window its prefetches overlap, :mod:`servelab.sim.moe_cache`)."""
         self.shape, self.tp, self.ep, self.routing, self.priced_by = shape, tp, ep, routing, priced_by
         # the placement's figures in the summary and banner: under EP, or a placement other than the default
         # (a default run without EP keeps the keys it had before placements existed)
@@ -99,6 +103,12 @@ class MoePricer:
         self.placed = None if placement is None else PlacedExperts(
             placement, placement.context, hardware,
             3 * shape.hidden_size * shape.moe_intermediate_size / (tp // ep) * weight_bytes)
+        self.cached = None
+        if cache is not None and not getattr(cache, "all_resident", False):
+            offload_check(cache, placement)
+            self.cached = CachedExperts(cache, cache.context, hardware,
+                                        3 * shape.hidden_size * shape.moe_intermediate_size / (tp // ep) * weight_bytes,
+                                        dense_fn)
         self._expert_fn, self._floor = expert_fn, layer_floor_s
         self.dp_attention = False  # set by the step pricer under data_parallel_attention (the banner says so)
         self.dp_weight_bytes_per_rank = 0.0
@@ -118,17 +128,22 @@ class MoePricer:
 
     def _parts(self, counts: np.ndarray) -> tuple[float, float, float, float]:
         """(experts s, all-to-all s, mean experts touched per layer, imbalance) of one step's counts."""
+        return self._layer_parts(counts)[:4]
+
+    def _layer_parts(self, counts: np.ndarray):
+        """:meth:`_parts`, then the tokens per slot ``[layers, groups, slots]`` and each layer's expert seconds."""
         per_rank = counts.reshape(counts.shape[0], self._groups, -1) if self.placed is None else \
             self.placed.tokens_per_slot(counts)  # [layers, groups, slots per group]
         seconds = self._expert_fn(per_rank.reshape(counts.shape[0], -1)).reshape(per_rank.shape).sum(axis=2)
         touched_groups = (per_rank > 0).any(axis=2)
-        experts = float((seconds + self._floor * touched_groups).max(axis=1).sum())
+        per_layer = (seconds + self._floor * touched_groups).max(axis=1)
+        experts = float(per_layer.sum())
         received = per_rank.sum(axis=2)
         heaviest = received.max(axis=1)
         comm = float(self.all_to_all.seconds(heaviest, self._token_bytes).sum()) if self.all_to_all else 0.0
         mean = received.mean(axis=1)
         imbalance = float(np.mean(heaviest / np.maximum(mean, 1e-12)))
-        return experts, comm, float((counts > 0).sum(axis=1).mean()), imbalance
+        return experts, comm, float((counts > 0).sum(axis=1).mean()), imbalance, per_rank, per_layer
 
     def seconds(self, n: int) -> float:
         """The experts and all-to-all of a step of ``n`` tokens (its routing drawn now; counted for
@@ -136,7 +151,9 @@ class MoePricer:
         if not n:
             return 0.0
         counts = self.routing.counts(n)
-        experts, comm, touched, imbalance = self._parts(counts)
+        experts, comm, touched, imbalance, per_rank, per_layer = self._layer_parts(counts)
+        if self.cached is not None:  # expert offloading: the misses' loads the layers wait for
+            experts += self.cached.step(n, per_rank, per_layer)
         self.steps += 1
         self.touched_sum += touched
         self.imbalance_sum += imbalance
@@ -168,6 +185,8 @@ class MoePricer:
                      f"is all {self.tp} ranks' pools; every weight but the routed experts replicated, "
                      f"{self.dp_weight_bytes_per_rank / 1e9:.1f} GB per rank; a step costs its slowest rank's share, "
                      "the experts see every rank's tokens)")
+        if self.cached is not None:
+            text += "; " + self.cached.label()
         if self.placed is not None and self._states_placement:
             p = self.placed
             text += f"; expert_placement={p.name} ({p.context.slots_per_rank} slots per rank" + \
@@ -187,6 +206,8 @@ class MoePricer:
             out.update(self.placed.summary())
         if self.all_to_all:
             out["moe_all_to_all"] = self.all_to_all.figure
+        if self.cached is not None:
+            out.update(self.cached.summary())
         return out
 
 
@@ -219,7 +240,8 @@ def gpu_ops_moe(context, ops, act_bytes: float, weight_bytes: float) -> tuple[Mo
     layer_floor = 2 * floor + ops.cal.tokenwise_floor_us * 1e-6
     return MoePricer(s, context.hardware, tp, ep, routing, experts, layer_floor, act_bytes,
                      "the calibrated roofline's GEMMs (no op table measures MoE experts)",
-                     context.moe_ep_exchange, context.expert_placement, weight_bytes), dense_part
+                     context.moe_ep_exchange, context.expert_placement, weight_bytes, context.expert_cache,
+                     lambda n: dense_part(np.array([n], dtype=float))), dense_part
 
 
 def routing_for(context) -> ExpertRouting:

@@ -114,7 +114,8 @@ class RooflineTime(TimeModel):
 
         return MoePricer(s, context.hardware, context.tensor_parallel_size, context.expert_parallel_size,
                          routing_for(context), experts, 0.0, act, "the roofline", context.moe_ep_exchange,
-                         context.expert_placement, context.linear_weight_bytes or context.weight_dtype_bytes)
+                         context.expert_placement, context.linear_weight_bytes or context.weight_dtype_bytes,
+                         context.expert_cache)
 
     @property
     def moe_label(self) -> str | None:
