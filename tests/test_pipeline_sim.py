@@ -159,3 +159,18 @@ def test_the_time_model_context_carries_the_stages():
     assert ctx.pipeline_parallel_size == 2 and ctx.gpus_per_node == 8
     one = time_model_context(compose(list(LLAMA + ("tensor_parallel_size=4",))), stack.executor)
     assert one == dataclasses.replace(ctx, pipeline_parallel_size=1)
+
+
+@pytest.mark.parametrize("overrides", [
+    LLAMA + ("tensor_parallel_size=4", "pipeline_parallel_size=2", "workload.num_requests=40", "workload.rate=10"),
+    LLAMA + ("tensor_parallel_size=2", "pipeline_parallel_size=4", "workload.num_requests=40", "workload.rate=10",
+             "cluster.replicas=2"),
+    SIM + ("model=qwen3_30b_a3b", "hardware=h100", "tensor_parallel_size=2", "expert_parallel_size=2",
+           "pipeline_parallel_size=2", "workload.num_requests=30", "workload.rate=10"),
+])
+def test_fast_forward_prices_the_stages_identically(overrides):
+    from servelab.kit.conformance_fast_forward import run_both_ways
+
+    difference, forwarded, _ = run_both_ways(overrides, default_registry())
+    assert difference is None, difference
+    assert forwarded > 0 or "cluster.replicas=2" in overrides  # (a cluster's driver does not count them)
