@@ -174,3 +174,14 @@ def test_fast_forward_prices_the_stages_identically(overrides):
     difference, forwarded, _ = run_both_ways(overrides, default_registry())
     assert difference is None, difference
     assert forwarded > 0 or "cluster.replicas=2" in overrides  # (a cluster's driver does not count them)
+
+
+def test_a_moe_stage_prices_its_own_dense_and_moe_layers():
+    tm = build_stack(compose(list(SIM + ("model=deepseek_v3", "model.quantization=int8", "hardware=h200",
+                                        "tensor_parallel_size=8", "expert_parallel_size=8",
+                                        "pipeline_parallel_size=2")))).time_model
+    pricer = tm.chosen.pricer
+    first, second = pricer._stage_curves
+    assert pricer.pipeline.layout.layers == (31, 30)
+    assert pricer.pipeline.layout.moe_share[0] == pytest.approx(28 / 58)  # its three dense layers are not MoE
+    assert first[64] > second[64] * 31 / 30 * 1.005  # its three dense MLPs weigh more than MoE layers' dense parts

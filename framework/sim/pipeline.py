@@ -16,8 +16,9 @@ as it does per step without PP). The deal (:func:`split_work`): decode sequences
 micro-batches one more), prompt chunks whole, chunk ``k`` to micro-batch ``p - 1 - k % p``; a micro-batch's
 attention work is its token share of the step's, its KV reads its sequence share.
 
-**A round's time.** With ``t[i][j]`` micro-batch ``i``'s compute on stage ``j`` (its share of the layers'
-seconds, plus the LM head on the last stage), ``x[i][j]`` its activation transfer from stage ``j`` to
+**A round's time.** With ``t[i][j]`` micro-batch ``i``'s compute on stage ``j`` (its layers' seconds: the layer
+curve of its dense and MoE layers, its share of the all-reduces and attention, its MoE layers' share of the experts
+the micro-batch touches; plus the LM head on the last stage), ``x[i][j]`` its activation transfer from stage ``j`` to
 ``j + 1`` (``2 x hidden x tokens x activation bytes``: vLLM hands the hidden states and the residual to the
 next stage, over one GPU's link per TP rank, plus the link's latency) and ``h[i]`` the host's work on it,
 
@@ -114,9 +115,9 @@ class PipelineBooks:
         self.transfer_s = 0.0  # activation transfers, every hop of every micro-batch
         self.last_busiest = 0.0  # the last round's busiest stage (its compute seconds)
 
-    def round_seconds(self, parts: list[tuple[float, float, float, float, int]], host_in_loop: bool) -> float:
-        """``parts``: per micro-batch ``(every layer's seconds, MoE experts' seconds, LM head seconds, host
-        seconds, tokens)`` as one rank of ``tp`` would price them for the whole model."""
+    def round_seconds(self, parts: list[tuple[list[float], float, float, float, int]], host_in_loop: bool) -> float:
+        """``parts``: per micro-batch ``(each stage's layers' seconds, the MoE experts' seconds over every MoE
+        layer, LM head seconds, host seconds, tokens)`` as one rank of ``tp`` prices them."""
         lay = self.layout
         last = lay.stages - 1
         stage_busy = [0.0] * lay.stages
@@ -126,7 +127,7 @@ class PipelineBooks:
             host += h
             if tokens:
                 for j in range(lay.stages):
-                    t = layers * lay.layer_share[j] + experts * lay.moe_share[j] + (lm_head if j == last else 0.0)
+                    t = layers[j] + experts * lay.moe_share[j] + (lm_head if j == last else 0.0)
                     stage_busy[j] += t
                     own += t
                 nbytes = tokens * lay.hop_bytes_per_token

@@ -134,9 +134,13 @@ class StepPricer:
             base, experts = self.predict, self.moe.seconds
             self.predict = lambda work: base(work) + experts(work.num_tokens)  # type: ignore[method-assign]
         self.pipeline: PipelineBooks | None = None
+        self._stage_curves: list[_Dense] = []
         if context.pipeline_parallel_size > 1:  # stages and batches in flight (servelab.sim.pipeline)
-            self.pipeline = PipelineBooks(stage_layout(s, context.hardware, tp, context.pipeline_parallel_size,
-                                                       context.gpus_per_node, act_bytes))
+            pp = context.pipeline_parallel_size
+            self.pipeline = PipelineBooks(stage_layout(s, context.hardware, tp, pp, context.gpus_per_node, act_bytes))
+            if s.is_moe:  # each stage's own dense and MoE layers (DeepSeek's dense layers all sit on the first)
+                for r in s.stage_layers(pp):
+                    self._stage_curves.append(_Dense(_stage_curve(layer, moe_dense, len(r), sum(map(s.is_moe_layer, r)))))
             self.predict = self._predict_pipeline  # type: ignore[method-assign]  # the default path stays as it was
 
     def draft_pricer(self, context: TimeModelContext, layer: ArrayFn | None = None) -> "DraftPricer":
@@ -271,26 +275,31 @@ class StepPricer:
         host = self.host_seconds(rank)
         return max(gpu, host) if self.engine_host is not None and self.engine_host.overlap else gpu + host
 
-    def _micro_batch_parts(self, mb, experts: Callable[[int], float] | None) -> tuple[float, float, float, float, int]:
-        """One micro-batch as one rank prices it for the whole model: (every layer's seconds: the layer curve,
-        all-reduces and attention, at the captured graph's size for a decode-only one; its experts' seconds
-        from ``experts(tokens)``; the LM head; the host; its tokens)."""
+    def _micro_batch_parts(self, mb, experts: Callable[[int], float] | None
+                           ) -> tuple[list[float], float, float, float, int]:
+        """One micro-batch as one rank prices it: (each stage's layers' seconds: its layer curve, all-reduces
+        and attention, at the captured graph's size for a decode-only one; the experts' seconds over every MoE
+        layer from ``experts(tokens)``; the LM head; the host; its tokens)."""
         n = mb.num_tokens
         host = self.host_seconds(mb)
+        share = self.pipeline.layout.layer_share  # type: ignore[union-attr]
         if not n:
-            return 0.0, 0.0, 0.0, host, 0
+            return [0.0] * len(share), 0.0, 0.0, host, 0
         m = n
         if self._graph_size and n == mb.decode_seqs and n < len(self._graph_size):
             m = self._graph_size[n]
             self.graph_steps += 1
             self.graph_tokens += n
             self.graph_padding_tokens += m - n
-        layers = self._layers[m]
-        if self._allreduce is not None:
-            layers += self._allreduce[m]
+        reduce = self._allreduce[m] if self._allreduce is not None else 0.0
         nbytes = (mb.context_tokens + n) * self._kv_per_token + n * self._qo_per_token
-        layers += self.num_layers * self._ops.attention(mb.attended * self._attn_flops_per_attended, nbytes)
-        return layers, experts(n) if experts is not None else 0.0, self._lm_head[mb.num_sampled], host, n
+        attention = self.num_layers * self._ops.attention(mb.attended * self._attn_flops_per_attended, nbytes)
+        if self._stage_curves:
+            stages = [curve[m] + (reduce + attention) * f for curve, f in zip(self._stage_curves, share)]
+        else:
+            every = self._layers[m] + reduce + attention
+            stages = [every * f for f in share]
+        return stages, experts(n) if experts is not None else 0.0, self._lm_head[mb.num_sampled], host, n
 
     def _pipeline_traffic(self, work) -> float:
         """Swaps and copies under PP: every rank moves its own stage's part of each block, the largest stage's at once."""
@@ -351,6 +360,11 @@ class StepPricer:
             gpu += 2 * work.copy_blocks * self._block / self._hbm
         host = self.host_seconds(work)
         return max(gpu, host) if self.engine_host.overlap else gpu + host  # type: ignore[union-attr]
+
+
+def _stage_curve(layer: ArrayFn, moe_dense: ArrayFn, layers: int, moe_layers: int) -> ArrayFn:
+    """A pipeline stage's layer curve: its dense layers' and its MoE layers' dense parts (experts apart)."""
+    return lambda m: (layers - moe_layers) * layer(m) + moe_layers * moe_dense(m)
 
 
 def graph_sizes(sizes) -> list[int]:
