@@ -185,3 +185,13 @@ def test_a_moe_stage_prices_its_own_dense_and_moe_layers():
     assert pricer.pipeline.layout.layers == (31, 30)
     assert pricer.pipeline.layout.moe_share[0] == pytest.approx(28 / 58)  # its three dense layers are not MoE
     assert first[64] > second[64] * 31 / 30 * 1.005  # its three dense MLPs weigh more than MoE layers' dense parts
+
+
+def test_an_autoscaled_replica_in_stages_counts_all_its_gpus():
+    from servelab.cluster.build import build_cluster
+
+    cfg = compose(list(LLAMA + ("tensor_parallel_size=4", "pipeline_parallel_size=2", "cluster.replicas=1",
+                                "cluster.max_replicas=2", "autoscaler=threshold")))
+    cluster = build_cluster(cfg)[0]
+    assert cluster.autoscale.settings.gpus_per_replica == 8
+    assert [r.gpu_offset for r in cluster.replicas] == [0, 8]  # a replica is 8 GPUs: the next one on the next node

@@ -253,7 +253,7 @@ def autoscale_settings(cfg: DictConfig, stack: Stack) -> AutoscaleSettings:
     memory = getattr(stack.executor, "memory", None)
     weights = memory.weight_bytes * cfg.tensor_parallel_size * cfg.get("pipeline_parallel_size", 1) if memory else 0.0
     return AutoscaleSettings(c.autoscale_interval_s, c.replicas, low, high, weights / (c.cold_start_gb_s * 1e9),
-                             c.warm_pool)
+                             c.warm_pool, cfg.tensor_parallel_size * cfg.get("pipeline_parallel_size", 1))
 
 
 def prefill_tokens_per_s(stack: Stack) -> float:
