@@ -195,3 +195,45 @@ def test_an_autoscaled_replica_in_stages_counts_all_its_gpus():
     cluster = build_cluster(cfg)[0]
     assert cluster.autoscale.settings.gpus_per_replica == 8
     assert [r.gpu_offset for r in cluster.replicas] == [0, 8]  # a replica is 8 GPUs: the next one on the next node
+
+
+def _event_period(t, x, h, rounds: int = 200) -> float:
+    """The steady-state round of ``t[i][j]`` repeated: a serial host, each stage serving the micro-batches in
+    order, a micro-batch's next round after its last stage (a direct event simulation)."""
+    stages = len(t[0])
+    stage_free, ready, host_free, ends = [0.0] * stages, [0.0] * len(t), 0.0, []
+    for _ in range(rounds):
+        for i, row in enumerate(t):
+            host_free = max(ready[i], host_free) + h[i]
+            now = host_free
+            for j, seconds in enumerate(row):
+                stage_free[j] = max(now, stage_free[j]) + seconds
+                now = stage_free[j] + (x[i] if j < stages - 1 else 0.0)
+            ready[i] = now
+        ends.append(max(ready))
+    half = rounds // 2
+    return (ends[-1] - ends[half]) / (rounds - 1 - half)
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_the_round_formula_is_the_event_simulations_steady_state(stages):
+    import random
+
+    from servelab.sim.pipeline import PipelineBooks, StageLayout
+
+    rng = random.Random(stages)
+    for _ in range(30):
+        share = [rng.uniform(0.8, 1.2) for _ in range(stages)]
+        bandwidth, latency = rng.uniform(1, 10), rng.uniform(0, 0.05)
+        layout = StageLayout(tuple([1] * stages), tuple(share), tuple(rng.uniform(0.5, 1.5) for _ in range(stages)),
+                             ((bandwidth, latency),) * (stages - 1), 1.0, 0)
+        parts = []
+        for _ in range(stages):  # micro-batches of very different weight (a prompt chunk among decodes)
+            w = rng.choice([rng.uniform(0.2, 1), rng.uniform(1, 20)])
+            parts.append(([w * f for f in share], rng.uniform(0, 2), rng.uniform(0, 0.5), rng.uniform(0, 0.3),
+                          rng.randint(1, 4)))
+        t = [[p[0][j] + p[1] * layout.moe_share[j] + (p[2] if j == stages - 1 else 0.0) for j in range(stages)]
+             for p in parts]
+        x = [p[4] / bandwidth + latency for p in parts]
+        assert PipelineBooks(layout).round_seconds(parts, True) == pytest.approx(
+            _event_period(t, x, [p[3] for p in parts]), rel=1e-6, abs=1e-9)

@@ -28,7 +28,8 @@ next stage, over one GPU's link per TP rank, plus the link's latency) and ``h[i]
         + swap and copy traffic (each rank its stage's share of a block)
 
 the steady-state cycle time of ``p`` micro-batches circulating through ``p`` stages when every round repeats
-(the bound on a timed event graph's cycle from its micro-batch and stage circuits). With an engine preset that
+(the bound on a timed event graph's cycle from its micro-batch and stage circuits; equal to an event
+simulation of the repeated round for stage times of the form priced here, tests/test_pipeline_sim.py). With an engine preset that
 overlaps the host (``engine.overlap``), ``h[i]`` leaves the micro-batch's loop and only the host's own circuit
 remains. What the stages do not compute is the bubble (``pipeline_bubble_share`` in the summary): the
 transfers and the host in a micro-batch's loop, stages of unequal layers, and micro-batches of unequal work
