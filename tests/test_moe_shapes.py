@@ -130,8 +130,6 @@ def test_deepseek_v3_fits_eight_h200s_with_one_byte_linears_not_in_bf16():
       "model.num_key_value_heads=4", "model.num_experts=6"), "expert_parallel_size=4 does not divide the model's 6"),
     (("model=tiny", "pipeline_parallel_size=5"), "pipeline_parallel_size=5 exceeds the model's 4 layers"),
     (("model=tiny", "pipeline_parallel_size=0"), "pipeline_parallel_size=0 must be >= 1"),
-    (("model=qwen3_30b_a3b", "backend=sim", "pipeline_parallel_size=2"),
-     "backend=sim does not price pipeline parallelism yet"),
 ])
 def test_bad_layouts_are_refused_naming_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message):

@@ -148,14 +148,11 @@ def executor_context(cfg: DictConfig, registry: Registry | None = None, draft_mo
                   num_kv_blocks=cfg.num_kv_blocks, num_swap_blocks=num_swap_blocks, swap_space_gb=swap_space_gb,
                   expert_parallel_size=ep, pipeline_parallel_size=pp)
     if cfg.backend.name == "sim" if sim is None else sim:
-        if pp > 1:
-            raise ConfigError(f"pipeline_parallel_size={pp}: backend=sim does not price pipeline parallelism yet "
-                              "(the stages, their bubbles); the real backend (backend=tp) runs it")
         shape, hardware = model_shape(cfg), hardware_profile(cfg)
         sizes = storage_bytes(cfg)
         memory = plan_memory(shape, hardware, cfg.tensor_parallel_size, sizes.weight, sizes.kv, cfg.block_size,
                              cfg.backend.gpu_memory_utilization, cfg.backend.activation_reserve_gb,
-                             sizes.linear, sizes.kv_scale, ep=ep,
+                             sizes.linear, sizes.kv_scale, ep=ep, pp=pp,
                              redundant_expert_bytes=redundant_expert_bytes(cfg, shape, registry)
                              - offloaded_bytes(cfg, shape, registry),
                              dp_attention=dp_attention(cfg, shape))

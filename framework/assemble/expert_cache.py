@@ -33,6 +33,10 @@ def cache_slots(cfg: DictConfig, shape: ModelShape, experts_per_rank: int, regis
     if not simulated:
         raise ConfigError(f"expert_cache={name} is priced by the simulator only (backend=sim); "
                           f"backend={cfg.backend.name} keeps every expert on the GPU")
+    pp = int(cfg.get("pipeline_parallel_size", 1) or 1)
+    if pp > 1:  # the offloaded bytes are one rank's over every MoE layer; a stage holds only its own layers
+        raise ConfigError(f"expert_cache={name} with pipeline_parallel_size={pp} is not modelled (the cache and its "
+                          "memory plan cover every MoE layer on each rank); use pipeline_parallel_size=1")
     if not 1 <= slots <= experts_per_rank:
         raise ConfigError(f"expert_cache={name} needs sim.moe.expert_cache_slots in 1..{experts_per_rank} (the "
                           f"experts of each rank's share kept on the GPU per MoE layer), got {slots}")

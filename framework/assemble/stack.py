@@ -281,7 +281,15 @@ def time_model_context(cfg: DictConfig, executor: Executor, host_link_gb_s: floa
                             cuda_graph_sizes=tuple(cfg.sim.cuda_graph_sizes) if cfg.sim.cuda_graphs else (),
                             all_reduce=option_value(cfg.sim.all_reduce),
                             engine_host=engine_host(cfg.engine) if "engine" in cfg else None,
-                            **_moe_settings(cfg))
+                            **_moe_settings(cfg), **_pipeline_settings(cfg))
+
+
+def _pipeline_settings(cfg: DictConfig) -> dict:
+    """``pipeline_parallel_size`` and the node size its stages are laid on (nothing at 1 stage)."""
+    pp = cfg.get("pipeline_parallel_size", 1)
+    if pp == 1:
+        return {}
+    return dict(pipeline_parallel_size=pp, gpus_per_node=cfg.cluster.gpus_per_node)
 
 
 def _moe_settings(cfg: DictConfig) -> dict:

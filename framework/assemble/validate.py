@@ -53,6 +53,7 @@ def validate(cfg: DictConfig) -> None:
         if cfg.get(key, 1) < 1:
             raise ConfigError(f"{key}={cfg.get(key)} must be >= 1")
     check_data_parallel_attention(cfg)
+    check_pipeline_priced(cfg)
     if cfg.backend.tp_step_timeout_s <= 0:
         raise ConfigError(f"backend.tp_step_timeout_s={cfg.backend.tp_step_timeout_s} must be > 0")
     swap_blocks = cfg.backend.get("num_swap_blocks")
@@ -236,6 +237,19 @@ def option_value(v):
 
 
 DP_ATTENTION_TIME_MODELS = ("auto", "calibrated_roofline")  # the step pricer's (servelab.sim.step_pricer)
+
+
+PIPELINE_TIME_MODELS = ("auto", "op_profile", "calibrated_roofline")  # the step pricer's (servelab.sim.pipeline)
+
+
+def check_pipeline_priced(cfg: DictConfig) -> None:
+    """``pipeline_parallel_size > 1`` on the simulator is priced stage by stage by the step pricer's time models;
+    another is one line naming the key."""
+    pp = cfg.get("pipeline_parallel_size", 1)
+    time_model = cfg.time_model.name if "time_model" in cfg else "auto"
+    if pp > 1 and cfg.backend.name == "sim" and time_model not in PIPELINE_TIME_MODELS:
+        raise ConfigError(f"pipeline_parallel_size={pp} with time_model={time_model}: the stages and batches in flight "
+                          f"are priced by time_model={', '.join(PIPELINE_TIME_MODELS)} only (the per-operator step pricer)")
 
 
 def check_data_parallel_attention(cfg: DictConfig) -> None:

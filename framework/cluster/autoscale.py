@@ -50,6 +50,7 @@ class AutoscaleSettings:
     max_replicas: int = 1
     cold_start_s: float = 0.0
     warm_pool: int = 0
+    gpus_per_replica: int = 0  # tensor_parallel_size x pipeline_parallel_size (0: the replica's tensor_parallel_size)
 
 
 class AutoscaleDriver:
@@ -177,5 +178,5 @@ class AutoscaleDriver:
 
     def figures(self, end_s: float) -> dict:
         """The summary's autoscaling keys, the run ending at ``end_s``."""
-        gpus = self.cluster.replicas[0].tensor_parallel_size
+        gpus = self.settings.gpus_per_replica or self.cluster.replicas[0].tensor_parallel_size
         return self.sums.figures(end_s, gpus)

@@ -211,15 +211,16 @@ def build_cluster(cfg: DictConfig, requests=None, registry: Registry | None = No
             if tp > c.gpus_per_node:
                 raise ConfigError(f"{role} replicas have tensor_parallel_size={tp}, more than cluster.gpus_per_node="
                                   f"{c.gpus_per_node}: a tensor-parallel group stays on one node")
+            width = tp * cfg.get("pipeline_parallel_size", 1)  # its GPUs: pipeline stages of tp ranks each
             for _ in range(count):
-                if gpu % c.gpus_per_node + tp > c.gpus_per_node:  # it would straddle two nodes: next node
+                if gpu % c.gpus_per_node + min(width, c.gpus_per_node) > c.gpus_per_node:  # it would straddle: next node
                     gpu += c.gpus_per_node - gpu % c.gpus_per_node
                 link = KVClusterLink(len(replicas), role, transport, hand_off, shared_tiers)
                 stack = build_stack(pcfg, registry, requests=requests, cluster=link)
                 stacks.append(stack)
                 replicas.append(Replica(len(replicas), stack.engine, pcfg.hardware.name, gpu, role=role,
                                         tensor_parallel_size=tp))
-                gpu += tp
+                gpu += width
         links, kv_bytes, layers = {}, 0.0, 1
         if c.prefill_replicas is not None:
             prefill_cfg, decode_cfg = pools[0][2], pools[1][2]
@@ -257,7 +258,7 @@ def autoscale_settings(cfg: DictConfig, stack: Stack) -> AutoscaleSettings:
     memory = getattr(stack.executor, "memory", None)
     weights = memory.weight_bytes * cfg.tensor_parallel_size * cfg.get("pipeline_parallel_size", 1) if memory else 0.0
     return AutoscaleSettings(c.autoscale_interval_s, c.replicas, low, high, weights / (c.cold_start_gb_s * 1e9),
-                             c.warm_pool)
+                             c.warm_pool, cfg.tensor_parallel_size * cfg.get("pipeline_parallel_size", 1))
 
 
 def prefill_tokens_per_s(stack: Stack) -> float:
@@ -301,13 +302,19 @@ def kv_bytes_per_token(cfg: DictConfig, shape: ModelShape) -> float:
     return shape.kv_bytes_per_token(sizes.kv, 1, sizes.kv_scale)
 
 
+def _stages(cfg: DictConfig) -> int:
+    """Pipeline stages per replica: each stage's ranks move their own layers' KV, so a hand-off has this many
+    times ``tensor_parallel_size`` lanes."""
+    return cfg.get("pipeline_parallel_size", 1)
+
+
 def _all_links(cfg: DictConfig, replicas: list[Replica], hardware: HardwareProfile):
     """The link between every two replicas of one pool (a migration's copies cross it)."""
     mode = getattr(cfg.cluster.kv_link, "value", cfg.cluster.kv_link)
     per_node = cfg.cluster.gpus_per_node
     return {(a.index, b.index): kv_link(hardware, hardware, a.gpu_offset // per_node == b.gpu_offset // per_node
                                         if mode == "auto" else mode == "intra_node",
-                                        min(a.tensor_parallel_size, b.tensor_parallel_size))
+                                        min(a.tensor_parallel_size, b.tensor_parallel_size) * _stages(cfg))
             for a in replicas for b in replicas if a is not b}
 
 
@@ -319,6 +326,6 @@ def _links(cfg: DictConfig, replicas: list[Replica], prefill_hw: HardwareProfile
         for d in (r for r in replicas if r.role == "decode"):
             same = p.gpu_offset // per_node == d.gpu_offset // per_node if mode == "auto" else mode == "intra_node"
             links[(p.index, d.index)] = kv_link(prefill_hw, decode_hw, same,
-                                                min(p.tensor_parallel_size, d.tensor_parallel_size))
+                                                min(p.tensor_parallel_size, d.tensor_parallel_size) * _stages(cfg))
     return links
 

@@ -234,6 +234,10 @@ class TimeModelContext:
     # data_parallel_attention=true: attention data-parallel over the tensor_parallel_size ranks beside EP
     # (each rank its own sequences, whole KV heads, attention weights replicated; servelab.sim.dp_attention)
     data_parallel_attention: bool = False
+    # pipeline_parallel_size > 1: the layers split into stages of tensor_parallel_size ranks each, as many
+    # batches in flight as stages (servelab.sim.pipeline); stages on one node while they fit gpus_per_node
+    pipeline_parallel_size: int = 1
+    gpus_per_node: int = 8
 
     @property
     def attention_tp(self) -> int:

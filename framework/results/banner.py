@@ -70,6 +70,11 @@ def banner_lines(cfg: DictConfig, stack, output_dir: Path, logger_where: str) ->
     moe = getattr(stack.time_model, "moe_label", None)
     if moe:  # a MoE model: how the time model prices the experts a step touches
         rows.append(("MoE", moe))
+    pipeline = getattr(stack.time_model, "pipeline_label", None)
+    memory = getattr(executor, "memory", None)
+    if pipeline and memory is not None:  # PP on the simulator: the stages, and what one rank of a stage holds
+        rows.append(("pipeline", f"{pipeline}; per rank {memory.weight_bytes / 1e9:.1f} GB weights and "
+                                 f"{blocks * bpb / 1e9:.1f} GB KV pool (its stage's layers only; the fullest stage's)"))
     if "engine" in cfg:  # every run names the engine it prices (the default: servelab)
         rows.append(("engine", engine_label(cfg.engine)))
     tiers = tiers_line(cfg, stack.engine.connector, bpb)

@@ -118,8 +118,10 @@ class SimExecutor(Executor):
         self.bytes_per_block = int(memory.bytes_per_block)
         self.num_swap_blocks = (int(swap_space_gb * 2**30 // memory.bytes_per_block) if swap_space_gb is not None
                                 else num_swap_blocks)
-        log.info("sim: %s, %.1f GB weights + %.1f GB reserve per rank, %d KV blocks (%.2f GB)%s, %d host swap blocks",
+        pp = context.pipeline_parallel_size
+        log.info("sim: %s, %.1f GB weights + %.1f GB reserve per rank%s, %d KV blocks (%.2f GB)%s, %d host swap blocks",
                  hardware.name, memory.weight_bytes / 1e9, memory.activation_reserve_bytes / 1e9,
+                 f" (its stage's layers, {pp} pipeline stages)" if pp > 1 else "",
                  self.num_kv_blocks, self.num_kv_blocks * memory.bytes_per_block / 1e9,
                  f" over {memory.dp_ranks} data-parallel attention ranks" if memory.dp_ranks > 1 else "",
                  self.num_swap_blocks)

@@ -46,6 +46,7 @@ from servelab.sim.all_reduce import choose_all_reduce
 from servelab.sim.dp_attention import slowest_rank_work
 from servelab.sim.gpu_ops import GpuOps
 from servelab.sim.moe_pricer import MoePricer, gpu_ops_moe
+from servelab.sim.pipeline import PipelineBooks, split_work, stage_layout
 
 ArrayFn = Callable[[np.ndarray], np.ndarray]
 
@@ -132,6 +133,15 @@ class StepPricer:
         elif self.moe is not None and self.engine_host is None:  # the step's own experts (_predict_engine adds its own)
             base, experts = self.predict, self.moe.seconds
             self.predict = lambda work: base(work) + experts(work.num_tokens)  # type: ignore[method-assign]
+        self.pipeline: PipelineBooks | None = None
+        self._stage_curves: list[_Dense] = []
+        if context.pipeline_parallel_size > 1:  # stages and batches in flight (servelab.sim.pipeline)
+            pp = context.pipeline_parallel_size
+            self.pipeline = PipelineBooks(stage_layout(s, context.hardware, tp, pp, context.gpus_per_node, act_bytes))
+            if s.is_moe:  # each stage's own dense and MoE layers (DeepSeek's dense layers all sit on the first)
+                for r in s.stage_layers(pp):
+                    self._stage_curves.append(_Dense(_stage_curve(layer, moe_dense, len(r), sum(map(s.is_moe_layer, r)))))
+            self.predict = self._predict_pipeline  # type: ignore[method-assign]  # the default path stays as it was
 
     def draft_pricer(self, context: TimeModelContext, layer: ArrayFn | None = None) -> "DraftPricer":
         """Prices drafting for this step pricer's world (see :class:`DraftPricer`)."""
@@ -157,6 +167,8 @@ class StepPricer:
             out["all_reduce_impl"] = self.all_reduce_impl
         if self.moe is not None:
             out.update(self.moe.summary())
+        if self.pipeline is not None:
+            out.update(self.pipeline.summary())
         if self.dp_ranks > 1:
             out.update(dp_attention_ranks=self.dp_ranks, dp_attention_priced_steps=self.dp_steps,
                        dp_attention_mean_rank_imbalance=self.dp_imbalance_sum / self.dp_steps if self.dp_steps else 0.0)
@@ -173,6 +185,8 @@ class StepPricer:
         """Seconds per component of the step described by ``work``; with an overlapping engine,
         ``host`` is the part of the host's time the GPU step does not hide (the components sum to
         the step's price)."""
+        if self.pipeline is not None:
+            return self._breakdown_pipeline(work)
         moe_tokens = work.num_tokens
         work = slowest_rank_work(work, self.dp_ranks)
         n = work.num_tokens
@@ -261,6 +275,66 @@ class StepPricer:
         host = self.host_seconds(rank)
         return max(gpu, host) if self.engine_host is not None and self.engine_host.overlap else gpu + host
 
+    def _micro_batch_parts(self, mb, experts: Callable[[int], float] | None
+                           ) -> tuple[list[float], float, float, float, int]:
+        """One micro-batch as one rank prices it: (each stage's layers' seconds: its layer curve, all-reduces
+        and attention, at the captured graph's size for a decode-only one; the experts' seconds over every MoE
+        layer from ``experts(tokens)``; the LM head; the host; its tokens)."""
+        n = mb.num_tokens
+        host = self.host_seconds(mb)
+        share = self.pipeline.layout.layer_share  # type: ignore[union-attr]
+        if not n:
+            return [0.0] * len(share), 0.0, 0.0, host, 0
+        m = n
+        if self._graph_size and n == mb.decode_seqs and n < len(self._graph_size):
+            m = self._graph_size[n]
+            self.graph_steps += 1
+            self.graph_tokens += n
+            self.graph_padding_tokens += m - n
+        reduce = self._allreduce[m] if self._allreduce is not None else 0.0
+        nbytes = (mb.context_tokens + n) * self._kv_per_token + n * self._qo_per_token
+        attention = self.num_layers * self._ops.attention(mb.attended * self._attn_flops_per_attended, nbytes)
+        if self._stage_curves:
+            stages = [curve[m] + (reduce + attention) * f for curve, f in zip(self._stage_curves, share)]
+        else:
+            every = self._layers[m] + reduce + attention
+            stages = [every * f for f in share]
+        return stages, experts(n) if experts is not None else 0.0, self._lm_head[mb.num_sampled], host, n
+
+    def _pipeline_traffic(self, work) -> float:
+        """Swaps and copies under PP: every rank moves its own stage's part of each block, the largest stage's at once."""
+        if not (work.swap_out_blocks or work.swap_in_blocks or work.copy_blocks):
+            return 0.0
+        block = self._block * max(self.pipeline.layout.layer_share)  # type: ignore[union-attr]
+        return (work.swap_out_blocks + work.swap_in_blocks) * block / self._host_link + 2 * work.copy_blocks * block / self._hbm
+
+    def _predict_pipeline(self, work) -> float:
+        """:meth:`predict` under pipeline parallelism: one round of the micro-batches the step is dealt into
+        through the stages (:mod:`servelab.sim.pipeline`), plus its swaps and copies."""
+        books = self.pipeline
+        experts = self.moe.seconds if self.moe is not None else None
+        parts = [self._micro_batch_parts(mb, experts)
+                 for mb in split_work(work, books.layout.stages)]  # type: ignore[union-attr]
+        in_loop = not (self.engine_host is not None and self.engine_host.overlap)
+        return books.round_seconds(parts, in_loop) + self._pipeline_traffic(work)  # type: ignore[union-attr]
+
+    def _breakdown_pipeline(self, work) -> dict[str, float]:
+        """Under PP: the busiest stage's compute (``stages``), the rest of the round (``pipeline_wait``: transfers,
+        the host in a micro-batch's loop, uneven stages or micro-batches), swaps and copies; they sum to the price.
+        Priced on a copy of the books (the run's figures and expert draws are not disturbed)."""
+        books = PipelineBooks(self.pipeline.layout)  # type: ignore[union-attr]
+        counters = (self.graph_steps, self.graph_tokens, self.graph_padding_tokens)
+        moe = self.moe
+        experts = (lambda n: sum(moe.breakdown(n).values())) if moe is not None else None
+        parts = [self._micro_batch_parts(mb, experts) for mb in split_work(work, books.layout.stages)]
+        self.graph_steps, self.graph_tokens, self.graph_padding_tokens = counters
+        in_loop = not (self.engine_host is not None and self.engine_host.overlap)
+        total = books.round_seconds(parts, in_loop)
+        lay, busiest = books.layout, books.last_busiest
+        block = self._block * max(lay.layer_share)
+        return {"stages": busiest, "pipeline_wait": total - busiest,
+                "swap": work.swap_blocks * block / self._host_link, "copy": 2 * work.copy_blocks * block / self._hbm}
+
     def _predict_engine(self, work) -> float:
         """:meth:`predict` under an engine preset (``context.engine_host``): the GPU part as
         :meth:`predict` / :meth:`_predict_with_graphs` price it, the host part from the preset's
@@ -286,6 +360,11 @@ class StepPricer:
             gpu += 2 * work.copy_blocks * self._block / self._hbm
         host = self.host_seconds(work)
         return max(gpu, host) if self.engine_host.overlap else gpu + host  # type: ignore[union-attr]
+
+
+def _stage_curve(layer: ArrayFn, moe_dense: ArrayFn, layers: int, moe_layers: int) -> ArrayFn:
+    """A pipeline stage's layer curve: its dense layers' and its MoE layers' dense parts (experts apart)."""
+    return lambda m: (layers - moe_layers) * layer(m) + moe_layers * moe_dense(m)
 
 
 def graph_sizes(sizes) -> list[int]:

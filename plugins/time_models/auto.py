@@ -57,6 +57,10 @@ class AutoTime(TimeModel):
         return self.chosen.moe_label
 
     @property
+    def pipeline_label(self) -> str | None:
+        return self.chosen.pipeline_label
+
+    @property
     def label(self) -> str:
         """``auto -> op_profile (h100/llama2_70b tables, Vidur)`` (or ``..., servelab profile-ops``: who
         measured them) or ``auto -> calibrated_roofline (<why>)``."""

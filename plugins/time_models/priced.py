@@ -36,5 +36,10 @@ class PricedTime(TimeModel):
         """How a MoE model's experts are priced (the banner's MoE row); None for a dense model."""
         return self.pricer.moe.label() if self.pricer.moe is not None else None
 
+    @property
+    def pipeline_label(self) -> str | None:
+        """The stages, batches in flight and the link between stages (the banner's pipeline row); None at PP 1."""
+        return self.pricer.pipeline.layout.describe() if self.pricer.pipeline is not None else None
+
     def swap_bytes_per_s(self) -> float:
         return self.context.hardware.host_link_gb_s * 1e9
