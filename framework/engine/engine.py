@@ -586,7 +586,8 @@ class Engine:
             self._sending[seq.id] = seq  # the connector still reads its blocks: freed once it says sent
         else:
             self.allocator.free(seq)
-        seq.compact()
+        if not self.forget_ended:  # kept until the results are written: made small (a forgotten one is dropped)
+            seq.compact()
         if self.drafter is not None:
             self.drafter.forget(seq)
         self._ended(seq)
