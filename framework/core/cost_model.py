@@ -25,6 +25,10 @@ class StepFeatures:
         return np.array([1.0, self.prefill_tokens, self.decode_seqs, self.attended_context / 1e3])
 
 
+_UPPER = np.triu_indices(4)  # made once: np.triu_indices costs more than the solve it serves
+_LOWER = (_UPPER[1], _UPPER[0])
+
+
 class StepCostModel:
     """Online least-squares fit of step time (seconds) on :class:`StepFeatures`.
 
@@ -149,9 +153,9 @@ class StepCostModel:
     def _non_negative_solve(self) -> np.ndarray:
         """Least squares with coefficients clamped at 0 (active set: drop negatives, refit)."""
         upper, b = self._system()
-        a = np.zeros((4, 4))
-        a[np.triu_indices(4)] = upper
-        a = a + np.triu(a, 1).T
+        a = np.empty((4, 4))
+        a[_UPPER] = upper
+        a[_LOWER] = upper  # the mirror: the same values, so the same matrix as symmetrising by adding
         rhs = np.array(b)
         coef = np.linalg.solve(a, rhs)
         if (coef >= 0).all():  # the usual case: no active set needed
