@@ -68,10 +68,15 @@ class StepCostModel:
 
     def observe(self, features: StepFeatures, seconds: float) -> None:
         """Add one measured step."""
+        self.observe_counts(features.prefill_tokens, features.decode_seqs, features.attended_context, seconds)
+
+    def observe_counts(self, prefill_tokens: int, decode_seqs: int, attended_context: int, seconds: float) -> None:
+        """:meth:`observe` of a step given by its features' numbers (the engine's, once per step:
+        no :class:`StepFeatures` made)."""
         self._seen += 1
         if self._seen <= self.warmup_steps:
             return
-        x1, x2, x3 = float(features.prefill_tokens), float(features.decode_seqs), features.attended_context / 1e3
+        x1, x2, x3 = float(prefill_tokens), float(decode_seqs), attended_context / 1e3
         weight = 1.0
         if self.num_observations >= 8:
             if self._stale and self.num_observations % 8 == 0:
