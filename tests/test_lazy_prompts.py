@@ -61,3 +61,39 @@ def test_a_pass_over_a_workloads_lengths_draws_no_token():
         assert next(iter(requests)).prompt_token_ids._draws._next == 0  # nothing drawn
         first = next(iter(requests))
         assert len(tuple(first.prompt_token_ids)) == first.prompt_len
+
+
+def test_a_simulated_run_that_reads_no_prompt_draws_none(tmp_path):
+    """The engine's sequences copy no prompt (``Sequence.token_ids`` is made when first read): a run
+    on the simulator without prefix caching never draws a lazy workload's ids."""
+    from servelab.run.session import run_job
+
+    cfg = compose(["backend=sim", "model=llama3_8b", "workload.num_requests=30", "workload.rate=50"], logger="none",
+                  progress=False)
+    drawn: list[int] = []
+    original = PromptDraws.prompt
+    try:
+        PromptDraws.prompt = lambda self, i: drawn.append(i) or original(self, i)  # type: ignore[method-assign]
+        result = run_job(cfg, tmp_path)
+    finally:
+        PromptDraws.prompt = original  # type: ignore[method-assign]
+    assert result.summary["num_requests"] == 30 and drawn == []
+
+
+def test_a_sequence_reads_prompt_and_outputs_whenever_first_read():
+    from servelab.core.request import Request, Sequence
+
+    for read_at in range(4):  # token_ids first read before any output, between appends, after the end
+        seq = Sequence(Request("r", (5, 6, 7), 3))
+        views = []
+        for k, token in enumerate((8, 9, 10)):
+            if k == read_at:
+                views.append(seq.token_ids)
+            seq.append_token(token, float(k)) if k != 1 else seq.append_repeated(token, [float(k)])
+            assert seq.num_tokens == 4 + k
+        seq.finish("length", 3.0)
+        if read_at == 3:
+            views.append(seq.token_ids)
+        seq.compact()
+        assert [list(v) for v in views] == [[5, 6, 7, 8, 9, 10]] and list(seq.token_ids) == [5, 6, 7, 8, 9, 10]
+        assert seq.token_ids[3:] == [8, 9, 10] and seq.num_tokens == 6

@@ -25,6 +25,10 @@ class StepFeatures:
         return np.array([1.0, self.prefill_tokens, self.decode_seqs, self.attended_context / 1e3])
 
 
+_UPPER = np.triu_indices(4)  # made once: np.triu_indices costs more than the solve it serves
+_LOWER = (_UPPER[1], _UPPER[0])
+
+
 class StepCostModel:
     """Online least-squares fit of step time (seconds) on :class:`StepFeatures`.
 
@@ -64,10 +68,15 @@ class StepCostModel:
 
     def observe(self, features: StepFeatures, seconds: float) -> None:
         """Add one measured step."""
+        self.observe_counts(features.prefill_tokens, features.decode_seqs, features.attended_context, seconds)
+
+    def observe_counts(self, prefill_tokens: int, decode_seqs: int, attended_context: int, seconds: float) -> None:
+        """:meth:`observe` of a step given by its features' numbers (the engine's, once per step:
+        no :class:`StepFeatures` made)."""
         self._seen += 1
         if self._seen <= self.warmup_steps:
             return
-        x1, x2, x3 = float(features.prefill_tokens), float(features.decode_seqs), features.attended_context / 1e3
+        x1, x2, x3 = float(prefill_tokens), float(decode_seqs), attended_context / 1e3
         weight = 1.0
         if self.num_observations >= 8:
             if self._stale and self.num_observations % 8 == 0:
@@ -149,9 +158,9 @@ class StepCostModel:
     def _non_negative_solve(self) -> np.ndarray:
         """Least squares with coefficients clamped at 0 (active set: drop negatives, refit)."""
         upper, b = self._system()
-        a = np.zeros((4, 4))
-        a[np.triu_indices(4)] = upper
-        a = a + np.triu(a, 1).T
+        a = np.empty((4, 4))
+        a[_UPPER] = upper
+        a[_LOWER] = upper  # the mirror: the same values, so the same matrix as symmetrising by adding
         rhs = np.array(b)
         coef = np.linalg.solve(a, rhs)
         if (coef >= 0).all():  # the usual case: no active set needed

@@ -138,11 +138,13 @@ class Sequence:
     # The chained digest of each full block of token_ids, computed once (servelab.core.block_hash.block_hashes;
     # vLLM's Request.block_hashes): what the prefix cache, the evictors and the KV tiers identify blocks by.
     block_hashes: list[bytes] = field(default_factory=list, repr=False)
-    _token_ids: list[int] = field(default_factory=list, repr=False)
+    # prompt + outputs as one working list, made when token_ids is first read (a simulated run that
+    # never reads a prompt never copies it, nor draws a lazy workload's ids: LazyPrompt)
+    _token_ids: list[int] | None = field(default=None, init=False, repr=False)
+    _token_view: ReadOnlyList[int] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._token_ids = list(self.request.prompt_token_ids)
-        self._token_view: ReadOnlyList[int] = TokenIds(self._token_ids)  # made once; token_ids hands it out
+        self._prompt_len = len(self.request.prompt_token_ids)  # len() of a LazyPrompt draws nothing
 
     @property
     def id(self) -> str:
@@ -191,11 +193,15 @@ class Sequence:
     def token_ids(self) -> ReadOnlyList[int]:
         """Prompt followed by the generated tokens, as a read-only view (it follows the sequence as
         it grows; slicing it gives a new list). Only :meth:`append_token` adds to it."""
-        return self._token_view
+        view = self._token_view
+        if view is None:  # first read: the working list, kept in step by append_token from here on
+            ids = self._token_ids = [*self.request.prompt_token_ids, *self.output_token_ids]
+            view = self._token_view = TokenIds(ids)
+        return view
 
     @property
     def num_tokens(self) -> int:
-        return len(self._token_ids)
+        return self._prompt_len + len(self.output_token_ids)
 
     @property
     def prompt_len(self) -> int:
@@ -224,13 +230,14 @@ class Sequence:
         sequence until its results are written)."""
         self.token_times = array("d", self.token_times)
         self.draft_token_ids, self.draft_probs = [], None
-        joined = _Joined(self.request.prompt_token_ids, self.output_token_ids)
-        self._token_ids = joined  # type: ignore[assignment]  # len() and no append from here on
-        self._token_view = joined
+        self._token_ids = None  # no append from here on
+        self._token_view = _Joined(self.request.prompt_token_ids, self.output_token_ids)
 
     def append_token(self, token_id: int, now: float) -> None:
         self.output_token_ids.append(token_id)
-        self._token_ids.append(token_id)
+        ids = self._token_ids
+        if ids is not None:
+            ids.append(token_id)
         self.token_times.append(now)
 
     def append_repeated(self, token_id: int, times: ReadOnlyList[float]) -> None:
@@ -238,7 +245,9 @@ class Sequence:
         fast-forward: placeholder tokens)."""
         block = [token_id] * len(times)
         self.output_token_ids.extend(block)
-        self._token_ids.extend(block)
+        ids = self._token_ids
+        if ids is not None:
+            ids.extend(block)
         self.token_times.extend(times)
 
 

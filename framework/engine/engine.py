@@ -29,7 +29,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, TypeVar
 
-from servelab.core.cost_model import StepCostModel, StepFeatures
+from servelab.core.cost_model import StepCostModel
 from servelab.core.executor import Executor, StepOutput
 from servelab.core.kv_connector import KVConnector
 from servelab.core.interfaces import (BlockAllocator, Drafts, EngineLimits, EvictorError, LengthPredictorError,
@@ -529,8 +529,7 @@ class Engine:
         records only the sums are kept (what the record would add, bit for bit) and None is
         returned, and it leaves :attr:`last_step_s` (the last planned step's duration) alone."""
         # drafts are computed like prompt tokens: the policies' cost model sees them as such
-        self.cost_model.observe(StepFeatures(work.prefill_tokens + work.draft_tokens, work.decode_seqs, work.attended),
-                                end - start)
+        self.cost_model.observe_counts(work.prefill_tokens + work.draft_tokens, work.decode_seqs, work.attended, end - start)
         allocator, listeners, timeline = self.allocator, self.step_listeners, self.timeline
         waiting = self._waiting
         if plan is None:
@@ -586,7 +585,8 @@ class Engine:
             self._sending[seq.id] = seq  # the connector still reads its blocks: freed once it says sent
         else:
             self.allocator.free(seq)
-        seq.compact()
+        if not self.forget_ended:  # kept until the results are written: made small (a forgotten one is dropped)
+            seq.compact()
         if self.drafter is not None:
             self.drafter.forget(seq)
         self._ended(seq)

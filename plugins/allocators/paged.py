@@ -66,6 +66,10 @@ class PagedAllocator(BlockAllocator):
         self.free_host: deque[int] = (self.context.host_blocks if getattr(self.context, "host_blocks", None) is not None
                                       else deque(range(self.num_swap_blocks)))
         self.swapped: dict[str, tuple[list[int], int]] = {}  # seq id -> (host blocks, slots used)
+        # blocks taken and released inline (a prompt's ~100 blocks per admission and per end) unless a
+        # subclass takes or releases them its own way
+        cls = type(self)
+        self._inline_blocks = cls._take_block is PagedAllocator._take_block and cls._release is PagedAllocator._release
 
     @property
     def publishes_block_events(self) -> bool:  # type: ignore[override]  # a property of the config
@@ -80,10 +84,18 @@ class PagedAllocator(BlockAllocator):
         total = seq.num_computed_tokens + num_new_tokens
         need = -(-total // self.block_size) - len(table)
         if need > 0:  # most decode steps need no new block: keep that path short
-            if need > len(self.free_plain) + len(self.evictable):
+            free = self.free_plain
+            if need > len(free) + len(self.evictable):
                 return False
-            for _ in range(need):  # one by one through _take_block: a subclass may take them otherwise
-                table.append(self._take_block())
+            if need <= len(free) and self._inline_blocks:  # _take_block, inlined: no eviction needed
+                refs = self.ref_counts
+                for _ in range(need):
+                    block = free.popleft()
+                    refs[block] = 1
+                    table.append(block)
+            else:
+                for _ in range(need):  # one by one through _take_block: a subclass may take them otherwise
+                    table.append(self._take_block())
             self._table_blocks += need
         used = self.slots_used
         self._total_slots_used += total - used.get(seq_id, 0)
@@ -98,8 +110,20 @@ class PagedAllocator(BlockAllocator):
             self._table_blocks -= len(table)
         self.hashes.pop(seq.id, None)
         self._total_slots_used -= self.slots_used.pop(seq.id, 0)
-        for block in reversed(table or ()):  # tail blocks end up evicted first
-            self._release(block)
+        if not table:
+            return
+        if not self._inline_blocks:
+            for block in reversed(table):  # tail blocks end up evicted first
+                self._release(block)
+            return
+        refs, digests, free_plain = self.ref_counts, self.block_hash, self.free_plain
+        for block in reversed(table):  # _release, inlined for a block nobody else holds and no cache knows
+            left = refs[block] = refs[block] - 1
+            if left == 0:
+                if digests[block] is None:
+                    free_plain.append(block)
+                else:
+                    self._unreferenced(block)
 
     def release_slots(self, seq: Sequence, num_tokens: int) -> None:
         table = self.tables.get(seq.id)
@@ -278,16 +302,20 @@ class PagedAllocator(BlockAllocator):
             if self.block_hash[block] is None:
                 self.free_plain.append(block)
             else:
-                self.evictable.add(block)
-                try:
-                    self._on_release(block)
-                except Exception as exc:  # reported naming the evictor
-                    raise self._evictor_error("on_release", block, exc) from exc
-                if self.block_subscribers:
-                    digest = self.block_hash[block]
-                    assert digest is not None  # an evictable block is a cached one
-                    for subscriber in self.block_subscribers:
-                        subscriber.on_block_freed(digest, block)
+                self._unreferenced(block)
+
+    def _unreferenced(self, block: int) -> None:
+        """A cached block nobody references any more: evictable, and the evictor and subscribers hear it."""
+        self.evictable.add(block)
+        try:
+            self._on_release(block)
+        except Exception as exc:  # reported naming the evictor
+            raise self._evictor_error("on_release", block, exc) from exc
+        if self.block_subscribers:
+            digest = self.block_hash[block]
+            assert digest is not None  # an evictable block is a cached one
+            for subscriber in self.block_subscribers:
+                subscriber.on_block_freed(digest, block)
 
     def _take_block(self) -> int:
         block = self.free_plain.popleft() if self.free_plain else self._evict()
