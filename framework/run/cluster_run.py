@@ -21,7 +21,6 @@ from servelab.assemble.preflight import check_requests
 from servelab.results.replica_report import ReplicaReport
 from servelab.results.cluster_summary import cluster_summary
 from servelab.results.writer import RequestWriter, RunResult, drop_placeholder_tokens, requests_format, run_and_write
-from servelab.run.process_cluster import run_process_cluster_job
 from servelab.assemble.executor import model_shape
 from servelab.assemble.stack import Stack, run_arrivals
 from servelab.assemble.validate import clock_kind
@@ -37,6 +36,9 @@ def run_cluster_job(cfg: DictConfig, output_dir: Path, requests=None, banner: bo
     if requests is None:
         requests = workload_requests(cfg, model_shape(cfg))  # once, for every replica and block_size=auto
     if clock_kind(cfg) == "wall":  # real engines on the wall clock: one process each
+        # imported here: engine processes need torch.multiprocessing, which a simulated run never loads (~1 s)
+        from servelab.run.process_cluster import run_process_cluster_job  # noqa: PLC0415
+
         return run_process_cluster_job(cfg, output_dir, requests, banner, registry)
     cluster, stacks = build_cluster(cfg, requests, registry)
     try:
