@@ -7,6 +7,7 @@ to predict how long a step, or recomputing a sequence, would take.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +28,9 @@ class StepFeatures:
 
 _UPPER = np.triu_indices(4)  # made once: np.triu_indices costs more than the solve it serves
 _LOWER = (_UPPER[1], _UPPER[0])
+#: the active set (which coefficients are free) -> their indices and the sub-matrix's index, made once
+_ACTIVE = {mask: (np.flatnonzero(mask), np.ix_(np.flatnonzero(mask), np.flatnonzero(mask)))
+           for mask in itertools.product((False, True), repeat=4)}
 
 
 class StepCostModel:
@@ -163,16 +167,18 @@ class StepCostModel:
         a[_LOWER] = upper  # the mirror: the same values, so the same matrix as symmetrising by adding
         rhs = np.array(b)
         coef = np.linalg.solve(a, rhs)
-        if (coef >= 0).all():  # the usual case: no active set needed
+        values = coef.tolist()
+        if all(v >= 0 for v in values):  # the usual case: no active set needed
             return coef
-        active = coef > 0
+        active = tuple(v > 0 for v in values)
         for _ in range(4):
-            idx = np.flatnonzero(active)
+            idx, block = _ACTIVE[active]
             coef = np.zeros(4)
-            coef[idx] = np.linalg.solve(a[np.ix_(idx, idx)], rhs[idx])
-            if (coef >= 0).all():
+            coef[idx] = np.linalg.solve(a[block], rhs[idx])
+            values = coef.tolist()
+            if all(v >= 0 for v in values):
                 break
-            active &= coef > 0
+            active = tuple(kept and v > 0 for kept, v in zip(active, values))
         return np.maximum(coef, 0.0)
 
     def predict(self, features: StepFeatures) -> float:
