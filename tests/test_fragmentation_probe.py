@@ -57,6 +57,30 @@ def test_the_probe_changes_no_result_and_stops_when_the_cluster_is_idle():
     assert p.sums.samples > 0 and p.sums.queued_request_samples > 0
 
 
+def test_run_cluster_jobs_probe_hook_sees_the_built_cluster_and_changes_no_result(tmp_path):
+    from servelab.run.cluster_run import run_cluster_job
+
+    overrides = ["backend=sim", "model=tiny", "cluster.replicas=2", "num_kv_blocks=24", "block_size=16",
+                 "logger=none", "progress=false", "workload=synthetic", "workload.num_requests=12",
+                 "workload.rate=50", "workload.prompt_len.mean=120", "workload.output_len.mean=60"]
+    seen = []
+
+    def attach(cluster, requests):
+        probe = FragmentationProbe(cluster, 0.01, max(r.arrival_time for r in requests))
+        probe.attach()
+        seen.append((len(cluster.replicas), len(requests), probe))
+
+    plain = run_cluster_job(compose(overrides), tmp_path / "plain").summary
+    probed = run_cluster_job(compose(overrides), tmp_path / "probed", probe=attach).summary
+    assert [(n, k) for n, k, _ in seen] == [(2, 12)] and seen[0][2].sums.samples > 0
+    assert (tmp_path / "probed" / "requests.jsonl").read_bytes() == (tmp_path / "plain" / "requests.jsonl").read_bytes()
+    for key in ("num_finished", "duration_s", "ttft_ms", "tpot_ms", "num_preemptions", "per_replica"):
+        assert probed[key] == plain[key]
+    wall = compose(["model=tiny_code", "cluster.replicas=2", "logger=none", "progress=false"])
+    with pytest.raises(ValueError, match="simulator's cluster only"):  # refused before any process starts
+        run_cluster_job(wall, tmp_path / "wall", [Request("a", (1, 2, 3), 2)], probe=attach)
+
+
 def test_a_non_positive_interval_is_refused():
     with pytest.raises(ValueError, match="interval_s"):
         FragmentationProbe(SimpleNamespace(replicas=[]), 0.0)
