@@ -192,6 +192,8 @@ def test_a_drained_backend_takes_nothing_new_finishes_its_stream_and_is_reported
         unknown = admin.post("/admin/drain", params={"backend": "http://nowhere:1"})
         assert unknown.status_code == 404 and "unknown backend 'http://nowhere:1'" in unknown.json()["error"]["message"]
         assert admin.post("/admin/undrain").status_code == 400
+        bad = admin.post("/admin/drain", params={"backend": "1", "wait_s": "soon"})
+        assert bad.status_code == 400 and bad.json()["error"]["message"].startswith("wait_s=soon: must be 0")
         assert admin.post("/admin/undrain", params={"backend": victim.url}).json()["state"] == "active"
         on_victim = f'servelab:route_decisions_total{{backend="{victim.url}",router="pinned"'
         placed = total(routed.url, on_victim)

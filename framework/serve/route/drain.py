@@ -112,14 +112,18 @@ def add_admin_routes(app: FastAPI, state: RouteState) -> None:
         return {"backends": [report(state, b) for b in state.pool.backends]}
 
     @app.post("/admin/drain")
-    async def drain(backend: str | None = None, wait_s: float = 0.0):
+    async def drain(backend: str | None = None, wait_s: str = "0"):
         b = named(backend)
         if isinstance(b, JSONResponse):
             return b
-        if not 0 <= wait_s <= 24 * 3600:
+        try:
+            wait = float(wait_s)
+        except ValueError:
+            wait = -1.0
+        if not 0 <= wait <= 24 * 3600:
             return _error(400, f"wait_s={wait_s}: must be 0 (answer at once) to 86400 seconds")
         set_draining(state, b, True)
-        deadline = time.monotonic() + wait_s
+        deadline = time.monotonic() + wait
         while state_of(state, b) == "draining" and time.monotonic() < deadline:
             await asyncio.sleep(POLL_S)
         out = report(state, b)
