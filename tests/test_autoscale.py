@@ -6,6 +6,8 @@ answers and bad keys are one line; the built-ins decide as their docstrings say.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from servelab.api import compose
@@ -217,6 +219,23 @@ def test_threshold_scales_up_on_queue_and_down_only_after_a_cool_down_of_low_mar
     assert scaler.decide(quiet, 22.0) == (ScaleDown(1),)  # low for 10 s: the emptiest
     mid = AutoscaleView((_loaded(2, 50), _loaded(2, 50, 1)), 0, 1, 3)
     assert ThresholdAutoscaler(ThresholdAutoscaler.Config(), CONTEXT).decide(mid, 0.0) == ()  # the hysteresis band
+
+
+def test_the_base_classs_rule_scales_up_first_and_retires_only_after_the_cool_down():
+    scaler = Scripted({})  # any autoscaler has the helper; its own decide is not used here
+    quiet = AutoscaleView((_loaded(0, 10, 0, running=2), _loaded(0, 10, 1), _loaded(0, 10, 2)), 0, 1, 3)
+    assert scaler.scale_up_or_retire(quiet, 0.0, None, True, 5.0) == ()  # low since 0 s
+    assert scaler.scale_up_or_retire(quiet, 4.0, None, True, 5.0) == ()
+    assert scaler.scale_up_or_retire(quiet, 5.0, None, True, 5.0) == (ScaleDown(2),)  # fewest requests, highest index
+    two = AutoscaleView(quiet.replicas[:2], 0, 1, 3)
+    assert scaler.scale_up_or_retire(two, 6.0, None, True, 5.0) == ()  # 5 s after that decision, not before
+    assert scaler.scale_up_or_retire(two, 8.0, ScaleUp(1), False, 5.0) == (ScaleUp(1),)  # up wins, resets the marks
+    assert scaler.scale_up_or_retire(two, 12.0, None, True, 5.0) == ()  # low again only since 12 s
+    starting = AutoscaleView(two.replicas, 1, 1, 3)
+    assert scaler.scale_up_or_retire(starting, 30.0, None, True, 5.0) == ()  # a cold start under way
+    draining = AutoscaleView((two.replicas[0], replace(two.replicas[1], draining=True)), 0, 1, 3)
+    assert scaler.scale_up_or_retire(draining, 31.0, None, True, 5.0) == ()  # a drain under way
+    assert scaler.scale_up_or_retire(two, 32.0, None, True, 5.0) == (ScaleDown(1),)
 
 
 def test_slo_predicts_first_token_latency_from_the_oldest_wait_and_the_queue():

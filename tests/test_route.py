@@ -161,6 +161,50 @@ def test_bad_backend_urls_and_a_port_in_use_are_one_line_each(routed, tmp_path):
             route_main(["--port", str(port), "replicas=2", "model=tiny_code", f"route.output_dir={tmp_path}"])
 
 
+def test_a_drained_backend_takes_nothing_new_finishes_its_stream_and_is_reported_drained(routed, client):
+    from servelab.core.contexts import RouterContext
+
+    backends = routed.state.pool.backends
+    victim = backends[1]
+    admin = httpx.Client(base_url=routed.url, timeout=60)
+    assert [b["state"] for b in admin.get("/admin/backends").json()["backends"]] == ["active", "active"]
+    old = _swap_router(routed, _Pinned(None, RouterContext((), 1)), "pinned")  # backend 1 whenever it can hold
+    try:
+        body = {"prompt": "def long(x):", "max_tokens": 200, "ignore_eos": True, "stream": True}
+        with admin.stream("POST", "/v1/completions", json=body) as answer:
+            lines = answer.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))  # under way on backend 1
+            drained = admin.post("/admin/drain", params={"backend": victim.url + "/"})
+            assert drained.status_code == 202 and drained.json()["state"] == "draining"
+            assert drained.json()["in_flight"] == 1
+            before = [total(routed.url, f'servelab:route_decisions_total{{backend="{b.url}",router="pinned"')
+                      for b in backends]
+            for i in range(3):  # the plugin sees backend 1 unable to hold anything: all go to backend 0
+                assert client.completions.create(model="tiny_code", prompt=f"z = {i}", max_tokens=2).choices
+            after = [total(routed.url, f'servelab:route_decisions_total{{backend="{b.url}",router="pinned"')
+                     for b in backends]
+            assert [a - b for a, b in zip(after, before)] == [3, 0]
+            rest = "\n".join(lines)
+        assert rest.rstrip().endswith("data: [DONE]") and "failed" not in rest  # it finished where it was
+        done = admin.post("/admin/drain", params={"backend": "1", "wait_s": 30})
+        assert done.status_code == 200 and done.json() == {**drained.json(), "state": "drained", "in_flight": 0}
+        assert metrics(routed.url)[f'servelab:route_backend_draining{{backend="{victim.url}"}}'] == 1
+        unknown = admin.post("/admin/drain", params={"backend": "http://nowhere:1"})
+        assert unknown.status_code == 404 and "unknown backend 'http://nowhere:1'" in unknown.json()["error"]["message"]
+        assert admin.post("/admin/undrain").status_code == 400
+        bad = admin.post("/admin/drain", params={"backend": "1", "wait_s": "soon"})
+        assert bad.status_code == 400 and bad.json()["error"]["message"].startswith("wait_s=soon: must be 0")
+        assert admin.post("/admin/undrain", params={"backend": victim.url}).json()["state"] == "active"
+        on_victim = f'servelab:route_decisions_total{{backend="{victim.url}",router="pinned"'
+        placed = total(routed.url, on_victim)
+        client.completions.create(model="tiny_code", prompt="w = 1", max_tokens=2)
+        assert total(routed.url, on_victim) == placed + 1  # undrained: pinned there again
+        assert metrics(routed.url)[f'servelab:route_backend_draining{{backend="{victim.url}"}}'] == 0
+    finally:
+        _swap_router(routed, *old)
+        admin.close()
+
+
 def test_a_killed_backend_fails_its_stream_clearly_and_the_rest_go_to_the_other(routed, client):
     """Last in the module: it kills a replica of the shared fixture."""
     from servelab.core.contexts import RouterContext
@@ -225,6 +269,34 @@ def test_without_the_backends_tokenizer_a_router_sees_utf8_bytes_and_the_request
     assert (req.client_id, req.cache_salt) == ("ann", "t1")
     assert request_of({"prompt": [5, 6]}, False, codec, 0.0, 16).prompt_token_ids == (5, 6)
     assert request_of({"messages": [{"role": "user", "content": "a"}]}, True, codec, 0.0, 16).max_tokens == 16
+
+
+def test_draining_books_are_the_protocols_and_every_mistake_is_one_line():
+    from servelab.core.contexts import RouterContext
+    from servelab.core.request import Request
+    from servelab.serve.route.app import PromptCodec, RouteFailure, RouteState
+    from servelab.serve.route.backends import Backend, BackendPool
+    from servelab.serve.route.drain import find_backend, start_draining, state_of
+    from servelab.serve.route.metrics import RouteMetrics
+
+    backends = [Backend(i, f"http://b{i}:1", "m") for i in range(2)]
+    state = RouteState(BackendPool(backends, 1.0, 1.0, 1.0), _Pinned(None, RouterContext((), 0)), "pinned",
+                       PromptCodec(None), RouteMetrics("pinned", [b.url for b in backends]))
+    start_draining(state, ["http://b0:1/"])
+    assert state.protocol.draining == {0} and state_of(state, backends[0]) == "drained"
+    placed = state.choose(Request("a", (1, 2), 4), set())
+    assert placed is backends[1] and state_of(state, backends[1]) == "active"  # pinned to 0, which cannot hold
+    start_draining(state, ["1"])
+    assert state_of(state, backends[1]) == "draining"  # one request in flight there
+    with pytest.raises(RouteFailure, match="every backend that is up is draining.*http://b0:1, http://b1:1"):
+        state.choose(Request("b", (1, 2), 4), set())
+    state.finish(Request("a", (1, 2), 4), backends[1], "ok", 0.0)
+    assert state_of(state, backends[1]) == "drained"
+    with pytest.raises(ConfigError, match=r"route.draining: unknown backend 'http://b9:1': not one of "
+                                          r"http://b0:1, http://b1:1 \(or their indices 0-1\)"):
+        start_draining(state, ["http://b9:1"])
+    assert find_backend(backends, " 0 ") is backends[0]
+    assert compose_route_config(["route.draining=[0,http://x:1]"])[0].route.draining == ["0", "http://x:1"]
 
 
 def test_a_backends_view_takes_vllms_gauges_and_its_own_counts():

@@ -10,8 +10,8 @@ replica (waiting, not running) that does not fit in its own replica's free block
 - ``stranded``: it fits on another replica (a placement the router could have done better).
 
 A request's need is the blocks of its tokens plus one, less the blocks it already holds. The
-probe only reads; it is attached by a study (``experiments/migration/study.py``), never by a
-config, so runs without it are unchanged. Its events end fast-forward spans early (CPU, not
+probe only reads; it is attached by a study (``experiments/migration/study.py``, through
+``run_cluster_job(..., probe=...)``), never by a config, so runs without it are unchanged. Its events end fast-forward spans early (CPU, not
 results: spans give identical results).
 """
 

@@ -430,7 +430,8 @@ class RouteConfig:
     anything was streamed is tried on another one up to ``retries`` times. ``request_timeout_s``: the
     most one backend answer (or the gap between two streamed chunks) may take; ``start_timeout_s``: the
     most a started replica may take to listen. ``output_dir``: where started replicas write their result
-    folders (``replica<i>/``); null = ``outputs/route/<date>/<time>``."""
+    folders (``replica<i>/``); null = ``outputs/route/<date>/<time>``. ``draining``: backends (URLs or
+    indices) that start drained: they take no request until ``POST /admin/undrain``."""
 
     replicas: int = 1
     backends: list[str] = field(default_factory=list)
@@ -442,6 +443,7 @@ class RouteConfig:
     request_timeout_s: float = 300.0
     start_timeout_s: float = 180.0
     output_dir: Optional[str] = None
+    draining: list[str] = field(default_factory=list)
 
 
 @dataclass

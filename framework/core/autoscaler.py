@@ -105,10 +105,34 @@ class Autoscaler(Plugin):
     context_type = AutoscalerContext
     context: AutoscalerContext
     scales: ClassVar[bool] = True
+    # the books of scale_up_or_retire (per instance once it is first called)
+    _low_since: float | None = None  # the low marks held at every question since then
+    _last_decision: float = float("-inf")
 
     @abstractmethod
     def decide(self, view: AutoscaleView, now: float) -> Seq[Decision]:
         """The scaling decisions at ``now``."""
+
+    def scale_up_or_retire(self, view: AutoscaleView, now: float, up: ScaleUp | None, low: bool,
+                           cooldown_s: float) -> tuple[Decision, ...]:
+        """The built-ins' rule around their own tests, for a :meth:`decide` to return; call it at every
+        question. ``up``: the scale-up the autoscaler wants now (None: none), carried out first. Else the
+        serving replica with the fewest requests (running + waiting; the highest index on a tie) is
+        retired once ``low`` (the autoscaler's low marks) held at every question for ``cooldown_s``
+        since the last decision, while no cold start and no drain is under way, the cluster is above
+        ``min_replicas`` and more than one replica serves: the cool-down is the hysteresis in time, so
+        a lull inside a burst retires nothing."""
+        self._low_since = (self._low_since if self._low_since is not None else now) if low else None
+        if up is not None:
+            self._last_decision = now
+            return (up,)
+        serving = view.serving
+        if (self._low_since is not None and now - max(self._low_since, self._last_decision) >= cooldown_s
+                and not view.num_starting and len(serving) == len(view.replicas)
+                and view.num_target > view.min_replicas and len(serving) > 1):
+            self._last_decision = now
+            return (ScaleDown(min(serving, key=lambda r: (r.num_running + r.num_waiting, -r.index)).index),)
+        return ()
 
 
 def checked_decisions(autoscaler: Autoscaler, view: AutoscaleView, now: float) -> list[Decision]:

@@ -7,11 +7,13 @@ is :mod:`servelab.results.writer`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from omegaconf import DictConfig
 
 from servelab.cluster.simulated import Cluster
+from servelab.core.request import Request
 from servelab.core.registry import Registry
 from servelab.assemble.block_size import workload_requests
 from servelab.cluster.build import build_cluster
@@ -27,21 +29,36 @@ from servelab.assemble.validate import clock_kind
 from servelab.workloads.text import checkpoint_text, text_decorator
 
 
+#: ``probe(cluster, requests)``: called once the simulated cluster is built, before it runs.
+ClusterProbe = Callable[[Cluster, Sequence[Request]], None]
+
+
 def run_cluster_job(cfg: DictConfig, output_dir: Path, requests=None, banner: bool = False,
-                    registry: Registry | None = None) -> RunResult:
+                    registry: Registry | None = None, probe: ClusterProbe | None = None) -> RunResult:
     """Run ``cfg``'s workload (or ``requests``) on the cluster ``cfg.cluster`` describes, its plugins
-    (the router too) from ``registry`` (default: the installed ones)."""
+    (the router too) from ``registry`` (default: the installed ones).
+
+    ``probe(cluster, requests)``, on the simulator's cluster only (the virtual clock), is called with
+    the built :class:`Cluster` and the run's requests before the cluster runs: a read-only observer
+    (such as :class:`servelab.cluster.fragmentation.FragmentationProbe`) attaches its events to the
+    cluster's loop there. It must change nothing the run computes; it is the caller's code, not a
+    config's. Engine-process clusters (the wall clock) take no probe (``ValueError``)."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     if requests is None:
         requests = workload_requests(cfg, model_shape(cfg))  # once, for every replica and block_size=auto
     if clock_kind(cfg) == "wall":  # real engines on the wall clock: one process each
+        if probe is not None:
+            raise ValueError("run_cluster_job(probe=...) observes the simulator's cluster only; this config "
+                             "runs engine processes on the wall clock")
         # imported here: engine processes need torch.multiprocessing, which a simulated run never loads (~1 s)
         from servelab.run.process_cluster import run_process_cluster_job  # noqa: PLC0415
 
         return run_process_cluster_job(cfg, output_dir, requests, banner, registry)
     cluster, stacks = build_cluster(cfg, requests, registry)
     try:
+        if probe is not None:
+            probe(cluster, requests)
         return _run(cfg, output_dir, requests, cluster, stacks, banner)
     finally:
         for stack in stacks:

@@ -11,8 +11,8 @@ replicas (a router spreads new requests). Above ``ttft_ms``: add enough replicas
 (at most ``max_step``). Below ``low_fraction`` x the target with mean KV use below ``kv_low``:
 retire the emptiest serving replica, once that held at every question for ``cooldown_s`` since the
 last decision (a lull inside a burst retires nothing). No scale-up while a cold start is under way
-(its replica will show), no scale-down while one or a drain is. It ignores prefix-cache hits (it
-over-predicts when they hit).
+(its replica will show), no scale-down while one or a drain is (the scale-down rule is the base
+class's: :meth:`Autoscaler.scale_up_or_retire`). It ignores prefix-cache hits (it over-predicts when they hit).
 """
 
 from __future__ import annotations
@@ -46,8 +46,6 @@ class SLOAutoscaler(Autoscaler):
             raise ValueError("needs cooldown_s >= 0 and max_step >= 1")
         if context.prefill_tokens_per_s <= 0:
             raise ValueError("the cluster gave no prefill rate (context.prefill_tokens_per_s) to predict with")
-        self._low_since: float | None = None  # the low marks held at every question since then
-        self._last = float("-inf")  # the last decision
 
     def predicted_ttft_s(self, view: AutoscaleView) -> tuple[float, float]:
         """(the predicted first-token latency of a request arriving now, the cluster's queued prompt tokens)."""
@@ -70,17 +68,11 @@ class SLOAutoscaler(Autoscaler):
         predicted, queued = self.predicted_ttft_s(view)
         kv = sum(r.num_used_blocks / max(1, r.num_kv_blocks) for r in serving) / len(serving)
         low = predicted < c.low_fraction * target_s and kv < c.kv_low
-        self._low_since = (self._low_since if self._low_since is not None else now) if low else None
+        up = None
         if predicted > target_s and not view.num_starting and view.num_held < view.max_replicas:
-            self._last = now
             needed = math.ceil(queued / (self.context.prefill_tokens_per_s * target_s)) - view.num_target
-            return (ScaleUp(max(1, min(needed, c.max_step, view.max_replicas - view.num_held))),)
-        if (self._low_since is not None and now - max(self._low_since, self._last) >= c.cooldown_s
-                and not view.num_starting and len(serving) == len(view.replicas)
-                and view.num_target > view.min_replicas and len(serving) > 1):
-            self._last = now
-            return (ScaleDown(min(serving, key=lambda r: (r.num_running + r.num_waiting, -r.index)).index),)
-        return ()
+            up = ScaleUp(max(1, min(needed, c.max_step, view.max_replicas - view.num_held)))
+        return self.scale_up_or_retire(view, now, up, low, c.cooldown_s)
 
 
 def _queued_tokens(r: ReplicaLoad) -> int:

@@ -5,7 +5,8 @@ the mean KV use exceeds ``kv_high``; down by one (the serving replica with the f
 highest index on a tie) when both were below ``queue_low`` and ``kv_low`` at every question for
 ``cooldown_s`` since the last decision. The gap between high and low is the hysteresis in level, the
 cool-down the hysteresis in time: a lull inside a burst retires nothing. No scale-up while a cold
-start is under way (its replica will show), no scale-down while one or a drain is.
+start is under way (its replica will show), no scale-down while one or a drain is (the scale-down
+rule is the base class's: :meth:`Autoscaler.scale_up_or_retire`).
 """
 
 from __future__ import annotations
@@ -37,8 +38,6 @@ class ThresholdAutoscaler(Autoscaler):
             raise ValueError("needs 0 <= queue_low <= queue_high and 0 <= kv_low <= kv_high (the hysteresis)")
         if c.cooldown_s < 0 or c.step < 1:
             raise ValueError("needs cooldown_s >= 0 and step >= 1")
-        self._low_since: float | None = None  # the low marks held at every question since then
-        self._last = float("-inf")  # the last decision
 
     def decide(self, view: AutoscaleView, now: float) -> Sequence[ScaleUp | ScaleDown]:
         serving = view.serving
@@ -48,13 +47,7 @@ class ThresholdAutoscaler(Autoscaler):
         queue = sum(r.num_waiting for r in serving) / len(serving)
         kv = sum(r.num_used_blocks / max(1, r.num_kv_blocks) for r in serving) / len(serving)
         low = queue < c.queue_low and kv < c.kv_low
-        self._low_since = (self._low_since if self._low_since is not None else now) if low else None
+        up = None
         if (queue > c.queue_high or kv > c.kv_high) and not view.num_starting and view.num_held < view.max_replicas:
-            self._last = now
-            return (ScaleUp(min(c.step, view.max_replicas - view.num_held)),)
-        if (self._low_since is not None and now - max(self._low_since, self._last) >= c.cooldown_s
-                and not view.num_starting and len(serving) == len(view.replicas)
-                and view.num_target > view.min_replicas and len(serving) > 1):
-            self._last = now
-            return (ScaleDown(min(serving, key=lambda r: (r.num_running + r.num_waiting, -r.index)).index),)
-        return ()
+            up = ScaleUp(min(c.step, view.max_replicas - view.num_held))
+        return self.scale_up_or_retire(view, now, up, low, c.cooldown_s)

@@ -11,7 +11,8 @@ the upstream connection, which a ``servelab serve`` backend takes as an abort. A
 be reached, or fails or answers 503 before sending anything, is marked down (connection failures) and
 the request goes to another backend, at most ``route.retries`` times; one that dies mid-stream ends
 the stream with an error event naming it. A router plugin that raises or answers an invalid index
-gives the client a 500 naming the plugin, and the router keeps serving.
+gives the client a 500 naming the plugin, and the router keeps serving. A draining backend
+(:mod:`servelab.serve.route.drain`: ``/admin/drain``) is offered to the plugin as full.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from servelab.cluster.protocol import ClusterProtocol
 from servelab.core.interfaces import Router, RouterError
 from servelab.core.request import Request
 from servelab.serve.protocol import error_body
+from servelab.serve.route import drain
 from servelab.serve.route.backends import Backend, BackendPool
 from servelab.serve.route.metrics import CONTENT_TYPE_LATEST, RouteMetrics
 
@@ -109,16 +111,21 @@ class RouteState:
     def choose(self, request: Request, tried: set[int]) -> Backend:
         """The plugin's placement (checked) among the backends not yet tried; :class:`RouteFailure`
         when none can take it or the plugin fails."""
-        backends = self.pool.backends
+        backends, draining = self.pool.backends, self.protocol.draining
         try:
-            backend = self.protocol.route(request, backends, time.monotonic() - self.started, exclude=tried)
+            backend = self.protocol.route(request, backends, time.monotonic() - self.started,
+                                          exclude=tried | draining)
         except RouterError as exc:  # the plugin's fault, reported; the router keeps serving
             self.metrics.router_errors.labels(self.router_name).inc()
             raise RouteFailure(500, str(exc)) from None
         if backend is None:
-            if any(b.up and b.index not in tried for b in backends):
+            left = [b for b in backends if b.up and b.index not in tried]
+            if any(b.index not in draining for b in left):
                 raise RouteFailure(400, f"prompt: {request.prompt_len} tokens + max_tokens {request.max_tokens} "
                                    "exceed every backend's max_model_len")
+            if left:
+                raise RouteFailure(503, "every backend that is up is draining (POST /admin/undrain?backend=<url> "
+                                   "takes one back): " + ", ".join(b.url for b in left))
             raise RouteFailure(503, "no backend is up to take the request" + (" (tried: " + ", ".join(
                 backends[i].url for i in sorted(tried)) + ")" if tried else ""))
         self.protocol.place(backend, request)
@@ -130,6 +137,7 @@ class RouteState:
         """The request left ``backend``: the counts, the metrics and the plugin's ``on_finish``."""
         self.protocol.end(backend, request)
         self.metrics.in_flight.labels(backend.url).dec()
+        drain.ended(self, backend)
         self.metrics.requests.labels(backend.url, outcome).inc()
         if outcome == "ok":
             self.metrics.latency.labels(backend.url).observe(time.monotonic() - received)
@@ -167,7 +175,8 @@ def build_route_app(state: RouteState) -> FastAPI:
     @app.get("/v1/models")
     async def models(request: HTTPRequest):
         assert state.pool.client is not None
-        for b in state.pool.backends:
+        # a draining backend answers last: it may be about to restart
+        for b in sorted(state.pool.backends, key=lambda b: b.index in state.protocol.draining):
             if b.up:
                 try:
                     answer = await state.pool.client.get(f"{b.url}/v1/models", headers=_forwarded(request))
@@ -184,6 +193,7 @@ def build_route_app(state: RouteState) -> FastAPI:
     async def chat_completions(request: HTTPRequest):
         return await _proxy(state, request, "/v1/chat/completions", chat=True)
 
+    drain.add_admin_routes(app, state)
     return app
 
 

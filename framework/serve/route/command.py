@@ -115,6 +115,7 @@ def prepare(cfg: DictConfig, replica_overrides: list[str], registry: Registry | 
     """The backends (started or probed), the router plugin and the app's state; replicas it started
     are stopped again when anything here fails."""
     from servelab.serve.route.app import RouteState  # noqa: PLC0415 - FastAPI, an optional extra
+    from servelab.serve.route.drain import start_draining  # noqa: PLC0415
     from servelab.serve.route.metrics import RouteMetrics  # noqa: PLC0415
 
     r = cfg.route
@@ -130,6 +131,7 @@ def prepare(cfg: DictConfig, replica_overrides: list[str], registry: Registry | 
         state = RouteState(pool, router, cfg.router.name, prompt_codec(cfg, backends, bool(replicas)),
                            RouteMetrics(cfg.router.name, [b.url for b in backends]), r.retries,
                            cfg.serve.default_max_tokens)
+        start_draining(state, list(r.draining))
     except BaseException:
         stop_replicas(replicas, grace_s=5.0)
         raise

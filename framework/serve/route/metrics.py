@@ -1,6 +1,6 @@
 """``GET /metrics`` of ``servelab route``: the router's own Prometheus metrics (docs/route.md has the
 table). Per backend (label ``backend`` = its URL): requests forwarded and how they ended, errors by
-kind, latency to the first byte and to the end, in-flight requests, up/down; per router plugin: its
+kind, latency to the first byte and to the end, in-flight requests, up/down, draining; per router plugin: its
 decisions and its failures. Each router has its own registry (tests run several in one process)."""
 
 from __future__ import annotations
@@ -34,9 +34,12 @@ class RouteMetrics:
                                ["backend"], registry=r)
         self.up = Gauge("servelab:route_backend_up", "1 while the backend passes its health checks.", ["backend"],
                         registry=r)
+        self.draining = Gauge("servelab:route_backend_draining", "1 while the backend is drained or draining "
+                              "(it takes no new request; its in-flight ones finish).", ["backend"], registry=r)
         for url in backend_urls:
             self.up.labels(url).set(1)
             self.in_flight.labels(url).set(0)
+            self.draining.labels(url).set(0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
