@@ -151,7 +151,7 @@ class RequestWriter:
         rec = request_record(seq, self.time_scale, limits.ttft_slo_ms, limits.tpot_slo_ms, self.requests_format,
                              micros, token_ids=self.decorate is not drop_placeholder_tokens)
         itl = rec.get("itl_ms")
-        if self.decorate is not None:
+        if self.decorate is not None and self.decorate is not drop_placeholder_tokens:  # that one is done above
             self.decorate(rec, seq)
         self.stats.add(rec, seq)
         for listener in self.record_listeners:
