@@ -20,7 +20,8 @@ import numpy as np
 from servelab.core.request import Sequence, Status
 from servelab.engine.step_totals import StepTotals
 from servelab.results.fairness import DEFAULT_WEIGHTS, ServiceLog, fairness_figures
-from servelab.results.itl import NUMPY_LIMIT, derived_itls, itl_figures, itl_ms, request_itl_stats
+from servelab.results.itl import NUMPY_LIMIT, derived_itls, itl_figures, request_itl_stats
+from servelab.results.itl import itl_micros as itl_micros_of
 from servelab.results import spill
 
 
@@ -40,11 +41,16 @@ REQUESTS_FORMATS = ("jsonl", "stats")
 
 
 def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
-                   tpot_slo_ms: float | None, requests_format: str = "jsonl") -> dict:
+                   tpot_slo_ms: float | None, requests_format: str = "jsonl", itl_micros: np.ndarray | None = None,
+                   token_ids: bool = True) -> dict:
     """One line of ``requests.jsonl``. Raises :class:`NegativeLatencyError`, naming the request,
     if its first token, last token or first scheduling came before its arrival. ``requests_format``
     ``"stats"``: the record has ``itl_ms_stats`` (:func:`~servelab.results.itl.request_itl_stats`)
-    where ``itl_ms`` would list every gap."""
+    where ``itl_ms`` would list every gap. ``itl_micros``: ``itl_micros(seq.token_times)`` when the
+    caller has it already (the writer, which writes the list's text from it). ``token_ids=False``:
+    ``output_token_ids`` is None (the simulator's placeholders), without copying them first."""
+    stats_format = requests_format == "stats"
+    itl_key = "itl_ms_stats" if stats_format else "itl_ms"  # the same place in the line, under its own name
     req = seq.request
     arrival = (req.arrival_time if req.sent_time is None else req.sent_time) * time_scale  # the client's send
     rec: dict[str, Any] = {
@@ -52,7 +58,7 @@ def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
         "prompt_len": req.prompt_len,
         "max_tokens": req.max_tokens,
         "output_len": seq.num_output_tokens,
-        "output_token_ids": list(seq.output_token_ids),
+        "output_token_ids": list(seq.output_token_ids) if token_ids else None,
         "arrival_s": arrival,
         "priority": req.priority,
         "client_id": req.client_id,
@@ -67,7 +73,7 @@ def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
         "spec_accepted_by_position": list(seq.accepted_by_position),
         "finish_reason": seq.finish_reason,
         "rejected_reason": seq.rejected_reason,
-        "ttft_ms": None, "tpot_ms": None, "e2e_ms": None, "queue_ms": None, "itl_ms": [],
+        "ttft_ms": None, "tpot_ms": None, "e2e_ms": None, "queue_ms": None, itl_key: None if stats_format else [],
         "met_slo": None,
     }
     if seq.token_times:
@@ -78,8 +84,9 @@ def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
         rec["tpot_ms"] = (last - first) * 1e3 / (n - 1) if n > 1 else 0.0
         # to the microsecond: JSON writes a 3-decimal float ~5x faster than a full 17-digit one, and
         # a simulated trace writes millions of them
-        gaps = itl_ms(seq.token_times)
-        rec["itl_ms"] = request_itl_stats(gaps) if requests_format == "stats" else gaps.tolist()
+        micros = itl_micros_of(seq.token_times) if itl_micros is None else itl_micros
+        gaps = micros / 1000.0  # itl_ms(seq.token_times)
+        rec[itl_key] = request_itl_stats(gaps) if stats_format else gaps.tolist()
     if seq.first_scheduled_time is not None:
         rec["queue_ms"] = (seq.first_scheduled_time - arrival) * 1e3
     for key in ("ttft_ms", "e2e_ms", "queue_ms"):
@@ -98,9 +105,6 @@ def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
         rec["met_slo"] = None
     else:
         rec["met_slo"] = rec["met_ttft_slo"] is not False and rec["met_tpot_slo"] is not False
-    if requests_format == "stats":  # the same place in the line, under its own name
-        rec = {("itl_ms_stats" if key == "itl_ms" else key): value for key, value in rec.items()}
-        rec["itl_ms_stats"] = rec["itl_ms_stats"] or None
     return rec
 
 

@@ -23,6 +23,8 @@ from servelab.config.checkpoint import recorded_config
 from servelab.core.interfaces import EngineLimits
 from servelab.engine.engine import Engine, StepRecord
 from servelab.engine.timeline import FILE as TIMELINE_FILE
+from servelab.results.itl import itl_micros
+from servelab.results.itl_text import ItlText
 from servelab.results.metrics import REQUESTS_FORMATS, RequestStats, request_record
 
 log = logging.getLogger(__name__)
@@ -91,28 +93,24 @@ def write_timeline(path: Path, timelines: list[dict]) -> None:
         np.savez_compressed(fh, **arrays)  # type: ignore[arg-type]  # mypy matches **arrays to allow_pickle: bool
 
 
-class _FloatText(dict):
-    """``repr`` of each float, remembered: a simulated trace writes millions of inter-token
-    latencies (to the microsecond), few of them distinct, and ``repr`` is most of a record's cost."""
-
-    def __missing__(self, value: float) -> str:
-        if len(self) > 1_000_000:
-            self.clear()
-        text = self[value] = repr(value)
-        return text
-
-
-_FLOAT_TEXT = _FloatText()
 _ITL_MARK = "\u0000itl_ms"  # no record holds this string: replaced by the list's text
+_ITL_MARK_JSON = json.dumps(_ITL_MARK)
+_ITL_TEXT = ItlText()
 
 
-def record_line(rec: dict) -> str:
-    """``json.dumps(rec)``, the same text, with the ``itl_ms`` list written through :class:`_FloatText`."""
+def record_line(rec: dict, itl_micros: np.ndarray | None = None) -> str:
+    """``json.dumps(rec)``, the same text, with the ``itl_ms`` list written by :class:`ItlText` from
+    ``itl_micros``, the list's values in microseconds (:func:`~servelab.results.itl.itl_micros`;
+    None: the list is written by ``json.dumps`` too)."""
     itl = rec.get("itl_ms")
-    if not itl:
+    if not itl or itl_micros is None:
         return json.dumps(rec)
-    line = json.dumps({**rec, "itl_ms": _ITL_MARK})
-    return line.replace(json.dumps(_ITL_MARK), "[" + ", ".join(map(_FLOAT_TEXT.__getitem__, itl)) + "]", 1)
+    rec["itl_ms"] = _ITL_MARK  # in place of a copy of the record; put back below
+    try:
+        line = json.dumps(rec)
+    finally:
+        rec["itl_ms"] = itl
+    return line.replace(_ITL_MARK_JSON, _ITL_TEXT.text(itl_micros), 1)
 
 
 def requests_format(cfg) -> str:
@@ -149,13 +147,17 @@ class RequestWriter:
 
     def _write(self, seq) -> None:
         limits = self.limits
-        rec = request_record(seq, self.time_scale, limits.ttft_slo_ms, limits.tpot_slo_ms, self.requests_format)
-        if self.decorate is not None:
+        micros = itl_micros(seq.token_times)  # once: the record's list and its text
+        rec = request_record(seq, self.time_scale, limits.ttft_slo_ms, limits.tpot_slo_ms, self.requests_format,
+                             micros, token_ids=self.decorate is not drop_placeholder_tokens)
+        itl = rec.get("itl_ms")
+        if self.decorate is not None and self.decorate is not drop_placeholder_tokens:  # that one is done above
             self.decorate(rec, seq)
         self.stats.add(rec, seq)
         for listener in self.record_listeners:
             listener(rec)
-        self._fh.write(record_line(rec) + "\n")
+        # the microseconds describe the list only while it is the one the record was made with
+        self._fh.write(record_line(rec, micros if rec.get("itl_ms") is itl else None) + "\n")
 
     def close(self) -> None:
         """Write the sequences that have not ended (an interrupted run) and close the file."""
