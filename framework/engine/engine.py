@@ -585,8 +585,7 @@ class Engine:
             self._sending[seq.id] = seq  # the connector still reads its blocks: freed once it says sent
         else:
             self.allocator.free(seq)
-        if not self.forget_ended:  # kept until the results are written: made small (a forgotten one is dropped)
-            seq.compact()
+        seq.compact()  # its token times as one array: the writer's ITLs and the fairness log read them without a copy
         if self.drafter is not None:
             self.drafter.forget(seq)
         self._ended(seq)
