@@ -16,12 +16,11 @@ its resident sets and in the simulator:
 
 from __future__ import annotations
 
-import json
-import tempfile
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from servelab.kit.moe_sim_runs import check_two_runs
 from servelab.kit.stage_info import StageInfo
 
 if TYPE_CHECKING:
@@ -71,15 +70,10 @@ def check_expert_cache(run: "KitRun") -> "Failure | None":
     offloaded = "0" if cls.all_resident else "64"
     overrides = (*RUN, f"seed={run.seed}", f"expert_cache={run.name}", f"sim.moe.expert_cache_slots={offloaded}",
                  *run.extra)
-    try:
-        first, again = _run(overrides, run.registry), _run(overrides, run.registry)
-    except Exception as exc:  # noqa: BLE001 - a cache's error is the finding
-        return Failure("capacity never exceeded", f"{type(exc).__name__}: {exc} (run: {' '.join(overrides)})")
-    if first[0] != first[1]:
-        return Failure("routed experts resident when priced", f"{first[0] - first[1]} of {first[0]} requests did "
-                       f"not finish (run: {' '.join(overrides)})")
-    if first != again:
-        return Failure("deterministic caches", f"two runs of {' '.join(overrides)} differ")
+    failure = check_two_runs(overrides, run.registry, raised="capacity never exceeded",
+                             unfinished="routed experts resident when priced", differ="deterministic caches")
+    if failure is not None:
+        return failure
     run.report.cases = layouts * STEPS + 2
     run.report.notes.append(f"expert cache: {layouts} layouts x {STEPS} steps of {EXPERTS} experts x {LAYERS} layers, "
                             "and two simulator runs of qwen3_30b_a3b on one H100")
@@ -131,15 +125,3 @@ def _check_layout(cls, config, ep: int, slots: int, seed: int, Failure) -> "Fail
                            "kept a different resident set")
     return None
 
-
-def _run(overrides: tuple[str, ...], registry) -> tuple[int, int, str]:
-    """(requests, finished, the run's MoE and latency figures as JSON)."""
-    from servelab.api import compose  # noqa: PLC0415
-    from servelab.assemble.stack import build_stack  # noqa: PLC0415
-    from servelab.run.session import run_job  # noqa: PLC0415
-
-    cfg = compose(list(overrides))
-    with tempfile.TemporaryDirectory() as out:
-        s = run_job(cfg, out, stack=build_stack(cfg, registry)).summary
-    figures = {k: v for k, v in s.items() if k.startswith("moe") or k in ("tpot_ms", "ttft_ms", "duration_s")}
-    return s["num_requests"], s["num_finished"], json.dumps(figures, sort_keys=True, default=str)

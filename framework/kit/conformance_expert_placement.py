@@ -13,12 +13,11 @@ plans and in the simulator:
 
 from __future__ import annotations
 
-import json
-import tempfile
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from servelab.kit.moe_sim_runs import check_two_runs
 from servelab.kit.stage_info import StageInfo
 
 if TYPE_CHECKING:
@@ -54,15 +53,10 @@ def check_expert_placement(run: "KitRun") -> "Failure | None":
             return failure
         layouts += 1
     overrides = (*RUN, f"seed={run.seed}", f"expert_placement={run.name}", *run.extra)
-    try:
-        first, again = _run(overrides, run.registry), _run(overrides, run.registry)
-    except Exception as exc:  # noqa: BLE001 - a placement's error is the finding
-        return Failure("every expert placed", f"{type(exc).__name__}: {exc} (run: {' '.join(overrides)})")
-    if first[0] != first[1]:
-        return Failure("every expert placed", f"{first[0] - first[1]} of {first[0]} requests did not finish "
-                       f"(run: {' '.join(overrides)})")
-    if first != again:
-        return Failure("deterministic plans", f"two runs of {' '.join(overrides)} differ")
+    failure = check_two_runs(overrides, run.registry, raised="every expert placed", unfinished="every expert placed",
+                             differ="deterministic plans")
+    if failure is not None:
+        return failure
     run.report.cases = layouts * len(loads(run.seed)) + 2
     run.report.notes.append(f"expert placement: {layouts} layouts x {len(loads(run.seed))} loads of {EXPERTS} experts "
                             f"x {LAYERS} layers, and two simulator runs of qwen3_30b_a3b at TP 4 x EP 4")
@@ -107,15 +101,3 @@ def _check_layout(cls, config, ep: int, seed: int, Failure) -> "Failure | None":
                            "or asked of a fresh plugin")
     return None
 
-
-def _run(overrides: tuple[str, ...], registry) -> tuple[int, int, str]:
-    """(requests, finished, the run's MoE and latency figures as JSON)."""
-    from servelab.api import compose  # noqa: PLC0415
-    from servelab.assemble.stack import build_stack  # noqa: PLC0415
-    from servelab.run.session import run_job  # noqa: PLC0415
-
-    cfg = compose(list(overrides))
-    with tempfile.TemporaryDirectory() as out:
-        s = run_job(cfg, out, stack=build_stack(cfg, registry)).summary
-    figures = {k: v for k, v in s.items() if k.startswith("moe") or k in ("tpot_ms", "ttft_ms", "duration_s")}
-    return s["num_requests"], s["num_finished"], json.dumps(figures, sort_keys=True, default=str)
