@@ -25,6 +25,8 @@ from servelab.plugins.allocators.paged import PagedAllocator
 from servelab.plugins.evictors.lru import LruEvictor
 from servelab.assemble.stack import build_stack
 
+from engine_helpers import drain
+
 REAL = ["model=tiny", "clock=virtual", "time_model=roofline", "hardware=h100", "num_kv_blocks=48",
         "allocator.prefix_caching=true"]
 
@@ -41,22 +43,13 @@ def _requests(n: int, vocab: int, seed: int = 0) -> list[Request]:
     return out
 
 
-def _drain(engine) -> None:
-    for _ in range(2000):
-        if not engine.has_unfinished():
-            return
-        if engine.step() is None:
-            engine.sleep(0.001)
-    raise AssertionError("no progress")
-
-
 def test_real_engines_move_kv_blocks_and_decode_gives_one_engines_tokens():
     cfg = compose(REAL, logger="none", progress=False)
     one = build_stack(cfg)
     vocab = one.executor.spec.vocab_size
     requests = _requests(6, vocab)
     ref = [one.engine.add_request(r, 0.0) for r in requests]
-    _drain(one.engine)
+    drain(one.engine)
 
     link = LocalKVLink()
     sender, receiver = link.endpoint(sends=True), link.endpoint(receives=True)
@@ -65,11 +58,11 @@ def test_real_engines_move_kv_blocks_and_decode_gives_one_engines_tokens():
     sender.bind(prefill.executor)
     receiver.bind(decode.executor)
     pseqs = [prefill.engine.add_request(replace(r, max_tokens=1), 0.0) for r in requests]
-    _drain(prefill.engine)
+    drain(prefill.engine)
     assert len(link.held) == len(requests)  # every prompt's blocks kept for the hand-off
     for r, pseq in zip(requests, pseqs):
         decode.engine.add_sequence(continued(pseq, r))
-    _drain(decode.engine)
+    drain(decode.engine)
     prefill.engine.poll_connector()
 
     got = {s.id: list(s.output_token_ids) for s in decode.engine.sequences.values()}
@@ -175,7 +168,7 @@ def test_a_head_of_line_request_that_waits_does_not_touch_its_cached_prefix():
     alloc._on_hit = lambda block: (hits.append(block), original(block))  # the allocator's bound hook
     shared = tuple(range(1, 33))  # two full blocks
     engine.add_request(Request(id="first", prompt_token_ids=shared + (7,), max_tokens=1))
-    _drain(engine)  # its two prompt blocks stay cached
+    drain(engine)  # its two prompt blocks stay cached
     engine.add_request(Request(id="big", prompt_token_ids=tuple(range(100, 200)), max_tokens=60))
     engine.add_request(Request(id="head", prompt_token_ids=shared + tuple(range(300, 360)), max_tokens=8))
     steps = 0
@@ -184,6 +177,6 @@ def test_a_head_of_line_request_that_waits_does_not_touch_its_cached_prefix():
         steps += 1
     assert steps > 3  # it waited several steps behind "big" for blocks
     assert len(hits) == 2  # its two cached blocks were referenced once: when it was admitted, not per retry
-    _drain(engine)
+    drain(engine)
     assert engine.sequences["head"].num_cached_prompt_tokens == 32
     assert alloc.leaked_blocks() == 0

@@ -29,6 +29,8 @@ from servelab.core.request import Request, Sequence
 from servelab.kv.migrate_proc import ProcessMigrationConnector
 from servelab.assemble.stack import build_stack
 
+from engine_helpers import drain
+
 REAL = ["model=tiny", "clock=virtual", "time_model=roofline", "hardware=h100", "num_kv_blocks=48",
         "allocator.prefix_caching=true"]
 
@@ -47,15 +49,6 @@ def _requests(vocab: int) -> list[Request]:
                     max_tokens=24, arrival_time=0.0) for i in range(3)]
 
 
-def _drain(engine) -> None:
-    for _ in range(2000):
-        if not engine.has_unfinished():
-            return
-        if engine.step() is None:
-            engine.sleep(0.001)
-    raise AssertionError("no progress")
-
-
 def _replica(index: int, *overrides: str):
     stack = build_stack(compose([*REAL, *overrides], logger="none", progress=False),
                         connector=ProcessMigrationConnector())
@@ -70,12 +63,12 @@ def test_a_request_moves_mid_decode_with_its_kv_and_gives_one_engines_tokens():
     one = build_stack(compose(REAL, logger="none", progress=False))
     requests = _requests(one.executor.spec.vocab_size)
     ref = {r.id: one.engine.add_request(r, 0.0) for r in requests}
-    _drain(one.engine)
+    drain(one.engine)
 
     a, ea, box_a, ended_a = _replica(0)
     b, eb, box_b, ended_b = _replica(1)
     b.engine.add_request(replace(requests[2], id="warm", max_tokens=1), 0.0)  # its prompt's blocks cached there
-    _drain(b.engine)
+    drain(b.engine)
     warm_prefill = b.engine.totals.prefill_tokens
     for r in requests:
         a.engine.add_request(r, 0.0)
@@ -98,8 +91,8 @@ def test_a_request_moves_mid_decode_with_its_kv_and_gives_one_engines_tokens():
     assert "r2" not in a.engine.sequences and not ended_a  # stopped here, not ended
     eb.handle(("mig_seq", continued(seq, request), start, last))
     assert b.engine.allocator.num_used_blocks() == 0  # the shadow's blocks went: the continuation takes its own
-    _drain(b.engine)
-    _drain(a.engine)
+    drain(b.engine)
+    drain(a.engine)
     assert box_b[0][:3] == ("mig_landed", 1, "r2")
     assert b.engine.totals.prefill_tokens == warm_prefill  # it decodes on at once: its KV came with it
     got = {s.id: list(s.output_token_ids) for s in (*ended_a, *ended_b) if s.id != "warm"}
