@@ -38,7 +38,8 @@ from servelab.core.request import Request, Sequence, Status
 from servelab.core.step_work import DraftWork, StepWork
 from servelab.engine.batch import build_batch, step_work
 from servelab.engine.clock import Clock, WallClock, price_kv_transfer
-from servelab.engine.fast_forward import Span, arrival_step, fast_forward, may_precede_span, resume
+from servelab.engine.fast_forward import (Span, arrival_step, fast_forward, may_precede_span, resume,
+                                          takes_arrivals_in_bulk)
 from servelab.engine.frontend import FrontEnd
 from servelab.engine.multi_step import run_window, starts_window
 from servelab.engine.step_totals import StepTotals
@@ -158,7 +159,12 @@ class Engine:
         if request.id in self.sequences or request.id in self._forgotten:
             raise ValueError(f"duplicate request id {request.id!r}")
         seq = Sequence(request, arrival_s=request.arrival_time if arrival_s is None else arrival_s)
-        self.settle_span()
+        span = self._span
+        if span is not None:
+            if takes_arrivals_in_bulk(self.scheduler):
+                span.paused = False  # it goes on only through the arrival's step, beside its lag
+            else:
+                span.settle()
         self.sequences[request.id] = seq
         self._quiet_plan = None
         reason = self._rejection_reason(request)
@@ -270,13 +276,13 @@ class Engine:
         start = self.now()
         span, self._span = self._span, None
         if span is not None:
-            span.settle()  # (a paused one: a cluster's replica) its sequences up to date first
-            if self._can_fast_forward():  # an arrival after a span: its decodes in bulk
+            if self._can_fast_forward() and takes_arrivals_in_bulk(self.scheduler):  # its decodes in bulk
                 record, self._span = arrival_step(self, span, start)
                 if record is not None:
                     self._quiet_plan = None  # a span goes on from self._span
                     self.num_bulk_arrival_steps += 1
                     return record
+            span.settle()  # its sequences up to date for the full step
         plan = self.schedule(start)
         if plan.is_empty:
             return None
@@ -302,11 +308,12 @@ class Engine:
         arrival becomes known only then).
         It may be called again without a step in between while nothing reached this engine: it goes
         on from where it stopped (a request added since makes it wait for the arrival's step, one
-        aborted makes it decline). With ``resumable`` (a cluster: the arrival at ``until`` may go
-        to another replica) a span that stopped at ``until`` is paused, its running sequences not
-        yet given the tokens of its quiet steps: the next call goes on with it at no cost per
-        sequence, and anything that reaches the engine (a step, a request added or ended) first
-        brings them up to date (:meth:`settle_span`; call it before reading them from outside)."""
+        aborted makes it decline). A span that stopped at ``until`` is kept, its running sequences
+        not yet given the tokens of its quiet steps; with ``resumable`` (a cluster: the arrival at
+        ``until`` may go to another replica) it is paused: the next call goes on with it at no cost
+        per sequence. Anything that reaches the engine (a step, a request added or ended) first
+        brings them up to date (:meth:`settle_span`; call it before reading them from outside),
+        except the arrival's step of a scheduler that takes arrivals in bulk, which runs beside the lag."""
         span, self._span = self._span, None  # kept: a span that stopped for an arrival may go on
         plan = self._quiet_plan  # kept: a span cut short by an arrival elsewhere may go on (a cluster)
         if (span is None and plan is None) or not self._can_fast_forward():
@@ -324,9 +331,9 @@ class Engine:
         return steps
 
     def settle_span(self) -> None:
-        """Give the running sequences the tokens of a paused span's steps (:meth:`fast_forward`
-        with ``resumable``): they are then as the step-by-step path leaves them. The span is kept
-        (an arrival's step may still take its decodes in bulk, :meth:`step`)."""
+        """Give the running sequences the tokens of a kept span's steps (:meth:`fast_forward`):
+        they are then as the step-by-step path leaves them. The span is kept (an arrival's step may
+        still take its decodes in bulk, :meth:`step`)."""
         if self._span is not None:
             self._span.settle()
 

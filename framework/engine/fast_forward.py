@@ -28,12 +28,16 @@ whose allocations could outnumber the free blocks (the step-by-step path then pr
 when no sequence is left; with ``stop_after_end`` (closed-loop arrivals, which become known only
 when a request ends), also after a step in which a sequence finished.
 
-A *resumable* span (a cluster's replica: the arrival at ``until`` may be routed elsewhere) that
-stopped only at ``until`` is paused instead of settled: its sequences keep their lag, and the next
-``Engine.fast_forward`` goes on with it within the scheduler's first answer (:func:`resume`), so an
-arrival costs a replica it does not reach nothing per sequence. Anything that reaches the engine
-first brings the sequences up to date (``Engine.settle_span``: a request added, before the
-arrival's step; a step; a sequence added or ended). Only the slot counts and token lists lag; the
+A span that stopped only at ``until`` is kept, its sequences not brought up to date. A
+*resumable* one (a cluster's replica: the arrival at ``until`` may be routed elsewhere) is paused:
+the next ``Engine.fast_forward`` goes on with it within the scheduler's first answer (:func:`resume`),
+so an arrival costs a replica it does not reach nothing per sequence. When the arrival reaches the
+engine and the scheduler takes arrivals in bulk (:func:`takes_arrivals_in_bulk`: it promises that
+``add``, ``next_decision`` and ``schedule_arrivals`` read no running sequence's tokens), the
+arrival's step runs beside the lag (:func:`arrival_step`) and the span goes on: a sequence is
+brought up to date only at its own events, whatever the arrivals. Anything else that reaches the
+engine first brings the sequences up to date (``Engine.settle_span``: a step, a sequence added or
+ended, a request added for any other scheduler). Only the slot counts and token lists lag; the
 scheduler's queues and the allocator's blocks, which a router's gauges read, are exact at every
 span step.
 """
@@ -86,7 +90,8 @@ def fast_forward(engine: Engine, plan: SchedulePlan, until: float, on_step_start
     returns how many were run (0: none could be) and the span to keep, or None. A span that stops
     for the arrival at ``until`` (or is too short to run before it) is kept (the engine holds it):
     the arrival's step may take its decodes in bulk (:func:`arrival_step`), and it goes on after;
-    with ``resumable`` it is kept paused, its sequences not yet brought up to date (:meth:`Span.settle`)."""
+    its sequences are then not yet brought up to date (:meth:`Span.settle`); with ``resumable`` it
+    is kept paused."""
     seqs = [e.seq for e in plan.scheduled if e.seq.status is Status.RUNNING]
     if not seqs or len(seqs) != engine.scheduler.num_unfinished():
         return 0, None  # someone waits (or is swapped, or loading): the scheduler decides every step
@@ -154,7 +159,9 @@ def arrival_step(engine: Engine, span: Span, start: float) -> tuple[StepRecord |
     decodes' budget and context), the step's work (the decodes' counts plus the admissions'
     entries), ``execute``, ``price``, one ``apply`` (every other span sequence brought up to date
     through its ``quiet`` pairs, then the due entries and the admissions, in plan order), and
-    ``record`` with the admissions' plan. Admitted sequences that decode next join the span."""
+    ``record`` with the admissions' plan. Admitted sequences that decode next join the span. The
+    other span sequences are not brought up to date (the scheduler reads only the counts), except
+    those with an event at the coming step: the span goes on lagging as it came."""
     scheduler = engine.scheduler
     n = span.active
     assert not span.paused  # the engine settles it first (a request added did)
@@ -185,7 +192,12 @@ def arrival_step(engine: Engine, span: Span, start: float) -> tuple[StepRecord |
     stamp = engine.deliver(end, len(output.sampled))
     span.ends.append(stamp)
     span.step = step = step + 1
-    lag = span.lag((i for i in range(len(seqs)) if i not in due), step)
+    upcoming = []  # sequences with an event at the coming step: up to date for its allocations
+    while events and events[0][0] == step:
+        upcoming.append(heapq.heappop(events)[1])
+    lag = span.lag(upcoming, step)
+    for i in upcoming:
+        heapq.heappush(events, (step, i))
     entries = span.event_entries(due)
     engine.apply(SchedulePlan(entries + plan.scheduled), StepOutput([span.token] * len(due) + output.sampled[n:], 0.0),
                  end, stamp=stamp, quiet=lag)
@@ -199,7 +211,8 @@ def arrival_step(engine: Engine, span: Span, start: float) -> tuple[StepRecord |
         if seq.status is not Status.RUNNING:
             continue  # ended at once
         if seq.num_tokens - seq.num_computed_tokens != 1 or seq.num_computed_tokens < seq.request.prompt_len:
-            return record, None  # a prompt chunk is still to come: the span ends (everyone is up to date)
+            span.settle()
+            return record, None  # a prompt chunk is still to come: the span ends, everyone up to date
         span.add(seq)
     return record, span
 
@@ -208,11 +221,12 @@ class Span:
     """The sequences of one span (in plan order) and how far each has been brought up to date.
 
     Span steps are counted from the span's start (``step``); ``synced[i]``: the span steps whose
-    tokens ``seqs[i]`` has been given; ``ends[k]``: span step ``k``'s stamp. Between calls every
-    running sequence is up to date, unless ``paused``. ``open``: it stopped for an arrival
+    tokens ``seqs[i]`` has been given; ``ends[k]``: span step ``k``'s stamp. A sequence with an event
+    at ``step`` is up to date; the others may lag while the engine keeps the span (:meth:`settle`
+    brings them up to date; a span not kept is settled). ``open``: it stopped for an arrival
     (``until``) inside the scheduler's horizon (before ``at_s``), so that arrival's step may take
-    its decodes in bulk. ``paused``: open, and (resumable: a cluster) its sequences not yet given
-    its quiet steps' tokens (:meth:`settle`); ``steps_left``: of the scheduler's answer it ran under."""
+    its decodes in bulk. ``paused``: open, resumable (a cluster), and nothing reached the engine
+    since: it may go on within the scheduler's answer it ran under (``steps_left`` of it)."""
 
     def __init__(self, engine: Engine, seqs: list[Sequence]) -> None:
         self.engine = engine
@@ -250,21 +264,22 @@ class Span:
         heapq.heappush(self.events, (self._next_event(seq, self.step), i))
 
     def rebase(self) -> None:
-        """With every running sequence up to date: once ended sequences outnumber the running
-        ones, forget them and count span steps from here (a span kept across arrivals stays about
-        as long as its running batch)."""
-        step, seqs, entries = self.step, self.seqs, self.entries
+        """Once ended sequences outnumber the running ones, forget them and count span steps from
+        the oldest one a running sequence lags behind (a span kept across arrivals stays about as
+        long as its running batch, and its stamps as long as the longest lag)."""
+        seqs, entries, synced = self.seqs, self.entries, self.synced
         if len(seqs) < 2 * self.active + 16:
             return  # a few ended ones cost less to skip than to drop (amortised: dropped in a batch)
         keep = [i for i, seq in enumerate(seqs) if seq.status is Status.RUNNING]
+        base = min((synced[i] for i in keep), default=self.step)
         index = {old: new for new, old in enumerate(keep)}
         self.seqs = [seqs[i] for i in keep]
         self.entries = [entries[i] for i in keep]
-        self.synced = [0] * len(keep)
-        self.ends = []
-        self.step = 0
+        self.synced = [synced[i] - base for i in keep]
+        del self.ends[:base]
+        self.step -= base
         # both maps keep the order (a shift, an increasing renumbering): the heap stays a heap
-        self.events = [(at - step, index[i]) for at, i in self.events]
+        self.events = [(at - base, index[i]) for at, i in self.events]
 
     def _next_event(self, seq: Sequence, step: int) -> int:
         """The first span step from ``step`` on that is not quiet for ``seq`` (it is up to date):
@@ -339,7 +354,8 @@ class Span:
         entries; so when a step starts, its due sequences are up to date for their allocations.
         Nothing reads a sequence between the two (a span runs no policy), so this is the order the
         step-by-step path leaves. On return every running sequence is up to date (:meth:`settle`),
-        unless ``resumable`` and it stopped for the arrival at ``until``: it is then ``paused``."""
+        unless it stopped for the arrival at ``until`` (``open``) and is kept lagging: resumable (it
+        is then ``paused``), or for a scheduler that takes that arrival's step beside the lag."""
         engine, seqs, events, ends, synced, entries = self.engine, self.seqs, self.events, self.ends, self.synced, self.entries
         allocator, token, next_event = engine.allocator, self.token, self._next_event
         count_quiet, apply, price, record = allocator.count_quiet_decodes, engine.apply, engine.price, engine.record
@@ -421,13 +437,13 @@ class Span:
         for i in due:  # popped, not run: their events stay (the span may go on)
             heapq.heappush(events, (step, i))
         self.paused = resumable and self.open
-        if not self.paused:
+        if not (self.paused or (self.open and takes_arrivals_in_bulk(engine.scheduler))):
             self.settle()
         return ran
 
     def settle(self) -> None:
         """Bring every running sequence up to date with the span steps run so far (a no-op unless
-        :meth:`run` just ran or the span is paused); a span kept open is then rebased."""
+        the engine kept the span lagging); a span kept open is then rebased."""
         self.paused = False
         lag = self.lag(range(len(self.seqs)), self.step)
         if lag:

@@ -208,7 +208,10 @@ class QueueScheduler(Scheduler):
         give every running sequence, in the last plan's order, one decode token first, preempt
         nobody for a waiting sequence (:meth:`may_preempt_for` is never true), and that
         :meth:`schedule_arrivals` does the rest of it exactly: a subclass that overrides
-        :meth:`schedule` overrides :meth:`schedule_arrivals` alike. Default False (always correct:
+        :meth:`schedule` overrides :meth:`schedule_arrivals` alike. It also promises that ``add``,
+        :meth:`next_decision` and :meth:`schedule_arrivals` read no running sequence's tokens or
+        token times: while a span is kept they may lag (they are brought up to date at their own
+        events), and the counts ``schedule_arrivals`` gets are exact. Default False (always correct:
         the arrival's step is scheduled in full); a wrong True changes results, which
         ``servelab check-plugin`` (fast-forward on against off) names."""
         return False

@@ -57,7 +57,8 @@ def run_workload(engine: Engine, requests: Iterable[Request], time_scale: float 
                                    f"(queues: {engine.scheduler.queue_lengths()})")
             elif not source.exhausted:  # a closed-loop client waits for a request the engine never ended
                 raise RuntimeError("arrivals stopped with requests left to send and none in flight")
-    finally:
+    finally:  # a kept span's sequences (a run that raised) are written as they are
+        engine.settle_span()
         engine.end_listeners.remove(source.on_end)
     if engine.num_fast_forwarded:
         log.info("fast-forward: %d of %d steps run without asking the policies (sim.fast_forward)",
