@@ -89,7 +89,7 @@ class EagerPaged(PagedAllocator):
 
     def _take_block(self):
         if self.evictable:
-            self.free_plain.appendleft(self._evict())
+            self.free_plain.append(self._evict())  # taken next (the free blocks are a stack)
         return super()._take_block()
 
 
