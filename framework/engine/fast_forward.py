@@ -244,6 +244,9 @@ class Span:
         self.paused = False
         self.at_s = INF
         self.steps_left = 0
+        # what run() hands apply(), made once (a cluster's replica runs a step or two per call):
+        # a quiet step's empty plan and output, and the plan and output refilled with each step's events
+        self._plans = SchedulePlan(), StepOutput([], 0.0), SchedulePlan(), StepOutput([], 0.0)
         quiet, max_len = engine.allocator.quiet_decode_tokens, engine.limits.max_model_len
         events = []  # (span step, plan index): each sequence's next event, as _next_event says
         for i, seq in enumerate(seqs):  # once per span per sequence: _next_event inlined
@@ -360,8 +363,7 @@ class Span:
         allocator, token, next_event = engine.allocator, self.token, self._next_event
         count_quiet, apply, price, record = allocator.count_quiet_decodes, engine.apply, engine.price, engine.record
         deliver, allocate, now, heappop = engine.deliver, self.allocate, engine.now, heapq.heappop
-        no_plan, no_output = SchedulePlan(), StepOutput([], 0.0)  # a quiet step preempts and moves nothing
-        events_plan, events_output = SchedulePlan(), StepOutput([], 0.0)  # refilled each step (apply keeps neither)
+        no_plan, no_output, events_plan, events_output = self._plans
         limit = min(until, self.at_s)
         self.open = False
         step, active, context = self.step, self.active, self.context  # locals in the loop, written back after it
