@@ -42,20 +42,22 @@ REQUESTS_FORMATS = ("jsonl", "stats")
 
 def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
                    tpot_slo_ms: float | None, requests_format: str = "jsonl", itl_micros: np.ndarray | None = None,
-                   token_ids: bool = True) -> dict:
+                   token_ids: bool = True, itl_list: bool = True) -> dict:
     """One line of ``requests.jsonl``. Raises :class:`NegativeLatencyError`, naming the request,
     if its first token, last token or first scheduling came before its arrival. ``requests_format``
     ``"stats"``: the record has ``itl_ms_stats`` (:func:`~servelab.results.itl.request_itl_stats`)
     where ``itl_ms`` would list every gap. ``itl_micros``: ``itl_micros(seq.token_times)`` when the
     caller has it already (the writer, which writes the list's text from it). ``token_ids=False``:
-    ``output_token_ids`` is None (the simulator's placeholders), without copying them first."""
+    ``output_token_ids`` is None (the simulator's placeholders), without copying them first.
+    ``itl_list=False``: ``itl_ms`` is None instead of the list (stats format: no effect), for a caller
+    that writes the list's text from ``itl_micros`` and whose readers do not look at it (the writer)."""
     stats_format = requests_format == "stats"
     req = seq.request
     arrival = (req.arrival_time if req.sent_time is None else req.sent_time) * time_scale  # the client's send
     n = seq.num_output_tokens
     times = seq.token_times
     ttft = tpot = e2e = None
-    itl: list | dict | None = None if stats_format else []
+    itl: list | dict | None = None if stats_format or not itl_list else []
     if times:
         first, last = times[0], times[-1]
         ttft, e2e = (first - arrival) * 1e3, (last - arrival) * 1e3
@@ -63,8 +65,10 @@ def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
         # to the microsecond: JSON writes a 3-decimal float ~5x faster than a full 17-digit one, and
         # a simulated trace writes millions of them
         micros = itl_micros_of(times) if itl_micros is None else itl_micros
-        gaps = micros / 1000.0  # itl_ms(seq.token_times)
-        itl = request_itl_stats(gaps) if stats_format else gaps.tolist()
+        if stats_format:
+            itl = request_itl_stats(micros / 1000.0)  # itl_ms(seq.token_times)
+        elif itl_list:
+            itl = (micros / 1000.0).tolist()
     queue = None if seq.first_scheduled_time is None else (seq.first_scheduled_time - arrival) * 1e3
     floor = -NEGATIVE_TOLERANCE_S * 1e3
     if (ttft is not None and (ttft < floor or e2e < floor)) or (queue is not None and queue < floor):

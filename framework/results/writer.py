@@ -137,6 +137,9 @@ def requests_format(cfg) -> str:
     return getattr(value, "value", value)
 
 
+_FILE_BUFFER = 1 << 20  # bytes: a trace's 45 MB of lines in few large writes (the default 8 KB: one per 3 lines)
+
+
 class RequestWriter:
     """Writes each request's record to ``requests.jsonl`` as it ends and keeps only its numbers
     (:class:`RequestStats`); attach with ``engine.end_listeners`` and ``engine.forget_ended``."""
@@ -156,8 +159,10 @@ class RequestWriter:
         self.limits = limits
         self.live = live  # () -> the sequences not yet ended (default: the engine's); a cluster has its own
         self.stats = RequestStats()
-        self.record_listeners: list = []  # told of each record as it is written (the logger's table)
-        self._fh = path.open("w")
+        # told of each record as it is written (the logger's table); one whose function has
+        # ``reads_itl_ms = False`` may get the record with a placeholder where the ITL list would be
+        self.record_listeners: list = []
+        self._fh = path.open("w", buffering=_FILE_BUFFER)
 
     def on_end(self, seq) -> None:
         self._write(seq)
@@ -165,16 +170,28 @@ class RequestWriter:
     def _write(self, seq) -> None:
         limits = self.limits
         micros = itl_micros(seq.token_times)  # once: the record's list and its text
+        placeholders = self.decorate is drop_placeholder_tokens  # done by request_record
+        itl_list = self.requests_format != "jsonl" or self._reads_itl_ms(placeholders)
         rec = request_record(seq, self.time_scale, limits.ttft_slo_ms, limits.tpot_slo_ms, self.requests_format,
-                             micros, token_ids=self.decorate is not drop_placeholder_tokens)
+                             micros, token_ids=not placeholders, itl_list=itl_list)
+        if not itl_list:  # none reads the list: record_line writes its text from the microseconds
+            rec["itl_ms"] = _ITL_MARK
         itl = rec.get("itl_ms")
-        if self.decorate is not None and self.decorate is not drop_placeholder_tokens:  # that one is done above
+        if self.decorate is not None and not placeholders:
             self.decorate(rec, seq)
         self.stats.add(rec, seq)
         for listener in self.record_listeners:
             listener(rec)
         # the microseconds describe the list only while it is the one the record was made with
         self._fh.write(record_line(rec, micros if rec.get("itl_ms") is itl else None) + "\n")
+
+    def _reads_itl_ms(self, placeholders: bool) -> bool:
+        """Whether a record's ``itl_ms`` list is read before it is written: by a decorator (other than
+        the simulator's) or by a record listener not marked ``reads_itl_ms = False`` (the loggers'
+        ``log_request``). The list is a Python float per token; the line needs only its text."""
+        if self.decorate is not None and not placeholders:
+            return True
+        return any(getattr(listener, "reads_itl_ms", True) for listener in self.record_listeners)
 
     def close(self) -> None:
         """Write the sequences that have not ended (an interrupted run) and close the file."""
