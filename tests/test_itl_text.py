@@ -92,3 +92,62 @@ def test_request_itl_stats_keep_sorteds_order_for_signed_zeros_and_nan():
         ordered = sorted(gaps)
         got = request_itl_stats(values)
         assert repr(got["max"]) == repr(ordered[-1])
+
+
+_TRICKY = {"id": "r\"1\\\u00e9\n\x00%s", "zero": 0.0, "negative_zero": -0.0, "big": 1e308, "tiny": 5e-324,
+           "e16": 1e16, "third": 1 / 3, "nan": float("nan"), "inf": float("inf"), "-inf": float("-inf"),
+           "int": 2**70, "-int": -7, "flags": [True, False, None], "nested": {"a": [1.5, {"b": []}], "c": {}},
+           "empty": "", "itl_ms": [0.0, -0.0, 14.432, 1048.575, 1048.576, 1e9, float("nan")]}
+
+
+def test_the_writers_encoder_is_json_dumps_for_tricky_values():
+    from servelab.results.writer import _dumps
+
+    assert _dumps(_TRICKY) == json.dumps(_TRICKY)
+    assert _dumps({}) == "{}" and _dumps([]) == "[]"
+    micros = np.array([0.0, 14432.0, 14432.0, 999.0])
+    rec = dict(_TRICKY, itl_ms=(micros / 1000.0).tolist())
+    assert record_line(rec, micros) == json.dumps(rec)
+
+
+@pytest.mark.parametrize("requests_format", ["jsonl", "stats"])
+def test_request_writer_lines_are_json_dumps_of_the_record_with_or_without_a_list_reader(tmp_path, requests_format):
+    """The writer leaves the ITL list unmade where no listener reads it (``reads_itl_ms = False``):
+    the same bytes as where one does, and as ``json.dumps`` of the record made the slow way."""
+    from servelab.core.interfaces import EngineLimits
+    from servelab.results.writer import RequestWriter, drop_placeholder_tokens
+
+    limits = EngineLimits(16, 8, 512, 4096, True, 200.0, 30.0)
+    rng = np.random.default_rng(9)
+    seqs = [_sequence(rng, n, Status.FINISHED if n else Status.WAITING) for n in (0, 1, 2, 3, 50, 400)]
+    t2, t3 = seqs[2].token_times[0], seqs[3].token_times[0]
+    seqs[2].token_times = array("d", [t2, t2 - 1e-10, t2 + 0.5])  # a -0.0 gap: written by repr, not the table
+    seqs[3].token_times = array("d", [t3, t3, t3 + 2.0])  # a 0.0 gap and one past the table
+    seen: dict[str, list] = {"reads": [], "skips": []}
+
+    def reads(rec):
+        seen["reads"].append(rec["itl_ms"] if requests_format == "jsonl" else rec["itl_ms_stats"])
+
+    def skips(rec):
+        seen["skips"].append(rec["id"])
+
+    skips.reads_itl_ms = False  # type: ignore[attr-defined]
+    texts = []
+    for name, listener in (("with", reads), ("without", skips)):
+        writer = RequestWriter(tmp_path / f"{name}.jsonl", None, 1.0, decorate=drop_placeholder_tokens,
+                               limits=limits, requests_format=requests_format)
+        writer.record_listeners.append(listener)
+        for seq in seqs:
+            writer.on_end(seq)
+        writer.close()
+        texts.append((tmp_path / f"{name}.jsonl").read_text())
+    expected = []
+    for seq in seqs:
+        slow = request_record(seq, 1.0, 200.0, 30.0, requests_format)
+        slow["output_token_ids"] = None
+        expected.append(json.dumps(slow) + "\n")
+    assert texts[0] == texts[1] == "".join(expected)
+    assert len(seen["reads"]) == len(seen["skips"]) == len(seqs)
+    if requests_format == "jsonl":
+        assert seen["reads"] == [json.loads(line)["itl_ms"] for line in expected]
+        assert "-0.0" in expected[2] and "2000.0" in expected[3]

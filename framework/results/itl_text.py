@@ -20,6 +20,10 @@ import numpy as np
 TABLE_LIMIT = 1 << 20
 BLOCK_BITS = 10
 BLOCK = 1 << BLOCK_BITS  # microseconds whose texts are made together
+#: A float64's bits as an unsigned integer grow with its value from +0.0 up (NaN's above infinity's),
+#: and the sign bit puts every negative value (-0.0 too) above them all: so one maximum of the bits
+#: tells whether every value is a table index, from +0.0 to below TABLE_LIMIT.
+_LIMIT_BITS = int(np.array(float(TABLE_LIMIT)).view(np.uint64))
 
 
 class ItlText:
@@ -33,18 +37,17 @@ class ItlText:
     def text(self, micros: np.ndarray) -> str:
         if not micros.size:
             return "[]"
-        low, high = float(micros.min()), float(micros.max())
-        # NaN fails the test; a zero may be -0.0, whose text differs
-        if not (low >= 0 and high < TABLE_LIMIT) or (low == 0 and np.signbit(micros).any()):
+        if micros.dtype != np.float64:
+            return _plain(micros)
+        bits = micros.view(np.uint64)
+        if bits[bits.argmax()] >= _LIMIT_BITS:  # one pass: a negative, -0.0, NaN, inf, or past the table
             return _plain(micros)
         keys = micros.astype(np.intp)
-        if high < self._texts.size:
-            try:
-                return "[" + ", ".join(self._texts[keys].tolist()) + "]"  # a TypeError where a text is not made (None)
-            except TypeError:
-                pass
-        self._make(set((keys >> BLOCK_BITS).tolist()) - self._blocks)
-        return "[" + ", ".join(self._texts[keys].tolist()) + "]"
+        try:
+            return f"[{', '.join(self._texts.take(keys).tolist())}]"
+        except (IndexError, TypeError):  # a value past the table so far, or one whose text is not made (None)
+            self._make(set((keys >> BLOCK_BITS).tolist()) - self._blocks)
+            return f"[{', '.join(self._texts.take(keys).tolist())}]"
 
     def _make(self, blocks: set[int]) -> None:
         end = (max(blocks) + 1) << BLOCK_BITS

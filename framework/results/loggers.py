@@ -54,6 +54,8 @@ class RunLogger:
     def log_request(self, record: dict) -> None:
         """One request's record (a line of ``requests.jsonl``) as it ends."""
 
+    log_request.reads_itl_ms = False  # type: ignore[attr-defined]  # the writer may leave the list unmade
+
     def finish(self, summary: dict, requests: Iterable[dict], exit_code: int = 0) -> None:
         """Record the summary and the requests table (from ``requests`` unless ``log_request`` was told
         of them), and close the run."""
@@ -174,6 +176,8 @@ class WandbLogger(RunLogger):
     def log_request(self, record: dict) -> None:
         if self.log_requests_table:
             self.sample.add(record)
+
+    log_request.reads_itl_ms = False  # type: ignore[attr-defined]  # the table has no ITL column (REQUEST_COLUMNS)
 
     def _send(self, data: dict, step: int) -> None:
         if self.run is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import re
 from array import array
-from typing import Any, Iterable
+from typing import Iterable
 
 import numpy as np
 
@@ -42,22 +42,53 @@ REQUESTS_FORMATS = ("jsonl", "stats")
 
 def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
                    tpot_slo_ms: float | None, requests_format: str = "jsonl", itl_micros: np.ndarray | None = None,
-                   token_ids: bool = True) -> dict:
+                   token_ids: bool = True, itl_list: bool = True) -> dict:
     """One line of ``requests.jsonl``. Raises :class:`NegativeLatencyError`, naming the request,
     if its first token, last token or first scheduling came before its arrival. ``requests_format``
     ``"stats"``: the record has ``itl_ms_stats`` (:func:`~servelab.results.itl.request_itl_stats`)
     where ``itl_ms`` would list every gap. ``itl_micros``: ``itl_micros(seq.token_times)`` when the
     caller has it already (the writer, which writes the list's text from it). ``token_ids=False``:
-    ``output_token_ids`` is None (the simulator's placeholders), without copying them first."""
+    ``output_token_ids`` is None (the simulator's placeholders), without copying them first.
+    ``itl_list=False``: ``itl_ms`` is None instead of the list (stats format: no effect), for a caller
+    that writes the list's text from ``itl_micros`` and whose readers do not look at it (the writer)."""
     stats_format = requests_format == "stats"
-    itl_key = "itl_ms_stats" if stats_format else "itl_ms"  # the same place in the line, under its own name
     req = seq.request
     arrival = (req.arrival_time if req.sent_time is None else req.sent_time) * time_scale  # the client's send
-    rec: dict[str, Any] = {
+    n = seq.num_output_tokens
+    times = seq.token_times
+    ttft = tpot = e2e = None
+    itl: list | dict | None = None if stats_format or not itl_list else []
+    if times:
+        first, last = times[0], times[-1]
+        ttft, e2e = (first - arrival) * 1e3, (last - arrival) * 1e3
+        tpot = (last - first) * 1e3 / (n - 1) if n > 1 else 0.0
+        # to the microsecond: JSON writes a 3-decimal float ~5x faster than a full 17-digit one, and
+        # a simulated trace writes millions of them
+        micros = itl_micros_of(times) if itl_micros is None else itl_micros
+        if stats_format:
+            itl = request_itl_stats(micros / 1000.0)  # itl_ms(seq.token_times)
+        elif itl_list:
+            itl = (micros / 1000.0).tolist()
+    queue = None if seq.first_scheduled_time is None else (seq.first_scheduled_time - arrival) * 1e3
+    floor = -NEGATIVE_TOLERANCE_S * 1e3
+    if (ttft is not None and (ttft < floor or e2e < floor)) or (queue is not None and queue < floor):
+        _negative_latency(req.id, arrival, ttft, e2e, queue)
+    ttft_target = req.ttft_slo_ms if req.ttft_slo_ms is not None else ttft_slo_ms
+    tpot_target = req.tpot_slo_ms if req.tpot_slo_ms is not None else tpot_slo_ms
+    status = seq.status
+    if status is Status.ABORTED:  # the client left: neither met nor missed a target
+        ttft_target = tpot_target = None
+    finished = status is Status.FINISHED
+    # None = no target of that kind; an unfinished request with a target misses it
+    met_ttft = None if ttft_target is None else finished and ttft <= ttft_target
+    met_tpot = None if tpot_target is None else finished and tpot <= tpot_target
+    met = None if ttft_target is None and tpot_target is None else met_ttft is not False and met_tpot is not False
+    drafts = seq.num_draft_tokens
+    return {
         "id": req.id,
         "prompt_len": req.prompt_len,
         "max_tokens": req.max_tokens,
-        "output_len": seq.num_output_tokens,
+        "output_len": n,
         "output_token_ids": list(seq.output_token_ids) if token_ids else None,
         "arrival_s": arrival,
         "priority": req.priority,
@@ -65,47 +96,27 @@ def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
         "slo_class": req.slo_class,
         "num_preemptions": seq.num_preemptions,
         "num_cached_prompt_tokens": seq.num_cached_prompt_tokens,
-        "num_draft_tokens": seq.num_draft_tokens,
+        "num_draft_tokens": drafts,
         "num_accepted_tokens": seq.num_accepted_tokens,
-        "spec_acceptance_rate": seq.num_accepted_tokens / seq.num_draft_tokens if seq.num_draft_tokens else None,
+        "spec_acceptance_rate": seq.num_accepted_tokens / drafts if drafts else None,
         "num_verify_steps": seq.num_verify_steps,
         "spec_drafted_by_position": list(seq.drafted_by_position),
         "spec_accepted_by_position": list(seq.accepted_by_position),
         "finish_reason": seq.finish_reason,
         "rejected_reason": seq.rejected_reason,
-        "ttft_ms": None, "tpot_ms": None, "e2e_ms": None, "queue_ms": None, itl_key: None if stats_format else [],
-        "met_slo": None,
+        "ttft_ms": ttft, "tpot_ms": tpot, "e2e_ms": e2e, "queue_ms": queue,
+        "itl_ms_stats" if stats_format else "itl_ms": itl,  # the same place in the line, under its own name
+        "met_slo": met, "met_ttft_slo": met_ttft, "met_tpot_slo": met_tpot,
     }
-    if seq.token_times:
-        first, last = seq.token_times[0], seq.token_times[-1]
-        rec["ttft_ms"] = (first - arrival) * 1e3
-        rec["e2e_ms"] = (last - arrival) * 1e3
-        n = seq.num_output_tokens
-        rec["tpot_ms"] = (last - first) * 1e3 / (n - 1) if n > 1 else 0.0
-        # to the microsecond: JSON writes a 3-decimal float ~5x faster than a full 17-digit one, and
-        # a simulated trace writes millions of them
-        micros = itl_micros_of(seq.token_times) if itl_micros is None else itl_micros
-        gaps = micros / 1000.0  # itl_ms(seq.token_times)
-        rec[itl_key] = request_itl_stats(gaps) if stats_format else gaps.tolist()
-    if seq.first_scheduled_time is not None:
-        rec["queue_ms"] = (seq.first_scheduled_time - arrival) * 1e3
-    for key in ("ttft_ms", "e2e_ms", "queue_ms"):
-        if rec[key] is not None and rec[key] < -NEGATIVE_TOLERANCE_S * 1e3:
-            raise NegativeLatencyError(f"request {req.id!r}: {key}={rec[key]:.3f} < 0 (arrival at {arrival:.6f} s, "
+
+
+def _negative_latency(request_id: str, arrival: float, ttft: float | None, e2e: float | None,
+                      queue: float | None) -> None:
+    """Raise :class:`NegativeLatencyError` for the first of the latencies below zero (beyond rounding)."""
+    for key, value in (("ttft_ms", ttft), ("e2e_ms", e2e), ("queue_ms", queue)):
+        if value is not None and value < -NEGATIVE_TOLERANCE_S * 1e3:
+            raise NegativeLatencyError(f"request {request_id!r}: {key}={value:.3f} < 0 (arrival at {arrival:.6f} s, "
                                        "yet it ran before then: the engine was stepped ahead of its arrival)")
-    ttft_target = req.ttft_slo_ms if req.ttft_slo_ms is not None else ttft_slo_ms
-    tpot_target = req.tpot_slo_ms if req.tpot_slo_ms is not None else tpot_slo_ms
-    finished = seq.status == Status.FINISHED
-    if seq.status == Status.ABORTED:  # the client left: neither met nor missed a target
-        ttft_target = tpot_target = None
-    # None = no target of that kind; an unfinished request with a target misses it
-    rec["met_ttft_slo"] = None if ttft_target is None else finished and rec["ttft_ms"] <= ttft_target
-    rec["met_tpot_slo"] = None if tpot_target is None else finished and rec["tpot_ms"] <= tpot_target
-    if ttft_target is None and tpot_target is None:
-        rec["met_slo"] = None
-    else:
-        rec["met_slo"] = rec["met_ttft_slo"] is not False and rec["met_tpot_slo"] is not False
-    return rec
 
 
 def rejection_kind(reason: str) -> str:

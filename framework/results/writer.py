@@ -98,16 +98,33 @@ _ITL_MARK_JSON = json.dumps(_ITL_MARK)
 _ITL_TEXT = ItlText()
 
 
+def _json_encoder() -> Callable[[dict], str]:
+    """``json.dumps`` with its default arguments, less its per-call set-up (a new encoder each call,
+    a few microseconds, as much as a short record's encoding): json's own C encoder, made once with
+    the arguments ``json.dumps`` gives it, so the text is the same; ``json.dumps`` itself where
+    there is no C encoder. Unlike ``json.dumps`` it does not look for circular references (a
+    record has none)."""
+    make = json.encoder.c_make_encoder
+    if make is None:
+        return json.dumps
+    encode = make(None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None, ": ", ", ",
+                  False, False, True)
+    return lambda obj: "".join(encode(obj, 0))  # Python 3.10 gives the text in pieces
+
+
+_dumps = _json_encoder()
+
+
 def record_line(rec: dict, itl_micros: np.ndarray | None = None) -> str:
     """``json.dumps(rec)``, the same text, with the ``itl_ms`` list written by :class:`ItlText` from
     ``itl_micros``, the list's values in microseconds (:func:`~servelab.results.itl.itl_micros`;
     None: the list is written by ``json.dumps`` too)."""
     itl = rec.get("itl_ms")
     if not itl or itl_micros is None:
-        return json.dumps(rec)
+        return _dumps(rec)
     rec["itl_ms"] = _ITL_MARK  # in place of a copy of the record; put back below
     try:
-        line = json.dumps(rec)
+        line = _dumps(rec)
     finally:
         rec["itl_ms"] = itl
     return line.replace(_ITL_MARK_JSON, _ITL_TEXT.text(itl_micros), 1)
@@ -118,6 +135,9 @@ def requests_format(cfg) -> str:
     section = cfg.get("results") if cfg is not None else None
     value = "jsonl" if section is None else section.get("requests_format", "jsonl")
     return getattr(value, "value", value)
+
+
+_FILE_BUFFER = 1 << 20  # bytes: a trace's 45 MB of lines in few large writes (the default 8 KB: one per 3 lines)
 
 
 class RequestWriter:
@@ -139,8 +159,10 @@ class RequestWriter:
         self.limits = limits
         self.live = live  # () -> the sequences not yet ended (default: the engine's); a cluster has its own
         self.stats = RequestStats()
-        self.record_listeners: list = []  # told of each record as it is written (the logger's table)
-        self._fh = path.open("w")
+        # told of each record as it is written (the logger's table); one whose function has
+        # ``reads_itl_ms = False`` may get the record with a placeholder where the ITL list would be
+        self.record_listeners: list = []
+        self._fh = path.open("w", buffering=_FILE_BUFFER)
 
     def on_end(self, seq) -> None:
         self._write(seq)
@@ -148,16 +170,28 @@ class RequestWriter:
     def _write(self, seq) -> None:
         limits = self.limits
         micros = itl_micros(seq.token_times)  # once: the record's list and its text
+        placeholders = self.decorate is drop_placeholder_tokens  # done by request_record
+        itl_list = self.requests_format != "jsonl" or self._reads_itl_ms(placeholders)
         rec = request_record(seq, self.time_scale, limits.ttft_slo_ms, limits.tpot_slo_ms, self.requests_format,
-                             micros, token_ids=self.decorate is not drop_placeholder_tokens)
+                             micros, token_ids=not placeholders, itl_list=itl_list)
+        if not itl_list:  # none reads the list: record_line writes its text from the microseconds
+            rec["itl_ms"] = _ITL_MARK
         itl = rec.get("itl_ms")
-        if self.decorate is not None and self.decorate is not drop_placeholder_tokens:  # that one is done above
+        if self.decorate is not None and not placeholders:
             self.decorate(rec, seq)
         self.stats.add(rec, seq)
         for listener in self.record_listeners:
             listener(rec)
         # the microseconds describe the list only while it is the one the record was made with
         self._fh.write(record_line(rec, micros if rec.get("itl_ms") is itl else None) + "\n")
+
+    def _reads_itl_ms(self, placeholders: bool) -> bool:
+        """Whether a record's ``itl_ms`` list is read before it is written: by a decorator (other than
+        the simulator's) or by a record listener not marked ``reads_itl_ms = False`` (the loggers'
+        ``log_request``). The list is a Python float per token; the line needs only its text."""
+        if self.decorate is not None and not placeholders:
+            return True
+        return any(getattr(listener, "reads_itl_ms", True) for listener in self.record_listeners)
 
     def close(self) -> None:
         """Write the sequences that have not ended (an interrupted run) and close the file."""
