@@ -137,7 +137,6 @@ def requests_format(cfg) -> str:
     return getattr(value, "value", value)
 
 
-_FILE_BUFFER = 1 << 20  # bytes: a trace's 45 MB of lines in few large writes (the default 8 KB: one per 3 lines)
 
 
 class RequestWriter:
@@ -162,7 +161,7 @@ class RequestWriter:
         # told of each record as it is written (the logger's table); one whose function has
         # ``reads_itl_ms = False`` may get the record with a placeholder where the ITL list would be
         self.record_listeners: list = []
-        self._fh = path.open("w", buffering=_FILE_BUFFER)
+        self._fh = path.open("w")
 
     def on_end(self, seq) -> None:
         self._write(seq)
