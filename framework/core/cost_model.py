@@ -260,7 +260,15 @@ class StepCostModel:
             if self._stale and n % 8 == 0:  # refresh the fit the outlier test compares with, every 8 steps
                 self._fit = CostFit(self, self._sums)
                 self._stale = False
-            weight = self._fit.outlier_weight(x1, x2, x3, seconds, self.outlier_factor)
+            fit, factor = self._fit, self.outlier_factor
+            coef = fit._coef
+            if coef is None:
+                weight = fit.outlier_weight(x1, x2, x3, seconds, factor)
+            else:  # the exact fit at hand (the usual case): CostFit.outlier_weight without the call
+                c0, c1, c2, c3 = coef
+                expected = max(c0 + c1 * x1 + c2 * x2 + c3 * x3, 1e-6)
+                if seconds > factor * expected:
+                    weight = factor * expected / seconds
         d = self.decay
         s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, y0, y1, y2, y3 = self._sums
         w1, w2, w3 = weight * x1, weight * x2, weight * x3

@@ -115,6 +115,7 @@ class SLOAwareScheduler(QueueScheduler):
         self.late: set = set()  # sequences that can no longer meet their SLOs (rule 2)
         self._targets: dict = {}  # seq -> (ttft deadline s, tpot target s, max_tokens)
         self._rank: dict = {}  # seq -> (is late, ttft deadline): the running order
+        self._paced: set = set()  # on-time sequences with a TPOT target: those that can turn late running
         super().__init__(*args, **kwargs)
         cfg = self.config
         for key, ok in (("margin", 0 < cfg.margin <= 1), ("prefill_share", 0 <= cfg.prefill_share < 1),
@@ -158,12 +159,15 @@ class SLOAwareScheduler(QueueScheduler):
             cached = self._targets[seq] = (INF if ttft is None else seq.arrival_s + ttft / 1e3,
                                            INF if tpot is None else tpot / 1e3, req.max_tokens)
             self._rank[seq] = (seq in self.late, cached[0])
+            if cached[1] != INF and seq not in self.late:
+                self._paced.add(seq)
         return cached
 
     def mark_late(self, seq) -> None:
         """Rule 2: ``seq`` can no longer meet its SLOs; it is deprioritised for good."""
         self.late.add(seq)
         self._rank[seq] = (True, self.targets(seq)[0])
+        self._paced.discard(seq)
 
     # ---- hooks --------------------------------------------------------------------------
     def make_waiting_queue(self):
@@ -174,6 +178,7 @@ class SLOAwareScheduler(QueueScheduler):
         self.late.discard(seq)
         self._targets.pop(seq, None)
         self._rank.pop(seq, None)
+        self._paced.discard(seq)
 
     def schedule(self, now: float):
         self._observe_running(now)
@@ -184,9 +189,8 @@ class SLOAwareScheduler(QueueScheduler):
     def next_decision(self, now: float) -> NextDecision:
         """Nothing changes while no running request can turn late (rule 2): each is late already or
         has no TPOT target. Otherwise whether one turns late depends on every step's prediction."""
-        late, targets = self.late, self.targets
-        if all(seq in late or targets(seq)[1] == INF for seq in self.running) and \
-                self.running_sorted_by(self._rank.__getitem__):
+        paced, running = self._paced, self.running  # every running seq went through targets()
+        if (not paced or paced.isdisjoint(running)) and self.running_sorted_by(self._rank.__getitem__):
             return UNTIL_ARRIVAL
         return EVERY_STEP
 
