@@ -48,55 +48,67 @@ class CostFit:
     coefficients takes one of these (:meth:`StepCostModel.fit`) and reads :attr:`coefficients`
     only when a decision depends on them."""
 
-    __slots__ = ("_model", "_sums", "_coef", "_estimate")
+    __slots__ = ("_model", "_sums", "_coef", "_probe")
 
     def __init__(self, model: StepCostModel, sums: tuple[float, ...], coef: Coefficients | None = None) -> None:
         self._model, self._sums = model, sums
         self._coef = coef  # the exact fit, once known
-        self._estimate: tuple[float, ...] | None = None  # once the Cholesky could not give it: an estimate, or ()
+        self._probe: tuple[float, ...] | None = None  # once factorised: see probe()
 
     @property
     def coefficients(self) -> Coefficients:
         """``(base_s, per_prefill_token_s, per_decode_seq_s, per_1k_attended_s)``: the exact fit
         (the unrolled Cholesky's when non-negative, else numpy's active-set solve)."""
-        if self._coef is None and self._estimate is None:
-            self._factorise()
         coef = self._coef
         if coef is None:
-            model = self._model
-            c0, c1, c2, c3 = map(float, model._non_negative_solve(*model._system(self._sums)))
-            coef = self._coef = (c0, c1, c2, c3)
+            if self._probe is None:
+                self._factorise()
+            coef = self._coef
+            if coef is None:
+                coef = self._coef = self._active_set_solve()
         return coef
 
+    def probe(self) -> tuple[float, ...]:
+        """What the outlier test compares a step with first: ``(c0, c1, c2, c3, slack)``, the exact
+        fit with slack 1, or a pure-Python estimate of numpy's active-set solve with slack
+        :data:`_ESTIMATE_SLACK`: a step whose ``seconds * slack`` stays within the threshold by
+        it is no outlier; any other is tested with :meth:`outlier_weight`."""
+        if self._probe is None:
+            self._factorise()
+        assert self._probe is not None
+        return self._probe
+
     def outlier_weight(self, x1: float, x2: float, x3: float, seconds: float, factor: float) -> float:
-        """The weight of a step of ``seconds`` with features ``x``: 1, or less when it took more than
-        ``factor`` x its prediction. Without the exact fit at hand, a step further than
-        :data:`_ESTIMATE_SLACK` below the threshold by the estimate is no outlier."""
-        if self._coef is None:
-            if self._estimate is None:
-                self._factorise()
-            if self._coef is None and self._estimate:
-                c0, c1, c2, c3 = self._estimate
-                if seconds * _ESTIMATE_SLACK <= factor * max(c0 + c1 * x1 + c2 * x2 + c3 * x3, 1e-6):
-                    return 1.0
+        """The weight of a step of ``seconds`` with features ``x`` by the exact fit: 1, or less when
+        it took more than ``factor`` x its prediction."""
         c0, c1, c2, c3 = self.coefficients
         expected = max(c0 + c1 * x1 + c2 * x2 + c3 * x3, 1e-6)
         return factor * expected / seconds if seconds > factor * expected else 1.0
 
     def _factorise(self) -> None:
-        """The unrolled Cholesky solve: the exact fit when its coefficients are non-negative;
-        otherwise an estimate of numpy's active-set solve (() when a pivot is tiny)."""
+        """Set :meth:`probe`'s answer: the exact fit when known or when the unrolled Cholesky solve
+        gives non-negative coefficients (then it is the exact fit), else an estimate of numpy's
+        active-set solve; numpy's own when no estimate can be made (a tiny pivot)."""
+        if self._coef is None:
+            model = self._model
+            factor = _cholesky(self._sums, model._ridge, model._prior)
+            coef = None if factor is None else _back_substitute(factor)
+            if coef is not None and min(coef) >= 0:
+                self._coef = coef
+            else:
+                estimate = (None if factor is None or coef is None else
+                            _without_last(factor, coef) or _estimate_non_negative(*model._system(self._sums)))
+                if estimate is not None:
+                    self._probe = (*estimate, _ESTIMATE_SLACK)
+                    return
+                self._coef = self._active_set_solve()
+        self._probe = (*self._coef, 1.0)
+
+    def _active_set_solve(self) -> Coefficients:
+        """numpy's active-set solve (:meth:`StepCostModel._non_negative_solve`), as floats."""
         model = self._model
-        factor = _cholesky(self._sums, model._ridge, model._prior)
-        if factor is None:
-            self._estimate = ()
-            return
-        coef = _back_substitute(factor)
-        if min(coef) >= 0:
-            self._coef = coef
-            return
-        self._estimate = (_without_last(factor, coef)
-                          or _estimate_non_negative(*model._system(self._sums)) or ())
+        c0, c1, c2, c3 = map(float, model._non_negative_solve(*model._system(self._sums)))
+        return c0, c1, c2, c3
 
 
 def _cholesky(sums: tuple[float, ...], ridge: float, prior: Coefficients) -> tuple[float, ...] | None:
@@ -261,14 +273,9 @@ class StepCostModel:
                 self._fit = CostFit(self, self._sums)
                 self._stale = False
             fit, factor = self._fit, self.outlier_factor
-            coef = fit._coef
-            if coef is None:
-                weight = fit.outlier_weight(x1, x2, x3, seconds, factor)
-            else:  # the exact fit at hand (the usual case): CostFit.outlier_weight without the call
-                c0, c1, c2, c3 = coef
-                expected = max(c0 + c1 * x1 + c2 * x2 + c3 * x3, 1e-6)
-                if seconds > factor * expected:
-                    weight = factor * expected / seconds
+            c0, c1, c2, c3, slack = fit._probe or fit.probe()
+            if seconds * slack > factor * max(c0 + c1 * x1 + c2 * x2 + c3 * x3, 1e-6):  # maybe an outlier:
+                weight = fit.outlier_weight(x1, x2, x3, seconds, factor)  # ask the exact fit
         d = self.decay
         s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, y0, y1, y2, y3 = self._sums
         w1, w2, w3 = weight * x1, weight * x2, weight * x3
