@@ -38,6 +38,7 @@ _TINY = 1e-10  # a Cholesky pivot below _TINY x its diagonal entry: cancellation
 #: active-set solve, for the outlier test to do without numpy's: the two solve the same equations
 #: and differ in rounding, far below a factor of 2 when no Cholesky pivot is tiny.
 _ESTIMATE_SLACK = 2.0
+_EXACT = 1.0  # the slack of an exact fit
 
 Coefficients = tuple[float, float, float, float]
 
@@ -53,7 +54,7 @@ class CostFit:
     def __init__(self, model: StepCostModel, sums: tuple[float, ...], coef: Coefficients | None = None) -> None:
         self._model, self._sums = model, sums
         self._coef = coef  # the exact fit, once known
-        self._probe: tuple[float, ...] | None = None  # once factorised: see probe()
+        self._probe: tuple[float, ...] | None = None if coef is None else (*coef, _EXACT)  # see probe()
 
     @property
     def coefficients(self) -> Coefficients:
@@ -61,11 +62,8 @@ class CostFit:
         (the unrolled Cholesky's when non-negative, else numpy's active-set solve)."""
         coef = self._coef
         if coef is None:
-            if self._probe is None:
-                self._factorise()
-            coef = self._coef
-            if coef is None:
-                coef = self._coef = self._active_set_solve()
+            c0, c1, c2, c3, slack = self._probe or self.probe()
+            coef = self._coef = (c0, c1, c2, c3) if slack == _EXACT else self._active_set_solve()
         return coef
 
     def probe(self) -> tuple[float, ...]:
@@ -73,10 +71,19 @@ class CostFit:
         fit with slack 1, or a pure-Python estimate of numpy's active-set solve with slack
         :data:`_ESTIMATE_SLACK`: a step whose ``seconds * slack`` stays within the threshold by
         it is no outlier; any other is tested with :meth:`outlier_weight`."""
-        if self._probe is None:
-            self._factorise()
-        assert self._probe is not None
-        return self._probe
+        probe = self._probe
+        if probe is None:
+            model = self._model
+            probe = _cholesky_probe(self._sums, model._ridge, model._prior)
+            if probe is None:  # a tiny pivot, or an unusual sign pattern
+                estimate = _estimate_non_negative(*model._system(self._sums))
+                if estimate is not None:
+                    probe = (*estimate, _ESTIMATE_SLACK)
+                else:
+                    coef = self._coef = self._active_set_solve()
+                    probe = (*coef, _EXACT)
+            self._probe = probe
+        return probe
 
     def outlier_weight(self, x1: float, x2: float, x3: float, seconds: float, factor: float) -> float:
         """The weight of a step of ``seconds`` with features ``x`` by the exact fit: 1, or less when
@@ -85,25 +92,6 @@ class CostFit:
         expected = max(c0 + c1 * x1 + c2 * x2 + c3 * x3, 1e-6)
         return factor * expected / seconds if seconds > factor * expected else 1.0
 
-    def _factorise(self) -> None:
-        """Set :meth:`probe`'s answer: the exact fit when known or when the unrolled Cholesky solve
-        gives non-negative coefficients (then it is the exact fit), else an estimate of numpy's
-        active-set solve; numpy's own when no estimate can be made (a tiny pivot)."""
-        if self._coef is None:
-            model = self._model
-            factor = _cholesky(self._sums, model._ridge, model._prior)
-            coef = None if factor is None else _back_substitute(factor)
-            if coef is not None and min(coef) >= 0:
-                self._coef = coef
-            else:
-                estimate = (None if factor is None or coef is None else
-                            _without_last(factor, coef) or _estimate_non_negative(*model._system(self._sums)))
-                if estimate is not None:
-                    self._probe = (*estimate, _ESTIMATE_SLACK)
-                    return
-                self._coef = self._active_set_solve()
-        self._probe = (*self._coef, 1.0)
-
     def _active_set_solve(self) -> Coefficients:
         """numpy's active-set solve (:meth:`StepCostModel._non_negative_solve`), as floats."""
         model = self._model
@@ -111,10 +99,12 @@ class CostFit:
         return c0, c1, c2, c3
 
 
-def _cholesky(sums: tuple[float, ...], ridge: float, prior: Coefficients) -> tuple[float, ...] | None:
-    """Factor the regularised normal equations of ``sums`` (L L^T, unrolled) and solve L z = b:
-    ``(l00, l10, l20, l30, l11, l21, l31, l22, l32, l33, z0, z1, z2, z3)``; None when a pivot has
-    lost (nearly) all its digits."""
+def _cholesky_probe(sums: tuple[float, ...], ridge: float, prior: Coefficients) -> tuple[float, ...] | None:
+    """Solve the regularised normal equations of ``sums`` by an unrolled Cholesky factorisation:
+    :meth:`CostFit.probe`'s answer when the coefficients are non-negative (the exact fit) or only
+    the last is negative (an estimate of numpy's active-set solve, which then drops it: the first
+    three solved with the leading 3 x 3 block of the same factor); None in any other case or when
+    a pivot has lost (nearly) all its digits."""
     s00, s01, s02, s03, s11, s12, s13, s22, s23, s33, y0, y1, y2, y3 = sums
     a00, a11, a22, a33 = s00 + ridge, s11 + ridge, s22 + ridge, s33 + ridge
     tiny = _TINY
@@ -141,31 +131,18 @@ def _cholesky(sums: tuple[float, ...], ridge: float, prior: Coefficients) -> tup
     z1 = (y1 + ridge * p1 - l10 * z0) / l11
     z2 = (y2 + ridge * p2 - l20 * z0 - l21 * z1) / l22
     z3 = (y3 + ridge * p3 - l30 * z0 - l31 * z1 - l32 * z2) / l33
-    return l00, l10, l20, l30, l11, l21, l31, l22, l32, l33, z0, z1, z2, z3
-
-
-def _back_substitute(factor: tuple[float, ...]) -> Coefficients:
-    """The coefficients from :func:`_cholesky`'s factor: solve L^T c = z."""
-    l00, l10, l20, l30, l11, l21, l31, l22, l32, l33, z0, z1, z2, z3 = factor
     c3 = z3 / l33
     c2 = (z2 - l32 * c3) / l22
     c1 = (z1 - l21 * c2 - l31 * c3) / l11
     c0 = (z0 - l10 * c1 - l20 * c2 - l30 * c3) / l00
-    return c0, c1, c2, c3
-
-
-def _without_last(factor: tuple[float, ...], coef: Coefficients) -> Coefficients | None:
-    """An estimate of numpy's active-set solve in its usual case, the last coefficient alone
-    negative: the first three solved with the last at 0, from the same factor (its leading 3 x 3
-    block factors the first three's equations). None in any other case."""
-    c0, c1, c2, c3 = coef
+    if not min(c0, c1, c2, c3) < 0:
+        return c0, c1, c2, c3, _EXACT
     if not (c3 < 0 < c0 and c1 > 0 and c2 > 0):
         return None
-    l00, l10, l20, _, l11, l21, _, l22, _, _, z0, z1, z2, _ = factor
     c2 = z2 / l22
     c1 = (z1 - l21 * c2) / l11
     c0 = (z0 - l10 * c1 - l20 * c2) / l00
-    return (c0, c1, c2, 0.0) if c0 >= 0 and c1 >= 0 and c2 >= 0 else None
+    return (c0, c1, c2, 0.0, _ESTIMATE_SLACK) if c0 >= 0 and c1 >= 0 and c2 >= 0 else None
 
 
 def _estimate_non_negative(a: list[float], b: list[float]) -> Coefficients | None:
@@ -186,7 +163,7 @@ def _estimate_non_negative(a: list[float], b: list[float]) -> Coefficients | Non
             break
         active = tuple(kept and v > 0 for kept, v in zip(active, coef))
     c0, c1, c2, c3 = (max(v, 0.0) for v in coef)
-    return c0, c1, c2, c3
+    return (c0, c1, c2, c3) if c0 >= 0 and c1 >= 0 and c2 >= 0 and c3 >= 0 else None  # no nan
 
 
 def _subset_solve(a: list[float], b: list[float], idx: tuple[int, ...]) -> Coefficients | None:
