@@ -248,6 +248,15 @@ class SLOAwareScheduler(QueueScheduler):
         """One pass over the running sequences: mark those that can no longer keep their TPOT
         (judged with the previous step's decode prediction), find how long this step may last,
         and predict this step's decode cost."""
+        paced = self._paced
+        if not paced or paced.isdisjoint(self.running):  # nobody to mark late or to bound the step: count
+            decodes = context = 0
+            for seq in self.running:
+                if seq.token_times:
+                    decodes += 1
+                    context += seq.num_tokens
+            self._predict_decodes(decodes, context, INF, INF)
+            return
         t_dec = None  # the previous step's prediction, read only for a request with a TPOT target
         limit = min_tpot = INF
         decodes = context = 0
