@@ -43,6 +43,7 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
+import operator
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -197,8 +198,8 @@ class QueueScheduler(Scheduler):
         """Whether :attr:`running` (the last plan's order) is already in ``key`` order, so that a
         stable sort by ``key`` at the next step leaves it as it is: what the :meth:`next_decision`
         of a policy whose :meth:`running_order` sorts checks first."""
-        keys = [key(seq) for seq in self.running]
-        return all(a <= b for a, b in zip(keys, keys[1:]))
+        keys = list(map(key, self.running))
+        return all(map(operator.le, keys, keys[1:]))
 
     def arrivals_beside_decodes(self) -> bool:
         """Whether the simulator's fast-forward may take an arrival's step with the running decodes

@@ -115,6 +115,7 @@ class SLOAwareScheduler(QueueScheduler):
         self.late: set = set()  # sequences that can no longer meet their SLOs (rule 2)
         self._targets: dict = {}  # seq -> (ttft deadline s, tpot target s, max_tokens)
         self._rank: dict = {}  # seq -> (is late, ttft deadline): the running order
+        self._paced: set = set()  # on-time sequences with a TPOT target: those that can turn late running
         super().__init__(*args, **kwargs)
         cfg = self.config
         for key, ok in (("margin", 0 < cfg.margin <= 1), ("prefill_share", 0 <= cfg.prefill_share < 1),
@@ -122,13 +123,30 @@ class SLOAwareScheduler(QueueScheduler):
             if not ok:
                 raise ConfigError(f"scheduler.{key}={getattr(cfg, key)} is out of range (margin in (0, 1], "
                                   f"prefill_share in [0, 1), max_step_tpots >= 1)")
-        self._coef = self.cost_model.coefficient_vector()
-        self._t_dec = 0.0  # predicted decode-only step (s)
+        self._fit = self.cost_model.fit()  # the cost model as of this step's prediction, solved when read
+        self._decode_counts = (0, 0)  # this step's running decodes and their context, as predicted
+        self._t_dec_value: float | None = 0.0  # the predicted decode-only step (s), once computed
         self._limit = INF  # how long this step may take (s), rule 3
         self._min_tpot = INF  # tightest TPOT target (s) among on-time running requests
         self._num_decodes = 0
         self._decode_context = 0
         self._cap = self.limits.max_num_batched_tokens  # this step's prefill cap (rule 3)
+
+    @property
+    def _coef(self) -> tuple[float, float, float, float]:
+        """The cost model's coefficients as of this step's prediction."""
+        return self._fit.coefficients
+
+    @property
+    def _t_dec(self) -> float:
+        """This step's predicted decode-only step (s), computed when first read: a rule reads it only
+        against a finite target, so a run without targets never solves the cost model for it."""
+        t_dec = self._t_dec_value
+        if t_dec is None:
+            c0, _, c2, c3 = self._fit.coefficients
+            decodes, context = self._decode_counts
+            t_dec = self._t_dec_value = max(0.0, c0 + c2 * decodes + c3 * context / 1e3)
+        return t_dec
 
     # ---- targets ------------------------------------------------------------------------
     def targets(self, seq) -> tuple[float, float, int]:
@@ -141,12 +159,15 @@ class SLOAwareScheduler(QueueScheduler):
             cached = self._targets[seq] = (INF if ttft is None else seq.arrival_s + ttft / 1e3,
                                            INF if tpot is None else tpot / 1e3, req.max_tokens)
             self._rank[seq] = (seq in self.late, cached[0])
+            if cached[1] != INF and seq not in self.late:
+                self._paced.add(seq)
         return cached
 
     def mark_late(self, seq) -> None:
         """Rule 2: ``seq`` can no longer meet its SLOs; it is deprioritised for good."""
         self.late.add(seq)
         self._rank[seq] = (True, self.targets(seq)[0])
+        self._paced.discard(seq)
 
     # ---- hooks --------------------------------------------------------------------------
     def make_waiting_queue(self):
@@ -157,6 +178,7 @@ class SLOAwareScheduler(QueueScheduler):
         self.late.discard(seq)
         self._targets.pop(seq, None)
         self._rank.pop(seq, None)
+        self._paced.discard(seq)
 
     def schedule(self, now: float):
         self._observe_running(now)
@@ -167,9 +189,8 @@ class SLOAwareScheduler(QueueScheduler):
     def next_decision(self, now: float) -> NextDecision:
         """Nothing changes while no running request can turn late (rule 2): each is late already or
         has no TPOT target. Otherwise whether one turns late depends on every step's prediction."""
-        late, targets = self.late, self.targets
-        if all(seq in late or targets(seq)[1] == INF for seq in self.running) and \
-                self.running_sorted_by(self._rank.__getitem__):
+        paced, running = self._paced, self.running  # every running seq went through targets()
+        if (not paced or paced.isdisjoint(running)) and self.running_sorted_by(self._rank.__getitem__):
             return UNTIL_ARRIVAL
         return EVERY_STEP
 
@@ -209,10 +230,11 @@ class SLOAwareScheduler(QueueScheduler):
         if self.running and self.config.admission_control:
             own = INF if seq in self.late else self.targets(seq)[1]
             tightest = min(self._min_tpot, own)
-            c0, _, c2, c3 = self._coef
-            t = c0 + c2 * (self._num_decodes + 1) + c3 * (self._decode_context + seq.num_tokens) / 1e3
-            if t > (1.0 - self.config.prefill_share) * self.config.margin * tightest:
-                return False
+            if tightest != INF:  # an infinite budget admits any (finite) predicted step
+                c0, _, c2, c3 = self._coef
+                t = c0 + c2 * (self._num_decodes + 1) + c3 * (self._decode_context + seq.num_tokens) / 1e3
+                if t > (1.0 - self.config.prefill_share) * self.config.margin * tightest:
+                    return False
         self._num_decodes += 1  # the next candidate is judged with this one decoding too
         self._decode_context += seq.num_tokens
         return True
@@ -226,7 +248,16 @@ class SLOAwareScheduler(QueueScheduler):
         """One pass over the running sequences: mark those that can no longer keep their TPOT
         (judged with the previous step's decode prediction), find how long this step may last,
         and predict this step's decode cost."""
-        t_dec = self._t_dec
+        paced = self._paced
+        if not paced or paced.isdisjoint(self.running):  # nobody to mark late or to bound the step: count
+            decodes = context = 0
+            for seq in self.running:
+                if seq.token_times:
+                    decodes += 1
+                    context += seq.num_tokens
+            self._predict_decodes(decodes, context, INF, INF)
+            return
+        t_dec = None  # the previous step's prediction, read only for a request with a TPOT target
         limit = min_tpot = INF
         decodes = context = 0
         late, cached, targets, max_tpots = self.late, self._targets, self.targets, self.config.max_step_tpots
@@ -243,6 +274,8 @@ class SLOAwareScheduler(QueueScheduler):
                 continue
             n = len(times)
             first = times[0]
+            if t_dec is None:
+                t_dec = self._t_dec
             if now + (max_tokens - n) * t_dec > first + (max_tokens - 1) * target:
                 self.mark_late(seq)
                 continue
@@ -256,21 +289,25 @@ class SLOAwareScheduler(QueueScheduler):
 
     def _predict_decodes(self, decodes: int, context: int, limit: float, min_tpot: float) -> None:
         """This step's decode prediction from its ``decodes`` (``context`` tokens), and its limits."""
-        self._coef = c0, _, c2, c3 = self.cost_model.coefficient_vector()
+        self._fit = self.cost_model.fit()
         self._num_decodes, self._decode_context = decodes, context
-        self._t_dec = max(0.0, c0 + c2 * decodes + c3 * context / 1e3)
+        self._decode_counts, self._t_dec_value = (decodes, context), None
         self._limit, self._min_tpot = limit, min_tpot
 
     def _is_late_waiting(self, seq, now: float) -> bool:
+        deadline, target, max_tokens = self.targets(seq)
+        times = seq.token_times
+        due = deadline if not times else times[0] + (max_tokens - 1) * target
+        if not due < INF:  # nothing to miss (inf; nan when one token is due at an infinite pace): no prediction
+            return False
         n = seq.num_tokens
         prefill_s = self.cost_model.predict(StepFeatures(n, self._num_decodes, n * (n + 1) // 2 + self._decode_context))
         if 0 < self._cap < n:  # chunks at this step's rate
             c0, c1, c2, c3 = self._coef
             steps = -(-n // self._cap)
             prefill_s = max(prefill_s, steps * (self._t_dec + c1 * self._cap + c3 * self._cap * n / 2e3))
-        deadline, target, max_tokens = self.targets(seq)
-        if not seq.token_times:
-            return now + prefill_s > deadline
+        if not times:
+            return now + prefill_s > due
         # preempted after its first token: can it still keep its TPOT?
-        remaining = max_tokens - len(seq.token_times)
-        return now + prefill_s + remaining * self._t_dec > seq.token_times[0] + (max_tokens - 1) * target
+        remaining = max_tokens - len(times)
+        return now + prefill_s + remaining * self._t_dec > due
