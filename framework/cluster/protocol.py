@@ -108,7 +108,7 @@ class ReplicaRecord(RouterCounts):
     gauges: Gauges = field(default=Gauges(), kw_only=True)  # as the replica last reported them
     # (what the last view showed, that view): a view is made for every replica on every arrival,
     # and a replica's often shows the same as its last one did (nothing placed, ended or stepped since)
-    _last_view: tuple[tuple, ReplicaView | None] = field(default=((), None), init=False, repr=False, compare=False)
+    _last_view: tuple[tuple, ReplicaView] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -136,9 +136,9 @@ class ReplicaRecord(RouterCounts):
         ended, ended_tokens, gauges = self.seen(at)
         shown = (can_hold, self.placed - ended, self.placed_tokens - ended_tokens, gauges, self.kv_pool(),
                  self.index, self.role, self.tensor_parallel_size)
-        last_shown, last = self._last_view
-        if shown == last_shown:
-            return last
+        last = self._last_view
+        if last is not None and shown == last[0]:
+            return last[1]
         num_outstanding, outstanding_tokens, (num_kv_blocks, block_size) = shown[1], shown[2], shown[4]
         view = ReplicaView(index=self.index, role=self.role, can_hold=can_hold, num_outstanding=num_outstanding,
                            outstanding_tokens=outstanding_tokens, num_waiting=gauges.num_waiting,
