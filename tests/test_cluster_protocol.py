@@ -152,6 +152,20 @@ def test_views_take_the_router_counts_and_the_reported_gauges():
         FakeReplica(0, role="both")
 
 
+def test_a_view_is_made_again_only_when_what_it_shows_changed():
+    r = FakeReplica(0)
+    first = r.view(True)
+    assert r.view(True) is first  # nothing changed: the same (immutable) view
+    r.place(Request("a", (1,) * 10, 6))
+    placed = r.view(True)
+    assert placed is not first and placed.num_outstanding == 1
+    assert r.view(False).can_hold is False and r.view(True) == placed
+    r.gauges = Gauges(num_waiting=1)
+    assert r.view(True).num_waiting == 1
+    r.end(Request("a", (1,) * 10, 6))
+    assert (r.view(True).num_outstanding, r.view(True).outstanding_tokens) == (0, 0)
+
+
 def test_three_drivers_one_protocol():
     """Every ReplicaView of a running cluster and every router plugin are made in one place: the
     protocol's view builder and the kinds-table router builder (the conformance kit's synthetic

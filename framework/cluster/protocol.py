@@ -106,6 +106,9 @@ class ReplicaRecord(RouterCounts):
     role: str = field(default="mixed", kw_only=True)
     tensor_parallel_size: int = field(default=1, kw_only=True)
     gauges: Gauges = field(default=Gauges(), kw_only=True)  # as the replica last reported them
+    # (what the last view showed, that view): a view is made for every replica on every arrival,
+    # and a replica's often shows the same as its last one did (nothing placed, ended or stepped since)
+    _last_view: tuple[tuple, ReplicaView] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -128,14 +131,22 @@ class ReplicaRecord(RouterCounts):
         return self.ended, self.ended_tokens, self.gauges
 
     def view(self, can_hold: bool, at: float = 0.0) -> ReplicaView:
-        """What a router sees of this replica at ``at`` (the one place a :class:`ReplicaView` is made)."""
+        """What a router sees of this replica at ``at`` (the one place a :class:`ReplicaView` is made).
+        The view is immutable: when it would show what the last one showed, the last one is returned."""
         ended, ended_tokens, gauges = self.seen(at)
-        num_kv_blocks, block_size = self.kv_pool()
-        return ReplicaView(index=self.index, role=self.role, can_hold=can_hold, num_outstanding=self.placed - ended,
-                           outstanding_tokens=self.placed_tokens - ended_tokens, num_waiting=gauges.num_waiting,
+        shown = (can_hold, self.placed - ended, self.placed_tokens - ended_tokens, gauges, self.kv_pool(),
+                 self.index, self.role, self.tensor_parallel_size)
+        last = self._last_view
+        if last is not None and shown == last[0]:
+            return last[1]
+        num_outstanding, outstanding_tokens, (num_kv_blocks, block_size) = shown[1], shown[2], shown[4]
+        view = ReplicaView(index=self.index, role=self.role, can_hold=can_hold, num_outstanding=num_outstanding,
+                           outstanding_tokens=outstanding_tokens, num_waiting=gauges.num_waiting,
                            num_running=gauges.num_running, kv_utilization=gauges.kv_utilization,
                            num_kv_blocks=num_kv_blocks,
                            block_size=block_size, tensor_parallel_size=self.tensor_parallel_size)
+        self._last_view = (shown, view)
+        return view
 
 
 def request_fits(request: Request, limits: EngineLimits, can_ever_fit: Callable[[int], bool],

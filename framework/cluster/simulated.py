@@ -89,6 +89,7 @@ class Cluster:
         self._order = itertools.count()
         for r in replicas:
             r.engine.end_listeners.append(functools.partial(self._on_engine_end, r))
+        self._marks = [self._step_start_mark(r) for r in replicas]  # by replica index
 
     @property
     def router(self) -> Router:
@@ -145,8 +146,7 @@ class Cluster:
                     due = source.pop_due(t_arrival)
                     assert due is not None  # t_arrival is finite
                     self._now_doing((due[1], 1, 0))
-                    self._arrive(*due)
-                    moved = None
+                    moved = self._arrive(*due)
                 else:
                     assert stepper is not None  # t_step is finite
                     self._now_doing((t_step, 2, stepper.index))
@@ -177,8 +177,9 @@ class Cluster:
 
     def _steps_after(self, next_step: list[float], moved: Replica | None) -> None:
         """Bring ``next_step`` up to date after the loop did one thing: a colocated replica's own step
-        (``moved``) changes only that replica; an arrival, an event (a landing, a hand-off: any timed
-        action) or a prefill/decode replica's step (its ends start transfers) may change any."""
+        or an arrival (``moved``: the replica it reached) changes only that replica; an event (a
+        landing, a hand-off: any timed action) or a prefill/decode replica's step (its ends start
+        transfers) may change any."""
         if moved is not None:
             next_step[moved.index] = self._next_step_of(moved)
         else:
@@ -188,7 +189,7 @@ class Cluster:
         """One step of ``r``, then (``sim.fast_forward``) the quiet steps of ``r`` that start
         before ``until``, the cluster's next arrival or event: nothing else reaches ``r`` before.
         When nothing reached ``r`` since its last span stopped, the span goes on instead."""
-        mark = functools.partial(self._mark_step_start, r)
+        mark = self._marks[r.index]
         # resumable: a span paused at an arrival that went elsewhere goes on at no cost per sequence
         if self._spans and r.engine.fast_forward(until, mark, resumable=True):
             return
@@ -198,10 +199,16 @@ class Cluster:
         elif self._spans:
             r.engine.fast_forward(until, mark, resumable=True)
 
-    def _mark_step_start(self, r: Replica) -> None:
-        self.kv.now = r.engine.now()  # a transfer the step's scheduler starts is allocated now
-        self._doing = (self.kv.now, 2, r.index)
-        r.mark_step_start()
+    def _step_start_mark(self, r: Replica) -> Callable[[], None]:
+        """What ``r``'s engine calls before each of its steps (made once: it runs before every
+        fast-forwarded step): the loop is doing that step, and ``r`` keeps what a router reads meanwhile."""
+        kv, now, index, mark = self.kv, r.engine.now, r.index, r.mark_step_start
+
+        def mark_step_start() -> None:
+            kv.now = t = now()  # a transfer the step's scheduler starts is allocated now
+            self._doing = (t, 2, index)
+            mark()
+        return mark_step_start
 
     def _now_doing(self, doing: tuple[float, int, int]) -> None:
         """The loop turns to ``doing``: first tell what ended in everything done before it."""
@@ -218,7 +225,9 @@ class Cluster:
         heapq.heappush(self._events, (t, next(self._order), action))
 
     # ---- placement: the protocol decides, the loop wakes the replica and hands the request over --
-    def _arrive(self, request: Request, t: float) -> None:
+    def _arrive(self, request: Request, t: float) -> Replica:
+        """``request`` arrives at ``t``: placed, its replica (returned) woken and given it. Nothing
+        else changes: the migration and autoscaling drivers only set their next question's time."""
         if self.migration is not None:
             self.migration.arrived(t)
         if self.autoscale is not None:
@@ -226,6 +235,7 @@ class Cluster:
         r, asked = self.protocol.arrive(request, t)
         r.wake(t)
         r.engine.add_request(asked, t)
+        return r
 
     # ---- a request ends on a replica ------------------------------------------------------
     def _on_engine_end(self, r: Replica, seq: Sequence) -> None:
