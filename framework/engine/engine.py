@@ -303,7 +303,9 @@ class Engine:
         (:mod:`servelab.engine.fast_forward`); returns how many (0 when fast-forward is off, a
         sequence still has prompt to compute or waits, or this engine cannot: not the simulator on a virtual
         clock, ``num_scheduler_steps`` > 1, a drafter, a KV connector, an allocator without quiet steps, per-step details read).
-        ``on_step_start`` is called before each of those steps (a cluster keeps its router's gauges).
+        ``on_step_start`` is called before each of those steps but the quiet ones after a quiet one:
+        the first, each in which a sequence takes a block or ends, and each after one (a cluster keeps
+        its router's gauges and tells ends as of their step's start; a quiet step changes neither).
         ``stop_after_end``: stop after a step in which a request ended (a closed-loop client's next
         arrival becomes known only then).
         It may be called again without a step in between while nothing reached this engine: it goes

@@ -371,6 +371,9 @@ class Span:
         due: list[int] = []  # the sequences with an event at ``step`` (up to date), in plan order
         while events and events[0][0] == step:
             due.append(heappop(events)[1])
+        # on_step_start only where what it keeps may differ: at the first step, at a step with events
+        # (its ends are told as of its start), and after one (a quiet step changes no queue, block or end)
+        changed = True
         while ran < max_steps and active:
             start = now()
             if start >= limit:
@@ -378,8 +381,9 @@ class Span:
                 break
             if due and len(due) > allocator.num_free_blocks():  # each may need a block: the scheduler decides
                 break
-            if on_step_start is not None:
+            if (changed or due) and on_step_start is not None:
                 on_step_start()
+            changed = bool(due)
             for i in due:  # their allocations, in plan order, as schedule() makes them
                 allocate(seqs[i])
             n = active
