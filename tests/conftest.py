@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -28,6 +29,14 @@ CHECKPOINTS = {
                                                   num_attention_heads=6, num_key_value_heads=1, vocab_size=256,
                                                   max_position_embeddings=512, tie_word_embeddings=False)),
 }
+
+
+@pytest.fixture(autouse=True)
+def _logging_enabled_after():
+    """A study run in-process (its rows call ``logging.disable``, as its worker processes do) must
+    not hide the warnings later tests on the same worker assert."""
+    yield
+    logging.disable(logging.NOTSET)
 
 
 @pytest.fixture(scope="session")
