@@ -71,7 +71,7 @@ def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
             itl = (micros / 1000.0).tolist()
     queue = None if seq.first_scheduled_time is None else (seq.first_scheduled_time - arrival) * 1e3
     floor = -NEGATIVE_TOLERANCE_S * 1e3
-    if (ttft is not None and (ttft < floor or e2e < floor)) or (queue is not None and queue < floor):
+    if (ttft is not None and e2e is not None and (ttft < floor or e2e < floor)) or (queue is not None and queue < floor):
         _negative_latency(req.id, arrival, ttft, e2e, queue)
     ttft_target = req.ttft_slo_ms if req.ttft_slo_ms is not None else ttft_slo_ms
     tpot_target = req.tpot_slo_ms if req.tpot_slo_ms is not None else tpot_slo_ms
@@ -80,8 +80,8 @@ def request_record(seq: Sequence, time_scale: float, ttft_slo_ms: float | None,
         ttft_target = tpot_target = None
     finished = status is Status.FINISHED
     # None = no target of that kind; an unfinished request with a target misses it
-    met_ttft = None if ttft_target is None else finished and ttft <= ttft_target
-    met_tpot = None if tpot_target is None else finished and tpot <= tpot_target
+    met_ttft = None if ttft_target is None else finished and ttft is not None and ttft <= ttft_target
+    met_tpot = None if tpot_target is None else finished and tpot is not None and tpot <= tpot_target
     met = None if ttft_target is None and tpot_target is None else met_ttft is not False and met_tpot is not False
     drafts = seq.num_draft_tokens
     return {

@@ -104,7 +104,7 @@ def _json_encoder() -> Callable[[dict], str]:
     the arguments ``json.dumps`` gives it, so the text is the same; ``json.dumps`` itself where
     there is no C encoder. Unlike ``json.dumps`` it does not look for circular references (a
     record has none)."""
-    make = json.encoder.c_make_encoder
+    make = getattr(json.encoder, "c_make_encoder", None)  # CPython's C accelerator; None without it
     if make is None:
         return json.dumps
     encode = make(None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None, ": ", ", ",
