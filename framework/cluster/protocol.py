@@ -134,8 +134,8 @@ class ReplicaRecord(RouterCounts):
         """What a router sees of this replica at ``at`` (the one place a :class:`ReplicaView` is made).
         The view is immutable: when it would show what the last one showed, the last one is returned."""
         ended, ended_tokens, gauges = self.seen(at)
-        # (index, role and tensor_parallel_size are the record's own: fixed once it is made)
-        shown = (can_hold, self.placed - ended, self.placed_tokens - ended_tokens, gauges, self.kv_pool())
+        shown = (can_hold, self.placed - ended, self.placed_tokens - ended_tokens, gauges, self.kv_pool(),
+                 self.index, self.role, self.tensor_parallel_size)
         last = self._last_view
         if last is not None and shown == last[0]:
             return last[1]
@@ -172,12 +172,11 @@ def checked_route(router: Router, request: Request, views: list[ReplicaView], t:
     except Exception as exc:  # reported naming the plugin and the request
         raise RouterError(f"router plugin {name!r} failed on request {request.id!r}: "
                           f"{type(exc).__name__}: {exc}") from exc
-    view = None
-    if isinstance(choice, int) and not isinstance(choice, bool):
-        view = next((v for v in views if v.index == choice), None)
+    offered = {v.index: v for v in views}
+    view = offered.get(choice) if isinstance(choice, int) and not isinstance(choice, bool) else None
     if view is None:
         raise RouterError(f"router plugin {name!r} returned {choice!r} for request {request.id!r}: not one of "
-                          f"the offered replicas {sorted(v.index for v in views)}")
+                          f"the offered replicas {sorted(offered)}")
     if not view.can_hold:
         raise RouterError(f"router plugin {name!r} placed request {request.id!r} on replica {choice}, which cannot "
                           f"hold it ({request.prompt_len} prompt + {request.max_tokens} max tokens)")

@@ -318,8 +318,7 @@ class Engine:
         except the arrival's step of a scheduler that takes arrivals in bulk, which runs beside the lag."""
         span, self._span = self._span, None  # kept: a span that stopped for an arrival may go on
         plan = self._quiet_plan  # kept: a span cut short by an arrival elsewhere may go on (a cluster)
-        # a paused span was made here and nothing reached the engine since: it may still go on
-        if (span is None and plan is None) or not ((span is not None and span.paused) or self._can_fast_forward()):
+        if (span is None and plan is None) or not self._can_fast_forward():
             if span is not None:
                 span.settle()
             return 0
